@@ -1,0 +1,297 @@
+"""The human-readable console renderer: a span exporter that prints a block per call.
+
+It knows otel-gpu's attribute keys and nothing about how spans are made. It is
+also registered as the ``otel_gpu_console`` traces exporter entry point, so any
+OpenTelemetry app can use it with ``OTEL_TRACES_EXPORTER=otel_gpu_console``.
+
+For crash safety, otel-gpu's own console destination prints a call's header and
+inputs *before* the call runs (:meth:`ConsoleSpanExporter.write_call_start`,
+flushed), and the rest of the block when the span ends.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+import sys
+import threading
+from collections.abc import Mapping, Sequence
+from typing import IO, Any
+
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.trace import StatusCode
+
+__all__ = ["ConsoleSpanExporter"]
+
+_FIELDS = (
+    "shape",
+    "dtype",
+    "device",
+    "stride",
+    "requires_grad",
+    "is_contiguous",
+    "value",
+    "type",
+    "length",
+    "repr",
+    "default",
+)
+_RULE = "─" * 78
+
+
+class _Style:
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+
+    def __call__(self, text: str, code: str) -> str:
+        return f"\x1b[{code}m{text}\x1b[0m" if self.enabled else text
+
+    def bold(self, text: str) -> str:
+        return self(text, "1")
+
+    def dim(self, text: str) -> str:
+        return self(text, "2")
+
+    def red(self, text: str) -> str:
+        return self(text, "1;31")
+
+    def green(self, text: str) -> str:
+        return self(text, "32")
+
+    def cyan(self, text: str) -> str:
+        return self(text, "36")
+
+    def yellow(self, text: str) -> str:
+        return self(text, "33")
+
+
+def _want_color(stream: IO[str], color: str) -> bool:
+    if color == "always":
+        return True
+    if color == "never":
+        return False
+    from otel_gpu.config import environ
+
+    if environ().get("NO_COLOR"):
+        return False
+    try:
+        return bool(stream.isatty())
+    except Exception:
+        return False
+
+
+def _group(attributes: Mapping[str, Any], prefix: str) -> dict[str, dict[str, Any]]:
+    """``{'q': {'shape': [..], 'dtype': ..}, 'kv.0': {...}}`` in attribute order."""
+    groups: dict[str, dict[str, Any]] = {}
+    for key, value in attributes.items():
+        if not key.startswith(prefix):
+            continue
+        rest = key[len(prefix) :]
+        name, _, field = rest.rpartition(".")
+        if field not in _FIELDS:
+            continue
+        groups.setdefault(name, {})[field] = value
+    return groups
+
+
+def _fmt_num(value: Any) -> str:
+    if isinstance(value, float):
+        if math.isnan(value) or math.isinf(value):
+            return str(value)
+        return f"{value:.6g}"
+    return str(value)
+
+
+def _describe(entry: Mapping[str, Any], style: _Style) -> str:
+    if "dtype" in entry:
+        shape = ", ".join(str(d) for d in entry.get("shape", ()))
+        parts = [
+            style.cyan(f"Tensor[{shape}]"),
+            str(entry["dtype"]).removeprefix("torch."),
+            str(entry.get("device", "?")),
+        ]
+        if "stride" in entry:
+            parts.append("stride=(" + ", ".join(str(s) for s in entry["stride"]) + ")")
+        if entry.get("is_contiguous") is False:
+            parts.append(style.yellow("non-contiguous"))
+        if entry.get("requires_grad"):
+            parts.append("requires_grad")
+        text = " ".join(parts)
+    elif "value" in entry:
+        text = (
+            repr(entry["value"])
+            if isinstance(entry["value"], str) and entry["value"] not in ("None", "<redacted>")
+            else str(entry["value"])
+        )
+    elif "length" in entry:
+        text = f"{entry.get('type', 'container')}[{entry['length']}]"
+    elif "repr" in entry:
+        text = f"{entry.get('type', 'object')}: {entry['repr']}"
+    else:
+        text = str(entry.get("type", "?"))
+    if entry.get("default"):
+        text += style.dim(" (default)")
+    return text
+
+
+def _lines_for(groups: Mapping[str, Mapping[str, Any]], style: _Style) -> list[str]:
+    lines = []
+    for name, entry in groups.items():
+        depth = name.count(".")
+        label = name if name else "(result)"
+        lines.append(f"    {'  ' * depth}{label} = {_describe(entry, style)}")
+    return lines
+
+
+def _stats_line(attrs: Mapping[str, Any], style: _Style) -> str:
+    key = attrs.get("otel_gpu.tensor", "?")
+    parts = []
+    for name in ("min", "max", "mean", "std"):
+        if name in attrs:
+            parts.append(f"{name}={_fmt_num(attrs[name])}")
+    for name in ("nan_count", "inf_count"):
+        if name in attrs:
+            text = f"{name.split('_')[0]}={attrs[name]}"
+            parts.append(style.red(text) if attrs[name] else text)
+    parts.append(f"numel={attrs.get('numel', '?')}")
+    line = f"    {key}: " + " ".join(parts)
+    note = attrs.get("otel_gpu.stats.note")
+    if note:
+        line += style.dim(f"  [{note}]")
+    return line
+
+
+def _timestamp(ns: int | None) -> str:
+    if not ns:
+        return "?"
+    return _dt.datetime.fromtimestamp(ns / 1e9).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+
+
+class ConsoleSpanExporter(SpanExporter):
+    """Prints each span as a readable block, with a system-information header once.
+
+    ``inputs_printed_before``: the inputs were already written by :meth:`write_call_start`,
+    so the end-of-call block shows only outputs, statistics, duration and status.
+    """
+
+    def __init__(
+        self,
+        stream: IO[str] | None = None,
+        *,
+        color: str = "auto",
+        inputs_printed_before: bool = False,
+        resource: Any = None,
+    ) -> None:
+        self._stream = stream if stream is not None else sys.stdout
+        self._style = _Style(_want_color(self._stream, color))
+        self._inputs_before = inputs_printed_before
+        self._resource = resource
+        self._header_done = False
+        self._lock = threading.Lock()
+        self._closed = False
+
+    # ----------------------------------------------------------------- SpanExporter
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        if self._closed:
+            return SpanExportResult.FAILURE
+        text = "".join(self.render(span) for span in spans)
+        return (
+            SpanExportResult.SUCCESS
+            if self._write(text, spans[0].resource if spans else None)
+            else SpanExportResult.FAILURE
+        )
+
+    def shutdown(self) -> None:
+        self._closed = True
+        self.force_flush()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        try:
+            with self._lock:
+                self._stream.flush()
+        except Exception:
+            return False
+        return True
+
+    # ----------------------------------------------------------------- rendering
+
+    def write_call_start(
+        self, name: str, span_id: int, start_ns: int, input_attributes: Mapping[str, Any]
+    ) -> None:
+        """Print a call's header and inputs before it runs, and flush: the record a crash cannot erase."""
+        s = self._style
+        lines = [
+            s.dim(_RULE),
+            f"{s.bold('▶ ' + name)}  {s.dim(_timestamp(start_ns))}  {s.dim('span ' + format(span_id, '016x'))}",
+        ]
+        groups = _group(input_attributes, "otel_gpu.input.")
+        if groups:
+            lines.append("  inputs:")
+            lines.extend(_lines_for(groups, s))
+        self._write("\n".join(lines) + "\n", self._resource)
+
+    def render(self, span: ReadableSpan) -> str:
+        s = self._style
+        attrs = span.attributes or {}
+        ctx = span.context
+        span_hex = format(ctx.span_id, "016x") if ctx else "?"
+        duration = ((span.end_time or 0) - (span.start_time or 0)) / 1e6
+        lines: list[str] = []
+        if self._inputs_before:
+            lines.append(f"{s.bold('◀ ' + span.name)}  {s.dim('span ' + span_hex)}")
+        else:
+            lines.append(s.dim(_RULE))
+            lines.append(
+                f"{s.bold(span.name)}  {s.dim(_timestamp(span.start_time))}  {s.dim('span ' + span_hex)}"
+                + (s.dim(f"  parent {span.parent.span_id:016x}") if span.parent else "")
+            )
+            inputs = _group(attrs, "otel_gpu.input.")
+            if inputs:
+                lines.append("  inputs:")
+                lines.extend(_lines_for(inputs, s))
+        outputs = _group(attrs, "otel_gpu.output.")
+        if outputs:
+            lines.append("  outputs:")
+            lines.extend(_lines_for(outputs, s))
+        stat_events = [e for e in span.events if e.name == "otel_gpu.stats"]
+        if stat_events:
+            lines.append("  stats:")
+            lines.extend(_stats_line(e.attributes or {}, s) for e in stat_events)
+        if attrs.get("otel_gpu.nonfinite"):
+            lines.append("  " + s.red("⚠ NaN/Inf found in this call's tensors"))
+        if span.status.status_code is StatusCode.ERROR:
+            lines.append(
+                f"  {s.red('✘ ERROR')} {span.status.description or ''}  {s.dim(f'{duration:.3f} ms')}"
+            )
+        else:
+            lines.append(f"  {s.green('✔ OK')}  {s.dim(f'{duration:.3f} ms')}")
+        return "\n".join(lines) + "\n"
+
+    def _header(self, resource: Any) -> str:
+        s = self._style
+        lines = [s.dim("═" * 78), s.bold("otel-gpu · system information")]
+        attrs = dict(getattr(resource, "attributes", {}) or {})
+        if attrs.get("service.name"):
+            lines.append(f"  service: {attrs['service.name']}")
+        try:
+            from otel_gpu.resource import describe_resource_lines
+
+            lines.extend("  " + line for line in describe_resource_lines(resource))
+        except Exception:
+            pass
+        lines.append(s.dim("═" * 78))
+        return "\n".join(lines) + "\n"
+
+    def _write(self, text: str, resource: Any) -> bool:
+        try:
+            with self._lock:
+                if not self._header_done:
+                    self._header_done = True
+                    text = self._header(resource if resource is not None else self._resource) + text
+                self._stream.write(text)
+                self._stream.flush()
+        except Exception:
+            return False
+        return True

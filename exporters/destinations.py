@@ -1,0 +1,148 @@
+"""``OTEL_GPU_LOGDEST`` → otel-gpu's own TracerProvider with one span processor per destination.
+
+* ``stdout`` / ``stderr``: the console renderer.
+* a path ending in ``.jsonl``: OTLP JSON Lines through the official
+  ``opentelemetry-exporter-otlp-json-file`` exporter.
+* any other path: the console renderer's text, without colour.
+* ``otlp``: the official OTLP exporter; gRPC unless ``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL``
+  (or ``OTEL_EXPORTER_OTLP_PROTOCOL``) says ``http/protobuf``, as in the OTel Python SDK.
+  Endpoint, headers, timeout and TLS come from the standard ``OTEL_EXPORTER_OTLP_*`` variables.
+
+Paths expand ``%i`` to the pid and ``%r`` to the rank.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import IO, Any
+
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+from otel_gpu.exporters.console import ConsoleSpanExporter
+
+from otel_gpu import metadata
+from otel_gpu.config import ConfigError, Settings, environ, expand_path
+
+__all__ = ["DrainBatchProcessor", "build_provider", "otlp_exporter"]
+
+_PROTOCOLS = ("grpc", "http/protobuf")
+
+
+class DrainBatchProcessor(SpanProcessor):
+    """Collects the spans of one drain of the export queue and exports them as one batch.
+
+    otel-gpu's export thread already batches, so a second queue and thread (the SDK's
+    BatchSpanProcessor) would only add cost for local destinations.
+    """
+
+    def __init__(self, exporter: SpanExporter) -> None:
+        self.exporter = exporter
+        self._batch: list[ReadableSpan] = []
+        self._lock = threading.Lock()
+
+    def on_end(self, span: ReadableSpan) -> None:
+        with self._lock:
+            self._batch.append(span)
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        with self._lock:
+            batch, self._batch = self._batch, []
+            if batch:
+                self.exporter.export(batch)
+        return True
+
+    def shutdown(self) -> None:
+        self.force_flush()
+        self.exporter.shutdown()
+
+
+class ConsolePrecall:
+    """Observer that prints a call's header and inputs before the call runs (crash safety)."""
+
+    def __init__(self, exporter: ConsoleSpanExporter, settings: Settings) -> None:
+        self.exporter = exporter
+        self.limit = settings.repr_limit
+
+    def start(self, call: Any) -> None:
+        attrs: dict[str, Any] = {}
+        if call.inputs:
+            metadata.to_attributes("otel_gpu.input.", call.inputs, self.limit, attrs)
+        ctx = call.span.get_span_context()
+        self.exporter.write_call_start(call.plan.name, ctx.span_id, time.time_ns(), attrs)
+
+    def end(self, call: Any) -> None:
+        pass
+
+
+def otlp_exporter() -> SpanExporter:
+    """The official OTLP span exporter for the protocol the standard variables choose."""
+    env = environ()
+    protocol = (
+        env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+        or env.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+        or "grpc"
+    ).strip()
+    if protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+        return OTLPSpanExporter()
+    if protocol == "http/protobuf":
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
+            OTLPSpanExporter as HttpExporter,
+        )
+
+        return HttpExporter()
+    raise ConfigError(
+        f"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL={protocol!r} is not supported by OTEL_GPU_LOGDEST=otlp. "
+        f"Allowed: {', '.join(_PROTOCOLS)}."
+    )
+
+
+def _open_text(path: str) -> IO[str]:
+    return open(path, "a", encoding="utf-8", buffering=1)
+
+
+def build_provider(
+    settings: Settings,
+) -> tuple[TracerProvider, list[Callable[[], Any]], tuple[Any, ...]]:
+    """otel-gpu's own provider for ``settings.dest``: (provider, after-drain hooks, call observers)."""
+    from otel_gpu.resource import build_resource
+
+    resource = build_resource()
+    provider = TracerProvider(resource=resource, shutdown_on_exit=False)
+    hooks: list[Callable[[], Any]] = []
+    observers: list[Any] = []
+    precall = settings.level >= 3
+    for item in settings.dest:
+        key = item.lower()
+        processor: SpanProcessor
+        if key == "otlp":
+            processor = BatchSpanProcessor(otlp_exporter())
+        else:
+            if key in ("stdout", "stderr"):
+                import sys
+
+                stream: IO[str] = sys.stdout if key == "stdout" else sys.stderr
+                color = settings.color
+            else:
+                path = expand_path(item)
+                if path.endswith(".jsonl"):
+                    from opentelemetry.exporter.otlp.json.file import FileSpanExporter
+
+                    drain = DrainBatchProcessor(FileSpanExporter(path))
+                    hooks.append(drain.force_flush)
+                    provider.add_span_processor(drain)
+                    continue
+                stream = _open_text(path)
+                color = "never" if settings.color == "auto" else settings.color
+            console = ConsoleSpanExporter(
+                stream, color=color, inputs_printed_before=precall, resource=resource
+            )
+            if precall:
+                observers.append(ConsolePrecall(console, settings))
+            processor = DrainBatchProcessor(console)
+            hooks.append(processor.force_flush)
+        provider.add_span_processor(processor)
+    return provider, hooks, tuple(observers)

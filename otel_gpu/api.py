@@ -1,0 +1,336 @@
+"""``@otel_gpu.api``: the decorator, and ``configure``/``flush``.
+
+Everything that can be decided when a function is decorated is decided then: the
+level, the span name, the ``code.*`` attributes, the argument binder, which
+parameters are redacted. The wrapper returned for level N does only level N's
+work. At level 0 the decorator returns the function object itself.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import os
+import random
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar, overload
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+
+from otel_gpu import _gpu, _guard, config, metadata, pipeline, stats
+from otel_gpu._span import Call, CallSpan
+
+__all__ = ["api", "configure", "flush"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+_NOT_SAMPLED = TraceFlags(TraceFlags.DEFAULT)
+_get_current_span = trace.get_current_span
+_set_span_in_context = trace.set_span_in_context
+_attach = otel_context.attach
+_detach = otel_context.detach
+_getrandbits = random.getrandbits  # reseeded in fork children by the random module
+_time_ns = time.time_ns
+
+
+class _Plan:
+    """What a decorated function's calls must do, fixed at decoration time."""
+
+    __slots__ = ("attributes", "binder", "capture_stats", "level", "max_items", "name", "redacted")
+
+    def __init__(self, fn: Callable[..., Any], name: str, settings: config.Settings) -> None:
+        self.name = name
+        self.level = settings.level
+        self.max_items = settings.max_items
+        code = getattr(fn, "__code__", None)
+        self.attributes: dict[str, Any] = {
+            "code.function.name": f"{fn.__module__}.{fn.__qualname__}",
+        }
+        if code is not None:
+            self.attributes["code.file.path"] = code.co_filename
+            self.attributes["code.line.number"] = code.co_firstlineno
+        self.binder = metadata.make_binder(fn, skip_self=True) if self.level >= 3 else None
+        try:
+            names = list(inspect.signature(fn).parameters)
+        except (TypeError, ValueError):
+            names = []
+        self.redacted = frozenset(
+            n for n in names if any(word in n.lower() for word in settings.redact)
+        )
+        # CUDA graph capture can only be in progress where CUDA exists; decide the check now.
+        self.capture_stats: Callable[[], bool] | None = None
+        if self.level >= 5:
+            self.capture_stats = _gpu.is_capturing if _gpu.cuda_available() else None
+
+
+def _capture_inputs(
+    plan: _Plan, args: tuple[Any, ...], kwargs: dict[str, Any], tensors: Any
+) -> list:
+    out: list[tuple[str, int, Any]] = []
+    redacted = plan.redacted
+    for name, value, is_default in plan.binder(args, kwargs):  # type: ignore[misc]
+        if redacted and name in redacted and isinstance(value, str):
+            out.append((name, metadata.REDACTED, None))
+        else:
+            metadata.capture(out, name, value, plan.max_items, tensors)
+        if is_default:
+            out.append((name, metadata.DEFAULT, True))
+    return out
+
+
+def _begin(plan: _Plan, pipe: pipeline.Pipeline) -> Call | NonRecordingSpan | None:
+    """Ids and context for a new call; None when the parent says the trace is not sampled."""
+    parent = _get_current_span().get_span_context()
+    if parent.is_valid:
+        if not parent.trace_flags.sampled:
+            return None
+        trace_id = parent.trace_id
+        state = parent.trace_state
+    else:
+        parent = None
+        trace_id = _getrandbits(128) or 1
+        state = None
+        sampler = pipe.root_sampler
+        if sampler is not None and not sampler(trace_id, plan.name):
+            return NonRecordingSpan(
+                SpanContext(trace_id, _getrandbits(64) or 1, False, _NOT_SAMPLED)
+            )
+    ctx = SpanContext(trace_id, _getrandbits(64) or 1, False, _SAMPLED, state)
+    return Call(plan, CallSpan(ctx, plan.name), parent, 0)
+
+
+def _make_wrapper(
+    fn: Callable[..., Any], plan: _Plan, settings: config.Settings
+) -> Callable[..., Any]:
+    level = plan.level
+    get_pipeline = pipeline.get
+    internal = _guard.internal_error
+
+    def before(call: Call, pipe: pipeline.Pipeline, args: tuple, kwargs: dict) -> list | None:
+        """Level 3+ work before the call runs: inputs captured, stats launched, observers told."""
+        pending = None
+        try:
+            tensors: list | None = [] if level >= 5 else None
+            call.inputs = _capture_inputs(plan, args, kwargs, tensors)
+            if tensors:
+                if plan.capture_stats is not None and plan.capture_stats():
+                    pending = [stats.skipped(k, t.numel(), stats.CAPTURE_NOTE) for k, t in tensors]
+                else:
+                    pending = [stats.compute("input." + k, t) for k, t in tensors]
+        except Exception as exc:
+            internal("metadata", exc)
+        for observer in pipe.observers:
+            try:
+                observer.start(call)
+            except Exception as exc:
+                internal("observer", exc)
+        return pending
+
+    def after(call: Call, pipe: pipeline.Pipeline, result: Any, pending: list | None) -> None:
+        try:
+            if level >= 3 and call.exc is None:
+                tensors: list | None = [] if level >= 5 else None
+                call.outputs = metadata.capture_output(result, plan.max_items, tensors)
+                if tensors:
+                    if plan.capture_stats is not None and plan.capture_stats():
+                        more = [
+                            stats.skipped("output." + k, t.numel(), stats.CAPTURE_NOTE)
+                            for k, t in tensors
+                        ]
+                    else:
+                        more = [stats.compute("output." + k, t) for k, t in tensors]
+                    pending = (pending or []) + more
+            if pending:
+                call.stats = stats.finish(pending)
+        except Exception as exc:
+            internal("statistics", exc)
+        for observer in pipe.observers:
+            try:
+                observer.end(call)
+            except Exception as exc:
+                internal("observer", exc)
+        pipe.submit(call)
+
+    if inspect.iscoroutinefunction(fn):
+
+        @functools.wraps(fn)
+        async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+            pipe = get_pipeline(settings)
+            call = _begin(plan, pipe)
+            if call is None:
+                return await fn(*args, **kwargs)
+            if not isinstance(call, Call):
+                token = _attach(_set_span_in_context(call))
+                try:
+                    return await fn(*args, **kwargs)
+                finally:
+                    _detach(token)
+            pending = before(call, pipe, args, kwargs) if level >= 3 else None
+            token = _attach(_set_span_in_context(call.span))
+            call.start_ns = _time_ns()
+            try:
+                result = await fn(*args, **kwargs)
+            except BaseException as exc:
+                call.end_ns = _time_ns()
+                _detach(token)
+                call.exc = exc
+                call.tb = exc.__traceback__
+                after(call, pipe, None, pending)
+                raise
+            call.end_ns = _time_ns()
+            _detach(token)
+            after(call, pipe, result, pending)
+            return result
+
+        return async_wrapper
+
+    if level == 1:
+
+        @functools.wraps(fn)
+        def wrapper_1(*args: Any, **kwargs: Any) -> Any:
+            pipe = get_pipeline(settings)
+            call = _begin(plan, pipe)
+            if call is None:
+                return fn(*args, **kwargs)
+            if not isinstance(call, Call):
+                token = _attach(_set_span_in_context(call))
+                try:
+                    return fn(*args, **kwargs)
+                finally:
+                    _detach(token)
+            observers = pipe.observers
+            if observers:
+                before(call, pipe, args, kwargs)
+            token = _attach(_set_span_in_context(call.span))
+            call.start_ns = _time_ns()
+            try:
+                result = fn(*args, **kwargs)
+            except BaseException as exc:
+                call.end_ns = _time_ns()
+                _detach(token)
+                call.exc = exc
+                call.tb = exc.__traceback__
+                if observers:
+                    after(call, pipe, None, None)
+                else:
+                    pipe.submit(call)
+                raise
+            call.end_ns = _time_ns()
+            _detach(token)
+            if observers:
+                after(call, pipe, result, None)
+            else:
+                pipe.submit(call)  # level 1: no metadata, no stats; the cheapest path
+            return result
+
+        return wrapper_1
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        pipe = get_pipeline(settings)
+        call = _begin(plan, pipe)
+        if call is None:
+            return fn(*args, **kwargs)
+        if not isinstance(call, Call):
+            token = _attach(_set_span_in_context(call))
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                _detach(token)
+        pending = before(call, pipe, args, kwargs)
+        token = _attach(_set_span_in_context(call.span))
+        call.start_ns = _time_ns()
+        try:
+            result = fn(*args, **kwargs)
+        except BaseException as exc:
+            call.end_ns = _time_ns()
+            _detach(token)
+            call.exc = exc
+            call.tb = exc.__traceback__
+            after(call, pipe, None, pending)
+            raise
+        call.end_ns = _time_ns()
+        _detach(token)
+        after(call, pipe, result, pending)
+        return result
+
+    return wrapper
+
+
+def _decorate(fn: Any, name: str | None) -> Any:
+    # staticmethod/classmethod objects: wrap the function inside and re-wrap.
+    if isinstance(fn, (staticmethod, classmethod)):
+        return type(fn)(_decorate(fn.__func__, name))
+    settings = config.current()
+    if settings.level == 0:
+        return fn  # level 0: the function itself, no wrapper, no per-call check
+    if settings.strict:
+        _guard.set_strict(True)
+    target = inspect.unwrap(fn) if hasattr(fn, "__wrapped__") else fn
+    span_name = (
+        name
+        or f"{getattr(target, '__module__', '?')}.{getattr(target, '__qualname__', repr(target))}"
+    )
+    plan = _Plan(target, span_name, settings)
+    wrapper = _make_wrapper(fn, plan, settings)
+    wrapper.__otel_gpu_plan__ = plan  # type: ignore[attr-defined]
+    return wrapper
+
+
+@overload
+def api(fn: F, /) -> F: ...
+@overload
+def api(*, name: str | None = None) -> Callable[[F], F]: ...
+
+
+def api(fn: Any = None, /, *, name: str | None = None) -> Any:
+    """Turn every call of ``fn`` into an OpenTelemetry span, at the level ``OTEL_GPU_LOGLEVEL`` sets.
+
+    Use bare (``@otel_gpu.api``) or with a span name (``@otel_gpu.api(name="BatchDecode.run")``).
+    The level is read when the function is decorated: call :func:`configure` before importing
+    the library whose functions are decorated.
+    """
+    if fn is None:
+        return lambda f: _decorate(f, name)
+    if isinstance(fn, str):
+        raise TypeError(
+            "otel_gpu.api takes the span name as a keyword: @otel_gpu.api(name=...), "
+            f"not @otel_gpu.api({fn!r})"
+        )
+    return _decorate(fn, name)
+
+
+def configure(
+    *,
+    level: int | str | None = None,
+    dest: str | list[str] | tuple[str, ...] | None = None,
+    tracer_provider: Any = None,
+    **settings: Any,
+) -> config.Settings:
+    """Set otel-gpu's settings from code; wins over the environment.
+
+    Call it before importing the libraries whose functions are decorated: the level is fixed
+    when a function is decorated. A new destination takes effect at the next call (queued spans
+    are flushed to the old one first). ``tracer_provider`` sends spans to that SDK
+    TracerProvider instead of the global or otel-gpu's own one. Other keyword arguments are the
+    field names of :class:`otel_gpu.config.Settings` (``max_items``, ``provider``, ``strict``…).
+    Raises :class:`otel_gpu.ConfigError` naming the invalid value and what is allowed.
+    """
+    new = config._set_overrides({"level": level, "dest": dest, **settings})
+    _guard.set_strict(new.strict)
+    pipeline.reset()
+    if tracer_provider is not None:
+        pipeline.set_tracer_provider(tracer_provider)
+    return new
+
+
+def flush(timeout: float | None = None) -> bool:
+    """Export every span recorded so far. True when all reached the exporters within ``timeout`` s."""
+    pipe = pipeline.current()
+    if pipe is None or pipe.pid != os.getpid():
+        return True
+    return pipe.flush(timeout)

@@ -1,0 +1,387 @@
+"""Configuration: the one table of settings, and the only module that reads the environment.
+
+Every setting has one row in :data:`SETTINGS`: its environment variable, type,
+default, allowed values and a docstring. Precedence is fixed: an argument to
+:func:`otel_gpu.configure`, then the environment, then the default.
+
+Nothing else in the package touches ``os.environ``; it receives a
+:class:`Settings` object (or calls :func:`environ` for the few standard
+variables that belong to other projects, such as ``RANK`` or ``K8S_POD_NAME``).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+__all__ = [
+    "LEVELS",
+    "SETTINGS",
+    "ConfigError",
+    "Setting",
+    "Settings",
+    "current",
+    "environ",
+    "expand_path",
+    "load",
+]
+
+LEVELS = (0, 1, 3, 5, 10)
+"""The allowed values of ``OTEL_GPU_LOGLEVEL``."""
+
+
+class ConfigError(ValueError):
+    """A setting has a value that is not allowed. The message names the setting and what is allowed."""
+
+
+def environ() -> Mapping[str, str]:
+    """The process environment. The single accessor, so that tests and docs know where it is read."""
+    return os.environ
+
+
+# --------------------------------------------------------------------------- parsers
+
+
+def _int_choice(choices: tuple[int, ...]) -> Callable[[str], int]:
+    def parse(raw: str) -> int:
+        try:
+            value = int(raw.strip())
+        except ValueError:
+            raise ValueError("not an integer") from None
+        if value not in choices:
+            raise ValueError("not one of the allowed values")
+        return value
+
+    return parse
+
+
+def _positive_int(raw: str) -> int:
+    try:
+        value = int(str(raw).strip())
+    except ValueError:
+        raise ValueError("not an integer") from None
+    if value <= 0:
+        raise ValueError("must be greater than 0")
+    return value
+
+
+def _non_negative_float(raw: str) -> float:
+    try:
+        value = float(str(raw).strip())
+    except ValueError:
+        raise ValueError("not a number") from None
+    if not value >= 0:  # also rejects NaN
+        raise ValueError("must be a number >= 0")
+    return value
+
+
+def _str_choice(choices: tuple[str, ...]) -> Callable[[str], str]:
+    def parse(raw: str) -> str:
+        value = str(raw).strip().lower()
+        if value not in choices:
+            raise ValueError("not one of the allowed values")
+        return value
+
+    return parse
+
+
+def _bool(raw: str) -> bool:
+    value = str(raw).strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError("not a boolean")
+
+
+def _dest(raw: str) -> tuple[str, ...]:
+    items = tuple(part.strip() for part in str(raw).split(",") if part.strip())
+    if not items:
+        raise ValueError("empty")
+    return items
+
+
+def _string(raw: str) -> str:
+    return str(raw)
+
+
+def _names(raw: str) -> tuple[str, ...]:
+    return tuple(part.strip().lower() for part in str(raw).split(",") if part.strip())
+
+
+# --------------------------------------------------------------------------- the table
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One row of the configuration table."""
+
+    field: str
+    env: str
+    default: Any
+    allowed: str
+    parse: Callable[[str], Any]
+    doc: str
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting(
+        "level",
+        "OTEL_GPU_LOGLEVEL",
+        0,
+        "0, 1, 3, 5, 10",
+        _int_choice(LEVELS),
+        "0: off (the decorator returns the function itself); 1: one span per call; "
+        "3: plus input/output metadata attributes; 5: plus tensor statistics events; "
+        "10: plus the flight recorder (behaves as 5 until the recorder lands).",
+    ),
+    Setting(
+        "dest",
+        "OTEL_GPU_LOGDEST",
+        ("stdout",),
+        "comma-separated: stdout, stderr, otlp, a path ending in .jsonl (OTLP JSON Lines), "
+        "any other path (text); %i = pid, %r = rank",
+        _dest,
+        "Where spans go when otel-gpu owns the TracerProvider.",
+    ),
+    Setting(
+        "provider",
+        "OTEL_GPU_PROVIDER",
+        "auto",
+        "auto, global, own",
+        _str_choice(("auto", "global", "own")),
+        "auto: use the application's global SDK TracerProvider if it has set one, else "
+        "otel-gpu's own provider with OTEL_GPU_LOGDEST; global: always the global one; "
+        "own: always otel-gpu's own provider, even inside an instrumented application.",
+    ),
+    Setting(
+        "max_items",
+        "OTEL_GPU_MAX_ITEMS",
+        8,
+        "integer > 0",
+        _positive_int,
+        "How many elements of a list/tuple/dict argument are expanded into attributes; "
+        "the rest are counted in `<key>.length`.",
+    ),
+    Setting(
+        "repr_limit",
+        "OTEL_GPU_REPR_LIMIT",
+        256,
+        "integer > 0 (values above 2048 are capped at 2048)",
+        _positive_int,
+        "Maximum length in bytes of a repr() or string attribute value. Never above 2048.",
+    ),
+    Setting(
+        "queue_size",
+        "OTEL_GPU_QUEUE_SIZE",
+        65536,
+        "integer > 0",
+        _positive_int,
+        "Calls waiting to be turned into spans. When full, new calls are dropped and counted, "
+        "never waited on.",
+    ),
+    Setting(
+        "flush_timeout",
+        "OTEL_GPU_FLUSH_TIMEOUT",
+        3.0,
+        "seconds >= 0",
+        _non_negative_float,
+        "How long interpreter exit may spend flushing spans still in the queue.",
+    ),
+    Setting(
+        "color",
+        "OTEL_GPU_COLOR",
+        "auto",
+        "auto, always, never",
+        _str_choice(("auto", "always", "never")),
+        "Colour in the console renderer. auto: when the stream is a tty and NO_COLOR is unset.",
+    ),
+    Setting(
+        "strict",
+        "OTEL_GPU_STRICT",
+        False,
+        "true, false",
+        _bool,
+        "Turn otel-gpu's internal errors into exceptions instead of logging them once. "
+        "For tests of otel-gpu and of libraries that use it; never in production.",
+    ),
+    Setting(
+        "redact",
+        "OTEL_GPU_REDACT",
+        ("token", "key", "password", "secret", "auth"),
+        "comma-separated substrings; empty disables",
+        _names,
+        "String arguments whose parameter name contains one of these are recorded as "
+        "'<redacted>' at level 3 and above.",
+    ),
+    Setting(
+        "service_name",
+        "OTEL_SERVICE_NAME",
+        None,
+        "any string",
+        _string,
+        "Standard OpenTelemetry variable: service.name of the resource (default: the script name).",
+    ),
+)
+
+_BY_FIELD = {s.field: s for s in SETTINGS}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The resolved configuration. Immutable: :func:`otel_gpu.configure` builds a new one."""
+
+    level: int = 0
+    dest: tuple[str, ...] = ("stdout",)
+    provider: str = "auto"
+    max_items: int = 8
+    repr_limit: int = 256
+    queue_size: int = 65536
+    flush_timeout: float = 3.0
+    color: str = "auto"
+    strict: bool = False
+    redact: tuple[str, ...] = ("token", "key", "password", "secret", "auth")
+    service_name: str | None = None
+    dest_explicit: bool = False
+    """True when the destination was set by the user rather than defaulted."""
+
+    def __post_init__(self) -> None:
+        # Tempo cuts attribute values at 2048 bytes by default: never produce longer ones.
+        if self.repr_limit > 2048:
+            object.__setattr__(self, "repr_limit", 2048)
+
+
+def _error(setting: Setting, raw: object, why: str, source: str) -> ConfigError:
+    return ConfigError(
+        f"{setting.env}={raw!r} ({source}) is invalid: {why}. Allowed: {setting.allowed}."
+    )
+
+
+def _parse(setting: Setting, raw: object, source: str) -> Any:
+    if setting.field == "level" and isinstance(raw, int) and not isinstance(raw, bool):
+        raw = str(raw)
+    if setting.field == "dest" and isinstance(raw, (list, tuple)):
+        raw = ",".join(str(r) for r in raw)
+    if setting.field == "redact" and isinstance(raw, (list, tuple)):
+        raw = ",".join(str(r) for r in raw)
+    if setting.field == "strict" and isinstance(raw, bool):
+        return raw
+    if setting.field == "flush_timeout" and isinstance(raw, (int, float)):
+        raw = str(raw)
+    try:
+        value = setting.parse(raw if isinstance(raw, str) else str(raw))
+    except ValueError as exc:
+        raise _error(setting, raw, str(exc), source) from None
+    if setting.field == "dest":
+        for item in value:
+            _check_dest(setting, raw, item, source)
+    return value
+
+
+_DEST_KEYWORDS = ("stdout", "stderr", "otlp")
+
+
+def expand_path(path: str, env: Mapping[str, str] | None = None) -> str:
+    """Replace ``%i`` with the pid and ``%r`` with the distributed rank (``RANK``, else 0)."""
+    env = environ() if env is None else env
+    return path.replace("%i", str(os.getpid())).replace("%r", env.get("RANK", "0") or "0")
+
+
+def _check_dest(setting: Setting, raw: object, item: str, source: str) -> None:
+    """Fail at configuration, not on the hundredth call, for a path we cannot write."""
+    if item.lower() in _DEST_KEYWORDS:
+        return
+    path = os.path.abspath(os.path.expanduser(expand_path(item)))
+    parent = os.path.dirname(path) or "."
+    if os.path.isdir(path):
+        raise _error(setting, raw, f"{item!r} is a directory, not a file", source)
+    if not os.path.isdir(parent):
+        raise _error(setting, raw, f"directory {parent!r} of {item!r} does not exist", source)
+    if os.path.exists(path):
+        if not os.access(path, os.W_OK):
+            raise _error(setting, raw, f"file {path!r} is not writable", source)
+    elif not os.access(parent, os.W_OK | os.X_OK):
+        raise _error(setting, raw, f"directory {parent!r} is not writable", source)
+
+
+def load(
+    overrides: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None
+) -> Settings:
+    """Resolve settings: ``overrides`` (from :func:`otel_gpu.configure`) beat ``env``, which beats defaults.
+
+    Raises :class:`ConfigError` naming the first invalid setting and what it allows.
+    """
+    env = environ() if env is None else env
+    overrides = dict(overrides or {})
+    unknown = set(overrides) - set(_BY_FIELD)
+    if unknown:
+        names = ", ".join(sorted(_BY_FIELD))
+        raise ConfigError(f"unknown setting(s) {', '.join(sorted(unknown))}; known: {names}")
+    values: dict[str, Any] = {}
+    for setting in SETTINGS:
+        if setting.field in overrides and overrides[setting.field] is not None:
+            values[setting.field] = _parse(setting, overrides[setting.field], "configure()")
+        elif setting.env in env and (env[setting.env].strip() or setting.field == "redact"):
+            values[setting.field] = _parse(setting, env[setting.env], "environment")
+    dest_explicit = "dest" in values
+    return Settings(**values, dest_explicit=dest_explicit)
+
+
+# --------------------------------------------------------------------------- process-wide state
+
+_lock = threading.Lock()
+_current: Settings | None = None
+_overrides: dict[str, Any] = {}
+
+
+def current() -> Settings:
+    """The settings in force, loaded from the environment on first use."""
+    global _current
+    settings = _current
+    if settings is None:
+        with _lock:
+            if _current is None:
+                _current = load(_overrides)
+            settings = _current
+    return settings
+
+
+def _set_overrides(overrides: Mapping[str, Any]) -> Settings:
+    """Merge ``overrides`` into the ones from earlier :func:`otel_gpu.configure` calls and reload."""
+    global _current
+    with _lock:
+        merged = {**_overrides, **{k: v for k, v in overrides.items() if v is not None}}
+        settings = load(merged)  # raises before anything changes
+        _overrides.clear()
+        _overrides.update(merged)
+        _current = settings
+        return settings
+
+
+def _reset() -> None:
+    """Forget configure() overrides and the cached settings (tests)."""
+    global _current
+    with _lock:
+        _overrides.clear()
+        _current = None
+
+
+def settings_table() -> list[dict[str, str]]:
+    """The table for docs and ``otel-gpu config``: env var, default, allowed values, doc."""
+    rows = []
+    for s in SETTINGS:
+        default = ",".join(s.default) if isinstance(s.default, tuple) else s.default
+        rows.append({"env": s.env, "default": str(default), "allowed": s.allowed, "doc": s.doc})
+    return rows
+
+
+def with_changes(settings: Settings, **changes: Any) -> Settings:
+    """A copy of ``settings`` with fields replaced (validated types are the caller's job)."""
+    names = {f.name for f in fields(Settings)}
+    bad = set(changes) - names
+    if bad:
+        raise ConfigError(f"unknown setting(s): {', '.join(sorted(bad))}")
+    return replace(settings, **changes)

@@ -1,0 +1,234 @@
+"""Input/output metadata for level 3: raw capture on the caller's thread, attributes later.
+
+The caller's thread only *captures*: it walks the bound arguments and appends
+compact tuples (``(key, kind, payload)``) holding raw values such as
+``torch.Size``, ``torch.dtype`` and the stride tuple. Turning those into
+attribute strings and arrays (:func:`to_attributes`) happens on the export
+thread, where it does not cost the caller.
+
+Keys are relative (``q``, ``kv.0``, ``0``); the caller of :func:`to_attributes`
+adds ``otel_gpu.input.`` or ``otel_gpu.output.``.
+"""
+
+from __future__ import annotations
+
+import enum
+import inspect
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+__all__ = ["Binder", "capture", "capture_output", "make_binder", "to_attributes"]
+
+# Raw record kinds.
+TENSOR = (
+    0  # payload: (shape, dtype, device, stride, requires_grad, is_contiguous) or an error string
+)
+VALUE = 1  # payload: a scalar, enum, dtype or device
+CONTAINER = 2  # payload: (type name, length)
+OBJECT = 3  # payload: the object (repr taken off the caller's thread)
+DEFAULT = 4  # payload: True, marks a parameter whose default was used
+REDACTED = 5  # payload: None
+
+MAX_DEPTH = 3
+MAX_VALUE_BYTES = 2048  # Tempo's default cut for attribute values
+
+_SCALARS = (type(None), bool, int, float, str)
+_Raw = list[tuple[str, int, Any]]
+
+Binder = Callable[[tuple[Any, ...], Mapping[str, Any]], list[tuple[str, Any, bool]]]
+
+
+def make_binder(fn: Callable[..., Any], skip_self: bool) -> Binder:
+    """Build, once per function, a binder from call arguments to ``(name, value, is_default)``.
+
+    Cheaper than ``Signature.bind`` (which costs several microseconds) and, unlike it,
+    never raises: a call with wrong arguments is bound as far as possible and the
+    function itself raises its usual TypeError.
+    """
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return lambda args, kwargs: (
+            [(f"arg{i}", a, False) for i, a in enumerate(args)]
+            + [(k, v, False) for k, v in kwargs.items()]
+        )
+    P = inspect.Parameter
+    positional = [p for p in params if p.kind in (P.POSITIONAL_ONLY, P.POSITIONAL_OR_KEYWORD)]
+    skip = 1 if skip_self and positional and positional[0].name in ("self", "cls") else 0
+    pos_names = tuple(p.name for p in positional)
+    pos_only = {p.name for p in positional if p.kind is P.POSITIONAL_ONLY}
+    kwonly = tuple(p.name for p in params if p.kind is P.KEYWORD_ONLY)
+    var_pos = next((p.name for p in params if p.kind is P.VAR_POSITIONAL), None)
+    var_kw = next((p.name for p in params if p.kind is P.VAR_KEYWORD), None)
+    defaults = {p.name: p.default for p in params if p.default is not P.empty}
+    named = set(pos_names) - pos_only | set(kwonly)
+    npos = len(pos_names)
+
+    def bind(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> list[tuple[str, Any, bool]]:
+        out = [(name, value, False) for name, value in zip(pos_names[skip:], args[skip:])]
+        nargs = len(args)
+        if nargs > npos and var_pos is not None:
+            out.append((var_pos, args[npos:], False))
+        for name in pos_names[nargs:] if nargs < npos else ():
+            if name in kwargs and name not in pos_only:
+                out.append((name, kwargs[name], False))
+            elif name in defaults:
+                out.append((name, defaults[name], True))
+        for name in kwonly:
+            if name in kwargs:
+                out.append((name, kwargs[name], False))
+            elif name in defaults:
+                out.append((name, defaults[name], True))
+        if var_kw is not None and kwargs:
+            extra = {k: v for k, v in kwargs.items() if k not in named}
+            if extra:
+                out.append((var_kw, extra, False))
+        return out
+
+    if skip and npos == 1 and not (kwonly or var_pos or var_kw):
+        return lambda args, kwargs: []
+    return bind
+
+
+def _tensor_meta(t: torch.Tensor) -> Any:
+    try:
+        return (t.shape, t.dtype, t.device, t.stride(), t.requires_grad, t.is_contiguous())
+    except Exception:
+        # sparse, nested and some subclass tensors have no strides
+        try:
+            return (t.shape, t.dtype, t.device, None, t.requires_grad, False)
+        except Exception as exc:
+            return f"{type(t).__name__} (metadata unavailable: {type(exc).__name__})"
+
+
+def capture(
+    out: _Raw,
+    key: str,
+    value: Any,
+    max_items: int,
+    tensors: list[tuple[str, torch.Tensor]] | None,
+    depth: int = 0,
+) -> None:
+    """Append raw metadata for ``value`` under ``key``; collect tensors for statistics if asked."""
+    tp = type(value)
+    if tp in _SCALARS:
+        out.append((key, VALUE, value))
+    elif isinstance(value, torch.Tensor):
+        out.append((key, TENSOR, _tensor_meta(value)))
+        if tensors is not None:
+            tensors.append((key, value))
+    elif isinstance(value, (enum.Enum, torch.dtype, torch.device)):
+        out.append((key, VALUE, value))
+    elif tp in (list, tuple) or (
+        isinstance(value, (list, tuple)) and not hasattr(value, "_fields")
+    ):
+        n = len(value)
+        out.append((key, CONTAINER, (tp.__name__, n)))
+        if depth < MAX_DEPTH:
+            for i, item in enumerate(value[:max_items]):
+                capture(out, f"{key}.{i}", item, max_items, tensors, depth + 1)
+    elif isinstance(value, tuple):  # namedtuple: field names are better keys than indices
+        n = len(value)
+        out.append((key, CONTAINER, (tp.__name__, n)))
+        if depth < MAX_DEPTH:
+            for name, item in list(zip(value._fields, value))[:max_items]:  # type: ignore[attr-defined]
+                capture(out, f"{key}.{name}", item, max_items, tensors, depth + 1)
+    elif isinstance(value, Mapping):
+        n = len(value)
+        out.append((key, CONTAINER, (tp.__name__, n)))
+        if depth < MAX_DEPTH:
+            for i, (k, item) in enumerate(value.items()):
+                if i >= max_items:
+                    break
+                capture(out, f"{key}.{k}", item, max_items, tensors, depth + 1)
+    else:
+        out.append((key, OBJECT, value))
+
+
+def capture_output(
+    result: Any, max_items: int, tensors: list[tuple[str, torch.Tensor]] | None
+) -> _Raw:
+    """Raw metadata of a return value: keys ``0``, ``1``… for tuples, field or dict keys by name."""
+    out: _Raw = []
+    if result is None:
+        return out
+    tp = type(result)
+    if tp is tuple or tp is list:
+        if len(result) > max_items:
+            out.append(("", CONTAINER, (tp.__name__, len(result))))
+        for i, item in enumerate(result[:max_items]):
+            capture(out, str(i), item, max_items, tensors, 1)
+    elif isinstance(result, tuple) and hasattr(result, "_fields"):
+        for name, item in list(zip(result._fields, result))[:max_items]:
+            capture(out, name, item, max_items, tensors, 1)
+    elif isinstance(result, dict):
+        for i, (k, item) in enumerate(result.items()):
+            if i >= max_items:
+                out.append(("", CONTAINER, (tp.__name__, len(result))))
+                break
+            capture(out, str(k), item, max_items, tensors, 1)
+    else:
+        capture(out, "0", result, max_items, tensors, 0)
+    return out
+
+
+def _truncate(text: str, limit: int) -> str:
+    data = text.encode("utf-8", "replace")
+    if len(data) <= limit:
+        return text
+    return data[: max(limit - 3, 0)].decode("utf-8", "ignore") + "..."
+
+
+def _safe_repr(obj: Any, limit: int) -> str:
+    try:
+        text = repr(obj)
+    except Exception as exc:
+        text = f"<repr failed: {type(exc).__name__}>"
+    return _truncate(text, limit)
+
+
+def scalar_value(value: Any, limit: int) -> Any:
+    """An attribute-safe form of a scalar: enums by name, dtypes and devices as strings."""
+    if value is None:
+        return "None"
+    if isinstance(value, enum.Enum):
+        return f"{type(value).__name__}.{value.name}"
+    if isinstance(value, (torch.dtype, torch.device)):
+        return str(value)
+    if isinstance(value, str):
+        return _truncate(value, limit)
+    if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**63:
+        return _truncate(str(value), limit)  # OTLP ints are 64-bit
+    return value
+
+
+def to_attributes(prefix: str, raw: _Raw, limit: int, attrs: dict[str, Any]) -> None:
+    """Expand raw records into ``attrs`` under ``prefix`` (``otel_gpu.input.`` …)."""
+    for key, kind, payload in raw:
+        base = prefix + key if key else prefix.rstrip(".")
+        if kind == TENSOR:
+            if isinstance(payload, str):
+                attrs[base + ".type"] = payload
+                continue
+            shape, dtype, device, stride, requires_grad, contiguous = payload
+            attrs[base + ".shape"] = list(shape)[:64]
+            attrs[base + ".dtype"] = str(dtype)
+            attrs[base + ".device"] = str(device)
+            if stride is not None:
+                attrs[base + ".stride"] = list(stride)[:64]
+            attrs[base + ".requires_grad"] = bool(requires_grad)
+            attrs[base + ".is_contiguous"] = bool(contiguous)
+        elif kind == VALUE:
+            attrs[base + ".value"] = scalar_value(payload, limit)
+        elif kind == CONTAINER:
+            attrs[base + ".type"] = payload[0]
+            attrs[base + ".length"] = payload[1]
+        elif kind == OBJECT:
+            attrs[base + ".type"] = _truncate(type(payload).__qualname__, limit)
+            attrs[base + ".repr"] = _safe_repr(payload, limit)
+        elif kind == DEFAULT:
+            attrs[base + ".default"] = True
+        elif kind == REDACTED:
+            attrs[base + ".value"] = "<redacted>"

@@ -1,0 +1,357 @@
+"""Deferred materialisation: call records in, standard SDK spans out, off the caller's thread.
+
+The caller's thread appends a :class:`~otel_gpu._span.Call` to a bounded deque and
+returns. An export thread wakes every 100 ms (or sooner when the queue fills),
+turns each record into an SDK ``ReadableSpan`` and hands it to the target
+TracerProvider's span processors (``on_end``), so every standard processor and
+exporter works unchanged.
+
+The target provider is resolved on the first call (see ``OTEL_GPU_PROVIDER``):
+the application's global SDK provider, one given to :func:`otel_gpu.configure`,
+or otel-gpu's own provider with the ``OTEL_GPU_LOGDEST`` destinations.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.attributes import BoundedAttributes
+from opentelemetry.sdk.trace import Event, ReadableSpan, SpanLimits
+from opentelemetry.sdk.trace import TracerProvider as SdkTracerProvider
+from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
+from otel_gpu import _guard, metadata, stats
+from otel_gpu._span import Call, exception_attributes
+from otel_gpu.config import Settings
+
+__all__ = ["Pipeline", "get", "reset", "shutdown"]
+
+_WAKE_EVERY = 0.1  # seconds; batching amortises the export thread's wake-ups and GIL grabs
+_WAKE_AT = 1024  # queued calls that wake the export thread early, to bound memory
+
+try:
+    from importlib.metadata import version as _pkg_version
+
+    _VERSION = _pkg_version("otel-gpu")
+except Exception:
+    _VERSION = "0.0.0"
+
+SCOPE = InstrumentationScope("otel_gpu", _VERSION)
+_UNSET = Status(StatusCode.UNSET)
+
+
+class Pipeline:
+    """One process's path from call records to span processors."""
+
+    def __init__(self, settings: Settings, tracer_provider: Any = None) -> None:
+        self.settings = settings
+        self.queue: collections.deque[Call] = collections.deque()
+        self.maxsize = settings.queue_size
+        self.dropped = 0
+        self.exported = 0
+        self.pid = os.getpid()
+        self.observers: tuple[Any, ...] = ()
+        self.root_sampler: Callable[[int, str], bool] | None = None
+        self.errors: list[BaseException] = []
+        self._wake = threading.Event()
+        self._drain_lock = threading.Lock()
+        self._stopped = False
+        self._own_provider: SdkTracerProvider | None = None
+        self._after_drain: list[Any] = []
+        self._resolve(tracer_provider)
+        self._thread = threading.Thread(target=self._run, name="otel-gpu-export", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ set-up
+
+    def _resolve(self, explicit: Any) -> None:
+        provider = explicit
+        mode = self.settings.provider
+        if provider is None and mode in ("auto", "global"):
+            candidate = trace.get_tracer_provider()
+            if hasattr(candidate, "_active_span_processor"):
+                provider = candidate
+            elif mode == "global":
+                _guard.warn_once(
+                    "provider.global",
+                    "OTEL_GPU_PROVIDER=global but the application has not set an SDK "
+                    "TracerProvider (found %s); using otel-gpu's own provider with OTEL_GPU_LOGDEST",
+                    type(candidate).__name__,
+                )
+        if provider is not None and not hasattr(provider, "_active_span_processor"):
+            _guard.warn_once(
+                "provider.unsupported",
+                "otel-gpu cannot feed spans to %s (not an OpenTelemetry SDK TracerProvider); "
+                "using its own provider with OTEL_GPU_LOGDEST",
+                type(provider).__name__,
+            )
+            provider = None
+        if provider is None:
+            from otel_gpu.exporters import destinations
+
+            provider, self._after_drain, self.observers = destinations.build_provider(self.settings)
+            self._own_provider = provider
+        self.provider = provider
+        self.processor = provider._active_span_processor
+        self.resource = provider.resource
+        limits = getattr(provider, "_span_limits", None) or SpanLimits()
+        self.max_attributes = limits.max_span_attributes
+        self.max_events = limits.max_events
+        self.max_value_len = limits.max_span_attribute_length
+        sampler = getattr(provider, "sampler", None)
+        root = getattr(sampler, "_root", sampler) if isinstance(sampler, ParentBased) else sampler
+        if root is not None and root is not ALWAYS_ON and type(root).__name__ != "StaticSampler":
+            self.root_sampler = lambda trace_id, name: root.should_sample(
+                None, trace_id, name
+            ).decision.is_sampled()
+        elif root is not None and type(root).__name__ == "StaticSampler" and root is not ALWAYS_ON:
+            self.root_sampler = lambda trace_id, name: False  # ALWAYS_OFF
+
+    # ------------------------------------------------------------------ hot path
+
+    def submit(self, call: Call) -> None:
+        """Queue a finished call. Never blocks; counts the call as dropped when the queue is full."""
+        queue = self.queue
+        n = len(queue)
+        if n < self.maxsize:
+            queue.append(call)
+            if n == _WAKE_AT:
+                self._wake.set()
+        else:
+            self.dropped += 1
+
+    # ------------------------------------------------------------------ export thread
+
+    def _run(self) -> None:
+        while not self._stopped:
+            self._wake.wait(_WAKE_EVERY)
+            self._wake.clear()
+            self.drain()
+
+    def drain(self, deadline: float | None = None) -> None:
+        """Materialise every queued call and hand the spans to the processors."""
+        with self._drain_lock:
+            queue = self.queue
+            on_end = self.processor.on_end
+            while queue:
+                if deadline is not None and time.monotonic() > deadline:
+                    break
+                call = queue.popleft()
+                try:
+                    span = self.materialise(call)
+                    on_end(span)
+                    self.exported += 1
+                except Exception as exc:
+                    self._internal("export", exc)
+            for hook in self._after_drain:
+                try:
+                    hook()
+                except Exception as exc:
+                    self._internal("export", exc)
+
+    def _internal(self, kind: str, exc: Exception) -> None:
+        try:
+            _guard.internal_error(kind, exc)
+        except Exception as raised:  # strict mode: keep it for flush() to re-raise in the test
+            self.errors.append(raised)
+
+    def materialise(self, call: Call) -> ReadableSpan:
+        """Build the SDK span of one call record."""
+        plan = call.plan
+        span = call.span
+        limit = self.settings.repr_limit
+        attrs: dict[str, Any] = dict(plan.attributes)
+        if call.inputs:
+            metadata.to_attributes("otel_gpu.input.", call.inputs, limit, attrs)
+        if call.outputs:
+            metadata.to_attributes("otel_gpu.output.", call.outputs, limit, attrs)
+        events: list[Event] = []
+        if call.stats:
+            nonfinite = False
+            for result in call.stats:
+                events.append(Event("otel_gpu.stats", stats.event_attributes(result), call.end_ns))
+                nonfinite = nonfinite or result.nonfinite
+            if nonfinite:
+                attrs["otel_gpu.nonfinite"] = True
+        if span.attributes:
+            attrs.update(span.attributes)
+        if span.events:
+            events.extend(Event(name, a, ts) for name, a, ts in span.events)
+        status = span.status or _UNSET
+        if call.exc is not None:
+            exc = call.exc
+            events.append(Event("exception", exception_attributes(exc, call.tb), call.end_ns))
+            status = Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"[:limit])
+        if self.max_events is not None and len(events) > self.max_events:
+            # keep the exception event (last) and count what the event limit cuts
+            tail = events[-1:] if call.exc is not None else []
+            body = events[: len(events) - len(tail)]
+            keep = self.max_events - len(tail)
+            attrs["otel_gpu.events.omitted"] = len(body) - keep
+            events = body[:keep] + tail
+        return ReadableSpan(
+            name=span.name,
+            context=span.get_span_context(),
+            parent=call.parent,
+            resource=self.resource,
+            attributes=self._bounded(attrs),
+            events=events,
+            links=span.links or (),
+            kind=SpanKind.INTERNAL,
+            status=status,
+            start_time=call.start_ns,
+            end_time=call.end_ns,
+            instrumentation_scope=SCOPE,
+        )
+
+    def _bounded(self, attrs: dict[str, Any]) -> BoundedAttributes:
+        """Stay within the provider's attribute count limit: summarise, never drop silently."""
+        limit = self.max_attributes
+        if limit is not None and len(attrs) > limit:
+            items = list(attrs.items())
+            kept = dict(items[: limit - 1])
+            omitted = [k for k, _ in items[limit - 1 :]]
+            summary = (
+                f"{len(omitted)} attributes omitted (attribute count limit {limit}): "
+                + ", ".join(omitted)
+            )
+            kept["otel_gpu.attributes.omitted"] = metadata._truncate(
+                summary, metadata.MAX_VALUE_BYTES
+            )
+            attrs = kept
+        return BoundedAttributes(limit, attrs, immutable=True, max_value_len=self.max_value_len)
+
+    # ------------------------------------------------------------------ flush and exit
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Export everything queued so far; True when the processors confirmed within ``timeout``."""
+        timeout = self.settings.flush_timeout if timeout is None else timeout
+        deadline = time.monotonic() + timeout
+        self.drain(deadline)
+        ok = _bounded_call(
+            lambda: self.processor.force_flush(int(max(deadline - time.monotonic(), 0) * 1000)),
+            max(deadline - time.monotonic(), 0.0),
+        )
+        if self.errors and _guard.is_strict():
+            errors, self.errors = self.errors, []
+            raise errors[0]
+        return bool(ok) and not self.queue
+
+    def shutdown(self, timeout: float | None = None) -> None:
+        """Flush within ``timeout`` seconds, stop the export thread, close otel-gpu's own provider."""
+        if self._stopped:
+            return
+        timeout = self.settings.flush_timeout if timeout is None else timeout
+        deadline = time.monotonic() + timeout
+        self._stopped = True
+        self._wake.set()
+        self.drain(deadline)
+        for observer in self.observers:
+            closer = getattr(observer, "close", None)
+            if closer is not None:
+                closer()
+        if self._own_provider is not None:
+            provider = self._own_provider
+            _bounded_call(provider.shutdown, max(deadline - time.monotonic(), 0.0))
+        else:
+            _bounded_call(
+                lambda: self.processor.force_flush(int(max(deadline - time.monotonic(), 0) * 1000)),
+                max(deadline - time.monotonic(), 0.0),
+            )
+        lost = self.dropped + len(self.queue)
+        if lost:
+            _guard.logger.warning(
+                "otel-gpu dropped %d span(s): %d because the queue was full (OTEL_GPU_QUEUE_SIZE=%d), "
+                "%d not exported within OTEL_GPU_FLUSH_TIMEOUT=%ss at exit",
+                lost,
+                self.dropped,
+                self.maxsize,
+                len(self.queue),
+                timeout,
+            )
+
+
+def _bounded_call(fn: Callable[[], Any], timeout: float) -> Any:
+    """Run ``fn`` on a daemon thread and wait at most ``timeout`` s: exit must never hang on a network."""
+    result: list[Any] = []
+
+    def target() -> None:
+        try:
+            result.append(fn())
+        except Exception as exc:
+            _guard.logger.debug("otel-gpu flush failed: %s", exc)
+
+    worker = threading.Thread(target=target, name="otel-gpu-flush", daemon=True)
+    worker.start()
+    worker.join(timeout)
+    return result[0] if result else None
+
+
+# ---------------------------------------------------------------------- process-wide pipeline
+
+_lock = threading.Lock()
+_pipeline: Pipeline | None = None
+_explicit_provider: Any = None
+
+
+def get(settings: Settings) -> Pipeline:
+    """The process's pipeline, created on first use."""
+    global _pipeline
+    pipe = _pipeline
+    if pipe is None:
+        with _lock:
+            if _pipeline is None:
+                _pipeline = Pipeline(settings, _explicit_provider)
+            pipe = _pipeline
+    return pipe
+
+
+def current() -> Pipeline | None:
+    return _pipeline
+
+
+def set_tracer_provider(provider: Any) -> None:
+    global _explicit_provider
+    _explicit_provider = provider
+
+
+def reset(timeout: float | None = None) -> None:
+    """Flush and drop the pipeline, so that the next call builds one from the current settings."""
+    global _pipeline
+    with _lock:
+        pipe, _pipeline = _pipeline, None
+    if pipe is not None:
+        pipe.shutdown(timeout)
+
+
+def shutdown() -> None:
+    """Interpreter exit: flush within ``OTEL_GPU_FLUSH_TIMEOUT``."""
+    pipe = _pipeline
+    if pipe is not None and pipe.pid == os.getpid():
+        pipe.shutdown()
+
+
+def _after_fork_in_child() -> None:
+    # The parent's export thread and queued calls stay with the parent, which exports
+    # them; the child builds its own pipeline (and files, via %i) on its first call.
+    global _pipeline, _lock
+    _pipeline = None
+    _lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+try:  # runs before atexit handlers, so before an SDK provider's own atexit shutdown
+    threading._register_atexit(shutdown)  # type: ignore[attr-defined]
+except Exception:  # pragma: no cover - interpreter already shutting down
+    import atexit
+
+    atexit.register(shutdown)
