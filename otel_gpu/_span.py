@@ -107,12 +107,14 @@ class Call:
     """One decorated call, as recorded on the caller's thread. Plain slots, no methods on the hot path."""
 
     __slots__ = (
+        "bound",
         "end_ns",
         "exc",
         "inputs",
         "outputs",
         "parent",
         "plan",
+        "result",
         "span",
         "start_ns",
         "stats",
@@ -134,3 +136,7 @@ class Call:
         self.outputs: Sequence[tuple[str, int, Any]] | None = None
         self.stats: Any = None
         self.token: Any = None  # observers' per-call state, e.g. a journal slot
+        # Live argument values and return value: set only while observers run, then cleared,
+        # so queued records never keep user tensors alive.
+        self.bound: list[tuple[str, Any, bool]] | None = None
+        self.result: Any = None

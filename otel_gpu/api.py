@@ -67,12 +67,10 @@ class _Plan:
             self.capture_stats = _gpu.is_capturing if _gpu.cuda_available() else None
 
 
-def _capture_inputs(
-    plan: _Plan, args: tuple[Any, ...], kwargs: dict[str, Any], tensors: Any
-) -> list:
+def _capture_inputs(plan: _Plan, bound: list[tuple[str, Any, bool]], tensors: Any) -> list:
     out: list[tuple[str, int, Any]] = []
     redacted = plan.redacted
-    for name, value, is_default in plan.binder(args, kwargs):  # type: ignore[misc]
+    for name, value, is_default in bound:
         if redacted and name in redacted and isinstance(value, str):
             out.append((name, metadata.REDACTED, None))
         else:
@@ -100,7 +98,7 @@ def _begin(plan: _Plan, pipe: pipeline.Pipeline) -> Call | NonRecordingSpan | No
                 SpanContext(trace_id, _getrandbits(64) or 1, False, _NOT_SAMPLED)
             )
     ctx = SpanContext(trace_id, _getrandbits(64) or 1, False, _SAMPLED, state)
-    return Call(plan, CallSpan(ctx, plan.name), parent, 0)
+    return Call(plan, CallSpan(ctx, plan.name), parent, _time_ns())
 
 
 def _make_wrapper(
@@ -111,18 +109,23 @@ def _make_wrapper(
     internal = _guard.internal_error
 
     def before(call: Call, pipe: pipeline.Pipeline, args: tuple, kwargs: dict) -> list | None:
-        """Level 3+ work before the call runs: inputs captured, stats launched, observers told."""
+        """Work before the call runs: inputs captured and stats launched (level 3+), observers told."""
         pending = None
-        try:
-            tensors: list | None = [] if level >= 5 else None
-            call.inputs = _capture_inputs(plan, args, kwargs, tensors)
-            if tensors:
-                if plan.capture_stats is not None and plan.capture_stats():
-                    pending = [stats.skipped(k, t.numel(), stats.CAPTURE_NOTE) for k, t in tensors]
-                else:
-                    pending = [stats.compute("input." + k, t) for k, t in tensors]
-        except Exception as exc:
-            internal("metadata", exc)
+        if level >= 3:
+            try:
+                tensors: list | None = [] if level >= 5 else None
+                call.bound = plan.binder(args, kwargs)  # type: ignore[misc]
+                call.inputs = _capture_inputs(plan, call.bound, tensors)
+                if tensors:
+                    if plan.capture_stats is not None and plan.capture_stats():
+                        pending = [
+                            stats.skipped("input." + k, t.numel(), stats.CAPTURE_NOTE)
+                            for k, t in tensors
+                        ]
+                    else:
+                        pending = [stats.compute("input." + k, t) for k, t in tensors]
+            except Exception as exc:
+                internal("metadata", exc)
         for observer in pipe.observers:
             try:
                 observer.start(call)
@@ -148,11 +151,16 @@ def _make_wrapper(
                 call.stats = stats.finish(pending)
         except Exception as exc:
             internal("statistics", exc)
-        for observer in pipe.observers:
-            try:
-                observer.end(call)
-            except Exception as exc:
-                internal("observer", exc)
+        observers = pipe.observers
+        if observers:
+            call.result = result
+            for observer in observers:
+                try:
+                    observer.end(call)
+                except Exception as exc:
+                    internal("observer", exc)
+            call.result = None
+        call.bound = None
         pipe.submit(call)
 
     if inspect.iscoroutinefunction(fn):

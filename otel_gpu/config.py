@@ -108,6 +108,10 @@ def _string(raw: str) -> str:
     return str(raw)
 
 
+def _patterns(raw: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in str(raw).split(",") if part.strip())
+
+
 def _names(raw: str) -> tuple[str, ...]:
     return tuple(part.strip().lower() for part in str(raw).split(",") if part.strip())
 
@@ -217,6 +221,80 @@ SETTINGS: tuple[Setting, ...] = (
         "String arguments whose parameter name contains one of these are recorded as "
         "'<redacted>' at level 3 and above.",
     ),
+    # ---- flight recorder (level 10)
+    Setting(
+        "dump_dir",
+        "OTEL_GPU_DUMP_DIR",
+        "otel_gpu_dumps",
+        "a directory path; %i = pid, %r = rank",
+        _string,
+        "Where level 10 writes one directory per call (inputs, outputs, manifest).",
+    ),
+    Setting(
+        "dump_max_size_gb",
+        "OTEL_GPU_DUMP_MAX_SIZE_GB",
+        20.0,
+        "number >= 0",
+        _non_negative_float,
+        "Total size of tensors the recorder may write, inputs and outputs counted before copying.",
+    ),
+    Setting(
+        "dump_max_count",
+        "OTEL_GPU_DUMP_MAX_COUNT",
+        1000,
+        "integer > 0",
+        _positive_int,
+        "How many calls the recorder may dump.",
+    ),
+    Setting(
+        "dump_include",
+        "OTEL_GPU_DUMP_INCLUDE",
+        (),
+        "comma-separated fnmatch patterns on the span name",
+        _patterns,
+        "Only calls whose span name matches one of these are dumped (default: all).",
+    ),
+    Setting(
+        "dump_exclude",
+        "OTEL_GPU_DUMP_EXCLUDE",
+        (),
+        "comma-separated fnmatch patterns on the span name",
+        _patterns,
+        "Calls whose span name matches one of these are not dumped.",
+    ),
+    Setting(
+        "dump_format",
+        "OTEL_GPU_DUMP_FORMAT",
+        "torch",
+        "torch, safetensors",
+        _str_choice(("torch", "safetensors")),
+        "torch keeps strides and non-contiguity; safetensors stores contiguous copies.",
+    ),
+    # ---- crash journal
+    Setting(
+        "journal",
+        "OTEL_GPU_JOURNAL",
+        True,
+        "true, false",
+        _bool,
+        "Keep a crash journal of in-flight calls (a memory-mapped file per process) at level >= 1.",
+    ),
+    Setting(
+        "journal_dir",
+        "OTEL_GPU_JOURNAL_DIR",
+        None,
+        "a directory path",
+        _string,
+        "Where crash journals live. Default: $XDG_RUNTIME_DIR/otel-gpu, else <tmp>/otel-gpu-<uid>.",
+    ),
+    Setting(
+        "recover_on_start",
+        "OTEL_GPU_RECOVER_ON_START",
+        False,
+        "true, false",
+        _bool,
+        "At the first decorated call, export the in-flight calls of dead processes' journals.",
+    ),
     Setting(
         "service_name",
         "OTEL_SERVICE_NAME",
@@ -244,6 +322,15 @@ class Settings:
     color: str = "auto"
     strict: bool = False
     redact: tuple[str, ...] = ("token", "key", "password", "secret", "auth")
+    dump_dir: str = "otel_gpu_dumps"
+    dump_max_size_gb: float = 20.0
+    dump_max_count: int = 1000
+    dump_include: tuple[str, ...] = ()
+    dump_exclude: tuple[str, ...] = ()
+    dump_format: str = "torch"
+    journal: bool = True
+    journal_dir: str | None = None
+    recover_on_start: bool = False
     service_name: str | None = None
     dest_explicit: bool = False
     """True when the destination was set by the user rather than defaulted."""
@@ -261,16 +348,16 @@ def _error(setting: Setting, raw: object, why: str, source: str) -> ConfigError:
 
 
 def _parse(setting: Setting, raw: object, source: str) -> Any:
-    if setting.field == "level" and isinstance(raw, int) and not isinstance(raw, bool):
-        raw = str(raw)
     if setting.field == "dest" and isinstance(raw, (list, tuple)):
         raw = ",".join(str(r) for r in raw)
     if setting.field == "redact" and isinstance(raw, (list, tuple)):
         raw = ",".join(str(r) for r in raw)
-    if setting.field == "strict" and isinstance(raw, bool):
+    if isinstance(raw, bool) and setting.parse is _bool:
         return raw
-    if setting.field == "flush_timeout" and isinstance(raw, (int, float)):
+    if isinstance(raw, (int, float)) and not isinstance(raw, bool):
         raw = str(raw)
+    if isinstance(raw, (list, tuple)) and setting.parse is _patterns:
+        raw = ",".join(str(r) for r in raw)
     try:
         value = setting.parse(raw if isinstance(raw, str) else str(raw))
     except ValueError as exc:

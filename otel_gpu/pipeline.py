@@ -99,6 +99,7 @@ class Pipeline:
 
             provider, self._after_drain, self.observers = destinations.build_provider(self.settings)
             self._own_provider = provider
+        self.observers = self.observers + _extension_observers(self.settings, self)
         self.provider = provider
         self.processor = provider._active_span_processor
         self.resource = provider.resource
@@ -277,6 +278,37 @@ class Pipeline:
                 len(self.queue),
                 timeout,
             )
+
+
+def _extension_observers(settings: Settings, pipe: Pipeline) -> tuple[Any, ...]:
+    """Observers of later features: the crash journal (level >= 1) and the flight recorder (level 10).
+
+    Each lives in its own module with ``make_observer(settings, pipeline) -> observer | None``;
+    an observer has ``start(call)``, ``end(call)`` and optionally ``close()``.
+    """
+    import importlib
+
+    found = []
+    wanted = []
+    if settings.journal:
+        wanted.append("otel_gpu.journal")
+    if settings.level >= 10:
+        wanted.append("otel_gpu.dump")
+    for name in wanted:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name != name:
+                raise
+            continue
+        try:
+            observer = module.make_observer(settings, pipe)
+        except Exception as exc:
+            _guard.internal_error(name.rsplit(".", 1)[1], exc)
+            continue
+        if observer is not None:
+            found.append(observer)
+    return tuple(found)
 
 
 def _bounded_call(fn: Callable[[], Any], timeout: float) -> Any:
