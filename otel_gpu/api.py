@@ -80,6 +80,13 @@ def _capture_inputs(plan: _Plan, bound: list[tuple[str, Any, bool]], tensors: An
     return out
 
 
+def _launch_stats(plan: _Plan, prefix: str, tensors: list[tuple[str, Any]]) -> list[stats.Pending]:
+    """Start the reductions for a call's tensors, or record why not (CUDA graph capture)."""
+    if plan.capture_stats is not None and plan.capture_stats():
+        return [stats.skipped(prefix + k, t.numel(), stats.CAPTURE_NOTE) for k, t in tensors]
+    return [stats.compute(prefix + k, t) for k, t in tensors]
+
+
 def _begin(plan: _Plan, pipe: pipeline.Pipeline) -> Call | NonRecordingSpan | None:
     """Ids and context for a new call; None when the parent says the trace is not sampled."""
     parent = _get_current_span().get_span_context()
@@ -117,13 +124,7 @@ def _make_wrapper(
                 call.bound = plan.binder(args, kwargs)  # type: ignore[misc]
                 call.inputs = _capture_inputs(plan, call.bound, tensors)
                 if tensors:
-                    if plan.capture_stats is not None and plan.capture_stats():
-                        pending = [
-                            stats.skipped("input." + k, t.numel(), stats.CAPTURE_NOTE)
-                            for k, t in tensors
-                        ]
-                    else:
-                        pending = [stats.compute("input." + k, t) for k, t in tensors]
+                    pending = _launch_stats(plan, "input.", tensors)
             except Exception as exc:
                 internal("metadata", exc)
         for observer in pipe.observers:
@@ -134,23 +135,22 @@ def _make_wrapper(
         return pending
 
     def after(call: Call, pipe: pipeline.Pipeline, result: Any, pending: list | None) -> None:
-        try:
-            if level >= 3 and call.exc is None:
-                tensors: list | None = [] if level >= 5 else None
+        if level >= 3 and call.exc is None:
+            tensors: list | None = [] if level >= 5 else None
+            try:
                 call.outputs = metadata.capture_output(result, plan.max_items, tensors)
-                if tensors:
-                    if plan.capture_stats is not None and plan.capture_stats():
-                        more = [
-                            stats.skipped("output." + k, t.numel(), stats.CAPTURE_NOTE)
-                            for k, t in tensors
-                        ]
-                    else:
-                        more = [stats.compute("output." + k, t) for k, t in tensors]
-                    pending = (pending or []) + more
-            if pending:
+            except Exception as exc:
+                internal("metadata", exc)
+            if tensors:
+                try:
+                    pending = (pending or []) + _launch_stats(plan, "output.", tensors)
+                except Exception as exc:
+                    internal("statistics", exc)
+        if pending:
+            try:
                 call.stats = stats.finish(pending)
-        except Exception as exc:
-            internal("statistics", exc)
+            except Exception as exc:
+                internal("statistics", exc)
         observers = pipe.observers
         if observers:
             call.result = result

@@ -21,7 +21,7 @@ def run(level: int | None = None, dest: str | None = None) -> int:
     torch.manual_seed(0)
     x = torch.randn(2, 8, 32)
     weight = torch.ones(32)
-    out, logp = lib._decoder_layer(x, weight)
+    _out, logp = lib._decoder_layer(x, weight)
     table = torch.randn(4, 32)
     try:
         lib.gather_rows(table, torch.tensor([0, 9]))  # index 9 is out of range: an ERROR span

@@ -1,0 +1,41 @@
+"""Shared fixtures: every test starts from a clean otel-gpu state, with internal errors raised."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))  # tests import helpers such as otlp_receiver
+
+_OUR_ENV = (
+    "OTEL_GPU_",
+    "OTEL_SERVICE_NAME",
+    "OTEL_RESOURCE_ATTRIBUTES",
+    "OTEL_EXPORTER_OTLP",
+    "OTEL_TRACES_",
+    "OTEL_BSP_",
+)
+
+
+@pytest.fixture(autouse=True)
+def _clean_otel_gpu(monkeypatch: pytest.MonkeyPatch):
+    """Isolate each test: no inherited OTEL_* settings, fresh config and pipeline, strict mode on."""
+    from otel_gpu import _guard, config, pipeline
+
+    for name in list(os.environ):
+        if name.startswith(_OUR_ENV):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("OTEL_GPU_STRICT", "true")
+    pipeline.reset(timeout=2.0)
+    pipeline.set_tracer_provider(None)
+    config._reset()
+    _guard._reset()
+    _guard.set_strict(True)
+    yield
+    pipeline.reset(timeout=2.0)
+    pipeline.set_tracer_provider(None)
+    config._reset()
+    _guard._reset()
+    _guard.set_strict(False)
