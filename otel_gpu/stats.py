@@ -152,7 +152,10 @@ def finish(pending: list[Pending]) -> list[TensorStats]:
         ):
             refine.append((stats, p))
             continue
-        mean, std, doubtful = _moments(p.numel, total, norm)
+        if mn == mx:  # constant tensor: exact answer, nothing to refine
+            mean, std, doubtful = mn, (0.0 if p.numel > 1 else None), False
+        else:
+            mean, std, doubtful = _moments(p.numel, total, norm)
         _fill(stats, p, mn, mx, mean, std)
         if doubtful:
             refine.append((stats, p))

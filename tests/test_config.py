@@ -1,0 +1,135 @@
+"""Configuration: one table, precedence configure() > environment > default, clear errors."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+import otel_gpu
+from otel_gpu import config
+
+
+def test_defaults():
+    """With no environment the defaults are level 0, stdout, auto provider."""
+    s = config.load(env={})
+    assert (s.level, s.dest, s.provider, s.dest_explicit) == (0, ("stdout",), "auto", False)
+
+
+@pytest.mark.parametrize("raw", ["4", "abc", "-1", "2", "1.5", "11"])
+def test_invalid_level_names_variable_and_allowed_values(raw):
+    """OTEL_GPU_LOGLEVEL outside 0/1/3/5/10 fails with the variable, the value and the allowed list."""
+    with pytest.raises(config.ConfigError) as info:
+        config.load(env={"OTEL_GPU_LOGLEVEL": raw})
+    msg = str(info.value)
+    assert "OTEL_GPU_LOGLEVEL" in msg and repr(raw) in msg and "0, 1, 3, 5, 10" in msg
+
+
+@pytest.mark.parametrize("level", ["0", "1", "3", "5", "10", " 3 "])
+def test_valid_levels(level):
+    """Every documented level parses (surrounding spaces allowed)."""
+    assert config.load(env={"OTEL_GPU_LOGLEVEL": level}).level == int(level)
+
+
+def test_configure_wins_over_environment(monkeypatch):
+    """configure() arguments beat the environment; unset ones still come from it."""
+    monkeypatch.setenv("OTEL_GPU_LOGLEVEL", "1")
+    monkeypatch.setenv("OTEL_GPU_MAX_ITEMS", "3")
+    s = otel_gpu.configure(level=5)
+    assert s.level == 5 and s.max_items == 3
+    assert otel_gpu.settings().level == 5
+
+
+def test_environment_is_read_when_first_needed(monkeypatch):
+    """Settings come from the environment at first use, so libraries imported later see them."""
+    monkeypatch.setenv("OTEL_GPU_LOGLEVEL", "3")
+    monkeypatch.setenv("OTEL_GPU_LOGDEST", "stderr")
+    assert otel_gpu.settings().level == 3
+    assert otel_gpu.settings().dest == ("stderr",)
+
+
+def test_invalid_configure_changes_nothing():
+    """A rejected configure() leaves the previous settings in force."""
+    otel_gpu.configure(level=3, dest="stderr")
+    with pytest.raises(config.ConfigError, match="OTEL_GPU_LOGLEVEL"):
+        otel_gpu.configure(level=4)
+    assert otel_gpu.settings().level == 3
+
+
+def test_unknown_setting_is_rejected():
+    """A misspelt keyword to configure() is an error that lists the known settings."""
+    with pytest.raises(config.ConfigError, match="known:.*max_items"):
+        otel_gpu.configure(max_itmes=3)
+
+
+@pytest.mark.parametrize(
+    ("env", "value", "fragment"),
+    [
+        ("OTEL_GPU_MAX_ITEMS", "0", "greater than 0"),
+        ("OTEL_GPU_QUEUE_SIZE", "lots", "not an integer"),
+        ("OTEL_GPU_FLUSH_TIMEOUT", "-1", ">= 0"),
+        ("OTEL_GPU_FLUSH_TIMEOUT", "nan", ">= 0"),
+        ("OTEL_GPU_PROVIDER", "mine", "auto, global, own"),
+        ("OTEL_GPU_COLOR", "sometimes", "auto, always, never"),
+        ("OTEL_GPU_STRICT", "maybe", "boolean"),
+        ("OTEL_GPU_DUMP_FORMAT", "pickle", "torch, safetensors"),
+        ("OTEL_GPU_DUMP_MAX_COUNT", "-5", "greater than 0"),
+        ("OTEL_GPU_DUMP_MAX_SIZE_GB", "x", "not a number"),
+        ("OTEL_GPU_JOURNAL", "perhaps", "boolean"),
+    ],
+)
+def test_every_setting_is_validated(env, value, fragment):
+    """Each setting rejects bad values with its name, the value and why."""
+    with pytest.raises(config.ConfigError) as info:
+        config.load(env={env: value})
+    assert env in str(info.value) and fragment in str(info.value)
+
+
+def test_unwritable_destination_fails_at_configuration(tmp_path):
+    """A LOGDEST that cannot be written fails when configured, not on the hundredth call."""
+    with pytest.raises(config.ConfigError, match="does not exist"):
+        config.load(env={"OTEL_GPU_LOGDEST": str(tmp_path / "missing" / "t.jsonl")})
+    with pytest.raises(config.ConfigError, match="is a directory"):
+        config.load(env={"OTEL_GPU_LOGDEST": str(tmp_path)})
+    if os.geteuid() != 0:  # root can write anywhere
+        ro = tmp_path / "ro"
+        ro.mkdir()
+        ro.chmod(0o500)
+        with pytest.raises(config.ConfigError, match="not writable"):
+            config.load(env={"OTEL_GPU_LOGDEST": str(ro / "x.log")})
+
+
+def test_destination_list_and_placeholders(tmp_path, monkeypatch):
+    """LOGDEST is comma-separated; %i expands to the pid and %r to RANK."""
+    s = config.load(env={"OTEL_GPU_LOGDEST": f"stdout, {tmp_path}/t_%i_%r.jsonl , otlp"})
+    assert s.dest == ("stdout", f"{tmp_path}/t_%i_%r.jsonl", "otlp") and s.dest_explicit
+    assert config.expand_path("a_%i_%r", {"RANK": "3"}) == f"a_{os.getpid()}_3"
+    assert config.expand_path("a_%r", {}) == "a_0"
+
+
+def test_repr_limit_is_capped_at_2048():
+    """No setting can produce attribute values longer than Tempo's 2048-byte cut."""
+    assert config.load(env={"OTEL_GPU_REPR_LIMIT": "99999"}).repr_limit == 2048
+
+
+def test_settings_table_documents_every_field():
+    """Every Settings field has exactly one row (env var, default, allowed, doc) in the table."""
+    fields = {f for f in config.Settings.__dataclass_fields__ if f != "dest_explicit"}
+    assert {s.field for s in config.SETTINGS} == fields
+    for row in config.settings_table():
+        assert row["env"].startswith("OTEL_") and row["doc"] and row["allowed"]
+
+
+def test_only_config_reads_the_environment():
+    """House rule: config.py is the one module that touches os.environ / os.getenv."""
+    import pathlib
+
+    root = pathlib.Path(otel_gpu.__file__).parent
+    offenders = []
+    for path in list(root.rglob("*.py")) + list((root.parent / "exporters").rglob("*.py")):
+        if path.name == "config.py":
+            continue
+        text = path.read_text()
+        if "os.environ" in text or "os.getenv" in text or "getenv(" in text:
+            offenders.append(str(path))
+    assert offenders == []
