@@ -80,7 +80,7 @@ class CallSpan(trace.Span):
         timestamp: int | None = None,
         escaped: bool = False,
     ) -> None:
-        attrs = dict(exception_attributes(exception, exception.__traceback__))
+        attrs: dict[str, Any] = dict(exception_attributes(exception, exception.__traceback__))
         if attributes:
             attrs.update(attributes)
         self.add_event("exception", attrs, timestamp)

@@ -89,8 +89,8 @@ def _launch_stats(plan: _Plan, prefix: str, tensors: list[tuple[str, Any]]) -> l
 
 def _begin(plan: _Plan, pipe: pipeline.Pipeline) -> Call | NonRecordingSpan | None:
     """Ids and context for a new call; None when the parent says the trace is not sampled."""
-    parent = _get_current_span().get_span_context()
-    if parent.is_valid:
+    parent: SpanContext | None = _get_current_span().get_span_context()
+    if parent is not None and parent.is_valid:
         if not parent.trace_flags.sampled:
             return None
         trace_id = parent.trace_id

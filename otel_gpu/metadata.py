@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import enum
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -204,7 +204,9 @@ def scalar_value(value: Any, limit: int) -> Any:
     return value
 
 
-def to_attributes(prefix: str, raw: _Raw, limit: int, attrs: dict[str, Any]) -> None:
+def to_attributes(
+    prefix: str, raw: Sequence[tuple[str, int, Any]], limit: int, attrs: dict[str, Any]
+) -> None:
     """Expand raw records into ``attrs`` under ``prefix`` (``otel_gpu.input.`` …)."""
     for key, kind, payload in raw:
         base = prefix + key if key else prefix.rstrip(".")

@@ -210,17 +210,17 @@ def _refine(items: list[tuple[TensorStats, Pending]]) -> None:
         )
     rows = _gpu.read_scalars(vecs)
     for (stats, p), row in zip(items, rows):
-        nan, inf, count, mn, mx, mean, std = row
+        nan_n, inf_n, n_finite, lo, hi, avg, spread = row
         stats.values.clear()
         if not p.integer:
-            stats.values["nan_count"] = int(nan)
-            stats.values["inf_count"] = int(inf)
-        if count == 0:
+            stats.values["nan_count"] = int(nan_n)
+            stats.values["inf_count"] = int(inf_n)
+        if n_finite == 0:
             stats.note = _join(stats.note, "no finite values: min/max/mean/std left out")
             continue
-        std_value = None if math.isnan(std) else std
-        _fill(stats, p, mn, mx, mean, std_value)
-        if nan or inf:
+        std_value = None if math.isnan(spread) else spread
+        _fill(stats, p, lo, hi, avg, std_value)
+        if nan_n or inf_n:
             stats.note = _join(stats.note, "min/max/mean/std over finite values only")
 
 

@@ -58,7 +58,7 @@ def test_invalid_configure_changes_nothing():
 
 def test_unknown_setting_is_rejected():
     """A misspelt keyword to configure() is an error that lists the known settings."""
-    with pytest.raises(config.ConfigError, match="known:.*max_items"):
+    with pytest.raises(config.ConfigError, match=r"known:.*max_items"):
         otel_gpu.configure(max_itmes=3)
 
 

@@ -1,0 +1,35 @@
+# The two set-up commands of the README. Both install into the active Python
+# environment (a virtualenv if one is active). torch is installed only where it
+# is absent, as the CPU build torch==2.13.0, so a user's own torch is kept.
+
+PYTHON ?= python3
+PIP := $(PYTHON) -m pip
+PHOENIX_VENV ?= .ci/.phoenix-venv
+
+.PHONY: demo test test-quick install install-test lint
+
+install:
+	@$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install torch==2.13.0
+	$(PIP) install -q -e .
+
+## demo: install otel-gpu and run the demo workload at level 5 on the console
+demo: install
+	$(PYTHON) -m otel_gpu demo
+
+install-test:
+	@$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install torch==2.13.0
+	$(PIP) install -q -e ".[test]"
+
+lint: install-test
+	$(PYTHON) -m ruff check .
+	$(PYTHON) -m ruff format --check .
+	$(PYTHON) -m mypy
+
+## test: install what the tests need (Phoenix in its own venv) and run every test
+test: lint
+	PHOENIX_VENV=$(PHOENIX_VENV) bash .ci/install-phoenix.sh
+	OTEL_GPU_TEST_PHOENIX=$(abspath $(PHOENIX_VENV))/bin/phoenix $(PYTHON) -m pytest tests --benchmark-disable
+
+## test-quick: the tests without the end-to-end Phoenix suite
+test-quick: install-test
+	$(PYTHON) -m pytest tests -m "not e2e" --benchmark-disable -q
