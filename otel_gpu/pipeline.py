@@ -24,7 +24,7 @@ from opentelemetry import trace
 from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.sdk.trace import Event, ReadableSpan, SpanLimits
 from opentelemetry.sdk.trace import TracerProvider as SdkTracerProvider
-from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, ParentBased
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
@@ -107,14 +107,7 @@ class Pipeline:
         self.max_attributes = limits.max_span_attributes
         self.max_events = limits.max_events
         self.max_value_len = limits.max_span_attribute_length
-        sampler = getattr(provider, "sampler", None)
-        root = getattr(sampler, "_root", sampler) if isinstance(sampler, ParentBased) else sampler
-        if root is not None and root is not ALWAYS_ON and type(root).__name__ != "StaticSampler":
-            self.root_sampler = lambda trace_id, name: root.should_sample(
-                None, trace_id, name
-            ).decision.is_sampled()
-        elif root is not None and type(root).__name__ == "StaticSampler" and root is not ALWAYS_ON:
-            self.root_sampler = lambda trace_id, name: False  # ALWAYS_OFF
+        self.root_sampler = _root_sampler(getattr(provider, "sampler", None))
 
     # ------------------------------------------------------------------ hot path
 
@@ -278,6 +271,19 @@ class Pipeline:
                 len(self.queue),
                 timeout,
             )
+
+
+def _root_sampler(sampler: Any) -> Callable[[int, str], bool] | None:
+    """The decision for calls with no parent; None means always sample (the default, and fastest).
+
+    Calls with a parent follow the parent's sampled flag, as ParentBased samplers do.
+    """
+    root = sampler._root if isinstance(sampler, ParentBased) else sampler
+    if root is None or root is ALWAYS_ON:
+        return None
+    if root is ALWAYS_OFF:
+        return lambda trace_id, name: False
+    return lambda trace_id, name: root.should_sample(None, trace_id, name).decision.is_sampled()
 
 
 def _extension_observers(settings: Settings, pipe: Pipeline) -> tuple[Any, ...]:

@@ -468,3 +468,18 @@ def test_internal_errors_never_reach_the_caller_outside_strict_mode(otel_gpu_spa
     messages = [r.getMessage() for r in caplog.records if "metadata exploded" in r.getMessage()]
     assert len(messages) == 1
     assert _guard.internal_error_counts()["metadata"] == 4  # inputs and outputs of 2 calls
+
+
+def test_ratio_root_sampler_of_the_provider_is_honoured(otel_gpu_spans):
+    """Root calls follow the provider's root sampler (here a 0-ratio sampler drops them all)."""
+    from opentelemetry.sdk.trace.sampling import TraceIdRatioBased
+
+    provider = TracerProvider(sampler=ParentBased(TraceIdRatioBased(0.0)))
+    spans = otel_gpu_spans(level=1, tracer_provider=provider)
+
+    @otel_gpu.api
+    def f():
+        return 1
+
+    assert [f() for _ in range(20)] == [1] * 20
+    assert spans.get() == []

@@ -1,0 +1,109 @@
+"""Process lifecycle: spans still queued at exit are written; forked children write their own files."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+
+def _run(code: str, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess:
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    full_env.update(env)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def _span_names(path) -> list[str]:
+    names = []
+    for line in path.read_text().splitlines():
+        for rs in json.loads(line)["resourceSpans"]:
+            for ss in rs["scopeSpans"]:
+                names.extend(s["name"] for s in ss["spans"])
+    return names
+
+
+def test_queued_spans_are_flushed_at_normal_exit(tmp_path):
+    """A program that never calls flush() still gets every span into its .jsonl file at exit."""
+    out = tmp_path / "t.jsonl"
+    result = _run(
+        """
+        import otel_gpu
+        @otel_gpu.api
+        def f(i):
+            return i
+        for i in range(500):
+            f(i)
+        """,
+        {"OTEL_GPU_LOGLEVEL": "1", "OTEL_GPU_LOGDEST": str(out)},
+    )
+    assert result.returncode == 0, result.stderr
+    assert len(_span_names(out)) == 500
+
+
+def test_exit_flush_runs_before_the_applications_provider_shuts_down(tmp_path):
+    """With the app's global provider (created first), otel-gpu's queued spans still reach its exporter at exit."""
+    out = tmp_path / "app.jsonl"
+    result = _run(
+        f"""
+        from opentelemetry import trace
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+        from opentelemetry.exporter.otlp.json.file import FileSpanExporter
+        provider = TracerProvider()
+        provider.add_span_processor(BatchSpanProcessor(FileSpanExporter({str(out)!r})))
+        trace.set_tracer_provider(provider)
+        import otel_gpu
+        @otel_gpu.api
+        def f(i):
+            return i
+        with trace.get_tracer("app").start_as_current_span("request"):
+            for i in range(50):
+                f(i)
+        """,
+        {"OTEL_GPU_LOGLEVEL": "1"},
+    )
+    assert result.returncode == 0, result.stderr
+    names = _span_names(out)
+    assert names.count("request") == 1
+    assert len([n for n in names if n.endswith(".f")]) == 50
+
+
+def test_forked_child_writes_its_own_file(tmp_path):
+    """With %i in the path, a fork child builds its own pipeline and file; no line is shared or torn."""
+    pattern = str(tmp_path / "t_%i.jsonl")
+    result = _run(
+        """
+        import os, otel_gpu
+        @otel_gpu.api
+        def f(i):
+            return i
+        f(0)
+        pid = os.fork()
+        if pid == 0:
+            for i in range(20):
+                f(i)
+            os._exit(0 if otel_gpu.flush() else 1)
+        _, status = os.waitpid(pid, 0)
+        for i in range(10):
+            f(i)
+        print(pid, status)
+        """,
+        {"OTEL_GPU_LOGLEVEL": "1", "OTEL_GPU_LOGDEST": pattern},
+    )
+    assert result.returncode == 0, result.stderr
+    child_pid, status = (int(x) for x in result.stdout.split())
+    assert status == 0
+    files = sorted(tmp_path.glob("t_*.jsonl"))
+    assert len(files) == 2
+    child = tmp_path / f"t_{child_pid}.jsonl"
+    assert len(_span_names(child)) == 20
+    parent = next(f for f in files if f != child)
+    assert len(_span_names(parent)) == 11
