@@ -182,8 +182,10 @@ class ConsoleSpanExporter(SpanExporter):
         color: str = "auto",
         inputs_printed_before: bool = False,
         resource: Any = None,
+        owns_stream: bool = False,
     ) -> None:
         self._stream = stream if stream is not None else sys.stdout
+        self._owns_stream = owns_stream
         self._style = _Style(_want_color(self._stream, color))
         self._inputs_before = inputs_printed_before
         self._resource = resource
@@ -206,6 +208,9 @@ class ConsoleSpanExporter(SpanExporter):
     def shutdown(self) -> None:
         self._closed = True
         self.force_flush()
+        if self._owns_stream:
+            with self._lock:
+                self._stream.close()
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         try:

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import IO, Any
 
+from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from otel_gpu.exporters.console import ConsoleSpanExporter
 
 from otel_gpu import metadata
@@ -50,7 +51,7 @@ class DrainBatchProcessor(SpanProcessor):
         with self._lock:
             batch, self._batch = self._batch, []
             if batch:
-                self.exporter.export(batch)
+                return self.exporter.export(batch) is SpanExportResult.SUCCESS
         return True
 
     def shutdown(self) -> None:
@@ -76,28 +77,32 @@ class ConsolePrecall:
         pass
 
 
+def otlp_protocol(env: Mapping[str, str] | None = None) -> str:
+    """The OTLP protocol the standard variables choose; ConfigError naming the variable if unsupported."""
+    env = environ() if env is None else env
+    for name in ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"):
+        value = env.get(name, "").strip()
+        if value:
+            if value not in _PROTOCOLS:
+                raise ConfigError(
+                    f"{name}={value!r} is not supported by OTEL_GPU_LOGDEST=otlp. "
+                    f"Allowed: {', '.join(_PROTOCOLS)}."
+                )
+            return value
+    return "grpc"
+
+
 def otlp_exporter() -> SpanExporter:
     """The official OTLP span exporter for the protocol the standard variables choose."""
-    env = environ()
-    protocol = (
-        env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
-        or env.get("OTEL_EXPORTER_OTLP_PROTOCOL")
-        or "grpc"
-    ).strip()
-    if protocol == "grpc":
+    if otlp_protocol() == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
         return OTLPSpanExporter()
-    if protocol == "http/protobuf":
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
-            OTLPSpanExporter as HttpExporter,
-        )
-
-        return HttpExporter()
-    raise ConfigError(
-        f"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL={protocol!r} is not supported by OTEL_GPU_LOGDEST=otlp. "
-        f"Allowed: {', '.join(_PROTOCOLS)}."
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
+        OTLPSpanExporter as HttpExporter,
     )
+
+    return HttpExporter()
 
 
 def _open_text(path: str) -> IO[str]:
@@ -111,6 +116,8 @@ def build_provider(
     from otel_gpu.resource import build_resource
 
     resource = build_resource()
+    if settings.service_name:  # configure(service_name=...) wins, as OTEL_SERVICE_NAME does
+        resource = resource.merge(Resource({"service.name": settings.service_name}))
     provider = TracerProvider(resource=resource, shutdown_on_exit=False)
     hooks: list[Callable[[], Any]] = []
     observers: list[Any] = []
@@ -138,7 +145,11 @@ def build_provider(
                 stream = _open_text(path)
                 color = "never" if settings.color == "auto" else settings.color
             console = ConsoleSpanExporter(
-                stream, color=color, inputs_printed_before=precall, resource=resource
+                stream,
+                color=color,
+                inputs_printed_before=precall,
+                resource=resource,
+                owns_stream=key not in ("stdout", "stderr"),
             )
             if precall:
                 observers.append(ConsolePrecall(console, settings))

@@ -167,7 +167,7 @@ def _make_wrapper(
 
         @functools.wraps(fn)
         async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
-            pipe = get_pipeline(settings)
+            pipe = get_pipeline()
             call = _begin(plan, pipe)
             if call is None:
                 return await fn(*args, **kwargs)
@@ -200,7 +200,7 @@ def _make_wrapper(
 
         @functools.wraps(fn)
         def wrapper_1(*args: Any, **kwargs: Any) -> Any:
-            pipe = get_pipeline(settings)
+            pipe = get_pipeline()
             call = _begin(plan, pipe)
             if call is None:
                 return fn(*args, **kwargs)
@@ -239,7 +239,7 @@ def _make_wrapper(
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        pipe = get_pipeline(settings)
+        pipe = get_pipeline()
         call = _begin(plan, pipe)
         if call is None:
             return fn(*args, **kwargs)

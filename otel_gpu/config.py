@@ -379,6 +379,11 @@ def expand_path(path: str, env: Mapping[str, str] | None = None) -> str:
 
 def _check_dest(setting: Setting, raw: object, item: str, source: str) -> None:
     """Fail at configuration, not on the hundredth call, for a path we cannot write."""
+    if item.lower() == "otlp":
+        from otel_gpu.exporters.destinations import otlp_protocol
+
+        otlp_protocol()  # an unsupported protocol fails now, not at the first call
+        return
     if item.lower() in _DEST_KEYWORDS:
         return
     path = os.path.abspath(os.path.expanduser(expand_path(item)))

@@ -340,14 +340,16 @@ _pipeline: Pipeline | None = None
 _explicit_provider: Any = None
 
 
-def get(settings: Settings) -> Pipeline:
-    """The process's pipeline, created on first use."""
+def get() -> Pipeline:
+    """The process's pipeline, created on first use from the settings then in force."""
     global _pipeline
     pipe = _pipeline
     if pipe is None:
+        from otel_gpu import config
+
         with _lock:
             if _pipeline is None:
-                _pipeline = Pipeline(settings, _explicit_provider)
+                _pipeline = Pipeline(config.current(), _explicit_provider)
             pipe = _pipeline
     return pipe
 
