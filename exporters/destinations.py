@@ -62,6 +62,8 @@ class DrainBatchProcessor(SpanProcessor):
 class ConsolePrecall:
     """Observer that prints a call's header and inputs before the call runs (crash safety)."""
 
+    min_level = 3  # level 1 prints only the end-of-call line
+
     def __init__(self, exporter: ConsoleSpanExporter, settings: Settings) -> None:
         self.exporter = exporter
         self.limit = settings.repr_limit

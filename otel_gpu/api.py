@@ -37,30 +37,44 @@ _getrandbits = random.getrandbits  # reseeded in fork children by the random mod
 _time_ns = time.time_ns
 
 
+def _qualified_name(fn: Any) -> str:
+    """module.Class.method from __qualname__; partials and callable objects fall back to their type."""
+    module = getattr(fn, "__module__", None) or type(fn).__module__
+    qualname = getattr(fn, "__qualname__", None) or type(fn).__qualname__
+    return f"{module}.{qualname}"
+
+
 class _Plan:
     """What a decorated function's calls must do, fixed at decoration time."""
 
-    __slots__ = ("attributes", "binder", "capture_stats", "level", "max_items", "name", "redacted")
+    __slots__ = (
+        "attributes",
+        "binder",
+        "capture_stats",
+        "level",
+        "max_items",
+        "name",
+        "redact",
+        "redacted",
+    )
 
     def __init__(self, fn: Callable[..., Any], name: str, settings: config.Settings) -> None:
         self.name = name
         self.level = settings.level
         self.max_items = settings.max_items
         code = getattr(fn, "__code__", None)
-        self.attributes: dict[str, Any] = {
-            "code.function.name": f"{fn.__module__}.{fn.__qualname__}",
-        }
+        self.attributes: dict[str, Any] = {"code.function.name": _qualified_name(fn)}
         if code is not None:
             self.attributes["code.file.path"] = code.co_filename
             self.attributes["code.line.number"] = code.co_firstlineno
         self.binder = metadata.make_binder(fn, skip_self=True) if self.level >= 3 else None
+        self.redact = settings.redact
         try:
             names = list(inspect.signature(fn).parameters)
         except (TypeError, ValueError):
             names = []
-        self.redacted = frozenset(
-            n for n in names if any(word in n.lower() for word in settings.redact)
-        )
+        # top-level parameter names that look like secrets (the flight recorder uses this)
+        self.redacted = frozenset(n for n in names if metadata.is_secret(n, self.redact))
         # CUDA graph capture can only be in progress where CUDA exists; decide the check now.
         self.capture_stats: Callable[[], bool] | None = None
         if self.level >= 5:
@@ -69,14 +83,12 @@ class _Plan:
 
 def _capture_inputs(plan: _Plan, bound: list[tuple[str, Any, bool]], tensors: Any) -> list:
     out: list[tuple[str, int, Any]] = []
-    redacted = plan.redacted
     for name, value, is_default in bound:
-        if redacted and name in redacted and isinstance(value, str):
-            out.append((name, metadata.REDACTED, None))
-        else:
-            metadata.capture(out, name, value, plan.max_items, tensors)
+        metadata.capture(out, name, value, plan.max_items, tensors)
         if is_default:
             out.append((name, metadata.DEFAULT, True))
+    if plan.redact:
+        metadata.redact(out, plan.redact)
     return out
 
 
@@ -127,7 +139,7 @@ def _make_wrapper(
                     pending = _launch_stats(plan, "input.", tensors)
             except Exception as exc:
                 internal("metadata", exc)
-        for observer in pipe.observers:
+        for observer in pipe.observers_at[level]:
             try:
                 observer.start(call)
             except Exception as exc:
@@ -151,7 +163,7 @@ def _make_wrapper(
                 call.stats = stats.finish(pending)
             except Exception as exc:
                 internal("statistics", exc)
-        observers = pipe.observers
+        observers = pipe.observers_at[level]
         if observers:
             call.result = result
             for observer in observers:
@@ -168,7 +180,7 @@ def _make_wrapper(
         @functools.wraps(fn)
         async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
             pipe = get_pipeline()
-            call = _begin(plan, pipe)
+            call = _begin(plan, pipe) if pipe is not None else None
             if call is None:
                 return await fn(*args, **kwargs)
             if not isinstance(call, Call):
@@ -177,7 +189,7 @@ def _make_wrapper(
                     return await fn(*args, **kwargs)
                 finally:
                     _detach(token)
-            pending = before(call, pipe, args, kwargs) if level >= 3 else None
+            pending = before(call, pipe, args, kwargs)
             token = _attach(_set_span_in_context(call.span))
             call.start_ns = _time_ns()
             try:
@@ -201,7 +213,7 @@ def _make_wrapper(
         @functools.wraps(fn)
         def wrapper_1(*args: Any, **kwargs: Any) -> Any:
             pipe = get_pipeline()
-            call = _begin(plan, pipe)
+            call = _begin(plan, pipe) if pipe is not None else None
             if call is None:
                 return fn(*args, **kwargs)
             if not isinstance(call, Call):
@@ -210,7 +222,7 @@ def _make_wrapper(
                     return fn(*args, **kwargs)
                 finally:
                     _detach(token)
-            observers = pipe.observers
+            observers = pipe.observers_at[level]
             if observers:
                 before(call, pipe, args, kwargs)
             token = _attach(_set_span_in_context(call.span))
@@ -240,7 +252,7 @@ def _make_wrapper(
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         pipe = get_pipeline()
-        call = _begin(plan, pipe)
+        call = _begin(plan, pipe) if pipe is not None else None
         if call is None:
             return fn(*args, **kwargs)
         if not isinstance(call, Call):
@@ -279,10 +291,7 @@ def _decorate(fn: Any, name: str | None) -> Any:
     if settings.strict:
         _guard.set_strict(True)
     target = inspect.unwrap(fn) if hasattr(fn, "__wrapped__") else fn
-    span_name = (
-        name
-        or f"{getattr(target, '__module__', '?')}.{getattr(target, '__qualname__', repr(target))}"
-    )
+    span_name = name or _qualified_name(target)
     plan = _Plan(target, span_name, settings)
     wrapper = _make_wrapper(fn, plan, settings)
     wrapper.__otel_gpu_plan__ = plan  # type: ignore[attr-defined]

@@ -140,7 +140,7 @@ SETTINGS: tuple[Setting, ...] = (
         _int_choice(LEVELS),
         "0: off (the decorator returns the function itself); 1: one span per call; "
         "3: plus input/output metadata attributes; 5: plus tensor statistics events; "
-        "10: plus the flight recorder (behaves as 5 until the recorder lands).",
+        "10: plus the flight recorder (every input and output tensor written to OTEL_GPU_DUMP_DIR).",
     ),
     Setting(
         "dest",
@@ -333,7 +333,7 @@ class Settings:
     recover_on_start: bool = False
     service_name: str | None = None
     dest_explicit: bool = False
-    """True when the destination was set by the user rather than defaulted."""
+    """True when OTEL_GPU_LOGDEST or configure(dest=...) set the destination (not the default)."""
 
     def __post_init__(self) -> None:
         # Tempo cuts attribute values at 2048 bytes by default: never produce longer ones.
@@ -418,8 +418,7 @@ def load(
             values[setting.field] = _parse(setting, overrides[setting.field], "configure()")
         elif setting.env in env and (env[setting.env].strip() or setting.field == "redact"):
             values[setting.field] = _parse(setting, env[setting.env], "environment")
-    dest_explicit = "dest" in values
-    return Settings(**values, dest_explicit=dest_explicit)
+    return Settings(**values, dest_explicit="dest" in values)
 
 
 # --------------------------------------------------------------------------- process-wide state

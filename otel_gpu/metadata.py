@@ -92,6 +92,19 @@ def make_binder(fn: Callable[..., Any], skip_self: bool) -> Binder:
     return bind
 
 
+def is_secret(name: str, words: tuple[str, ...]) -> bool:
+    """Whether a parameter, dict key or kwarg name looks like a secret (OTEL_GPU_REDACT)."""
+    lowered = name.lower()
+    return any(word in lowered for word in words)
+
+
+def redact(raw: _Raw, words: tuple[str, ...]) -> None:
+    """Replace string values whose key (parameter, dict key or kwarg name) looks like a secret."""
+    for i, (key, kind, payload) in enumerate(raw):
+        if kind == VALUE and isinstance(payload, str) and is_secret(key.rsplit(".", 1)[-1], words):
+            raw[i] = (key, REDACTED, None)
+
+
 def _tensor_meta(t: torch.Tensor) -> Any:
     try:
         return (t.shape, t.dtype, t.device, t.stride(), t.requires_grad, t.is_contiguous())

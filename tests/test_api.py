@@ -483,3 +483,101 @@ def test_ratio_root_sampler_of_the_provider_is_honoured(otel_gpu_spans):
 
     assert [f() for _ in range(20)] == [1] * 20
     assert spans.get() == []
+
+
+def test_nested_and_kwargs_secrets_are_redacted(otel_gpu_spans):
+    """Redaction applies to dict keys and **kwargs names too, not only to top-level parameters."""
+    spans = otel_gpu_spans(level=3)
+
+    @otel_gpu.api
+    def call(options, **extra):
+        return None
+
+    call({"auth_header": "Bearer x", "retries": "3"}, api_key="k-123", region="eu")
+    a = _attrs(spans.get()[0])
+    assert a["otel_gpu.input.options.auth_header.value"] == "<redacted>"
+    assert a["otel_gpu.input.options.retries.value"] == "3"
+    assert a["otel_gpu.input.extra.api_key.value"] == "<redacted>"
+    assert a["otel_gpu.input.extra.region.value"] == "eu"
+
+
+def test_partials_and_callable_objects_can_be_decorated(otel_gpu_spans):
+    """Objects without __qualname__ (functools.partial, callable instances) get a type-based name."""
+    import functools
+
+    spans = otel_gpu_spans(level=3)
+
+    class Kernel:
+        def __call__(self, x):
+            return x + 1
+
+    k = otel_gpu.api(Kernel())
+    p = otel_gpu.api(functools.partial(lambda a, b: a + b, 1))
+    assert k(1) == 2 and p(2) == 3
+    names = [s.name for s in spans.get()]
+    assert names[0].endswith("Kernel") and names[1] == "functools.partial"
+
+
+def test_functions_keep_their_decoration_level_with_respect_to_observers(
+    otel_gpu_spans, tmp_path, capsys
+):
+    """A function decorated at level 1 gets no pre-call input block even if the level is raised later."""
+    otel_gpu.configure(level=1, dest="stdout", color="never", provider="own", journal=False)
+
+    @otel_gpu.api
+    def quiet(x):
+        return x
+
+    otel_gpu.configure(level=3)
+
+    @otel_gpu.api
+    def loud(x):
+        return x
+
+    quiet(torch.ones(1))
+    loud(torch.ones(1))
+    otel_gpu.flush()
+    out = capsys.readouterr().out
+    assert "▶ " + loud.__wrapped__.__module__ in out  # loud printed its inputs before running
+    assert (
+        "quiet" in out
+        and (
+            "▶ "
+            + f"{__name__}.test_functions_keep_their_decoration_level_with_respect_to_observers.<locals>.quiet"
+        )
+        not in out
+    )
+
+
+def test_nonfinite_flag_survives_the_attribute_count_limit(otel_gpu_spans):
+    """otel_gpu.nonfinite is placed before metadata, so a tight attribute limit never cuts it."""
+    provider = TracerProvider(span_limits=SpanLimits(max_span_attributes=8))
+    spans = otel_gpu_spans(level=5, tracer_provider=provider)
+
+    @otel_gpu.api
+    def f(a, b, c):
+        return torch.log(a)
+
+    f(torch.tensor([-1.0]), torch.ones(1), torch.ones(1))
+    a = _attrs(spans.get()[0])
+    assert a["otel_gpu.nonfinite"] is True and len(a) <= 8
+
+
+def test_a_pipeline_that_cannot_be_built_leaves_calls_running(otel_gpu_spans, monkeypatch):
+    """If building the export pipeline fails, the call still runs and returns, and the error is reported once."""
+    from otel_gpu import _guard, pipeline
+
+    otel_gpu.configure(level=1, dest="stderr", strict=False)
+    _guard.set_strict(False)
+
+    def broken(*a, **k):
+        raise OSError("no space left")
+
+    monkeypatch.setattr(pipeline.Pipeline, "__init__", broken)
+
+    @otel_gpu.api
+    def f(x):
+        return x * 3
+
+    assert f(2) == 6 and f(3) == 9
+    assert _guard.internal_error_counts()["pipeline"] == 1

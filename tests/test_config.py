@@ -13,7 +13,7 @@ from otel_gpu import config
 def test_defaults():
     """With no environment the defaults are level 0, stdout, auto provider."""
     s = config.load(env={})
-    assert (s.level, s.dest, s.provider, s.dest_explicit) == (0, ("stdout",), "auto", False)
+    assert (s.level, s.dest, s.provider) == (0, ("stdout",), "auto")
 
 
 @pytest.mark.parametrize("raw", ["4", "abc", "-1", "2", "1.5", "11"])
@@ -102,7 +102,7 @@ def test_unwritable_destination_fails_at_configuration(tmp_path):
 def test_destination_list_and_placeholders(tmp_path, monkeypatch):
     """LOGDEST is comma-separated; %i expands to the pid and %r to RANK."""
     s = config.load(env={"OTEL_GPU_LOGDEST": f"stdout, {tmp_path}/t_%i_%r.jsonl , otlp"})
-    assert s.dest == ("stdout", f"{tmp_path}/t_%i_%r.jsonl", "otlp") and s.dest_explicit
+    assert s.dest == ("stdout", f"{tmp_path}/t_%i_%r.jsonl", "otlp")
     assert config.expand_path("a_%i_%r", {"RANK": "3"}) == f"a_{os.getpid()}_3"
     assert config.expand_path("a_%r", {}) == "a_0"
 
