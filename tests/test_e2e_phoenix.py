@@ -1,0 +1,288 @@
+"""End to end against a real, independent OTLP backend: Arize Phoenix.
+
+The demo runs in a subprocess with ``OTEL_GPU_LOGDEST=otlp`` over gRPC and over HTTP/protobuf,
+and its spans are read back from Phoenix's REST API. ``otel-gpu ship`` is checked the same way.
+Marked ``e2e`` (``-m "not e2e"`` skips them); see ``tests/phoenix_server.py`` for how Phoenix is
+found (``OTEL_GPU_TEST_PHOENIX``), started and queried, and what it keeps of OTLP.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import phoenix_server
+import pytest
+from otlp_receiver import attrs_of
+
+from otel_gpu import ship
+
+REPO = Path(__file__).resolve().parent.parent
+PROTOCOLS = ["grpc", "http/protobuf"]
+ROOT, ERROR = "demo.Decoder.run", "otel_gpu._demo_lib.gather_rows"
+CHILDREN = {f"otel_gpu._demo_lib.{n}" for n in ("rms_norm", "attention", "log_probs")}
+DEMO_SPANS = {ROOT, ERROR} | CHILDREN
+
+
+# --------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="module")
+def phoenix(tmp_path_factory: pytest.TempPathFactory) -> Iterator[phoenix_server.PhoenixServer]:
+    """One Phoenix for the module, on free loopback ports, stopped at the end."""
+    executable = phoenix_server.phoenix_executable()
+    with phoenix_server.run_phoenix(executable, tmp_path_factory.mktemp("phoenix")) as server:
+        yield server
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env.update(extra)
+    return env
+
+
+def _otlp_env(server: phoenix_server.PhoenixServer, protocol: str) -> dict[str, str]:
+    # For http/protobuf the official exporter appends /v1/traces to OTEL_EXPORTER_OTLP_ENDPOINT.
+    endpoint = server.grpc_endpoint if protocol == "grpc" else server.base_url
+    return {
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": protocol,
+        "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
+    }
+
+
+def _project(kind: str, protocol: str) -> str:
+    return f"otel-gpu-e2e-{kind}-{protocol.replace('/', '-')}-{uuid.uuid4().hex[:8]}"
+
+
+def _run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "otel_gpu", *args],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, f"otel-gpu {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}"
+    return proc
+
+
+@dataclass
+class DemoRun:
+    protocol: str
+    project: str
+    service: str
+    spans: dict[str, dict[str, Any]]
+    """Phoenix's spans by name."""
+    file_resource: dict[str, Any]
+    """The resource of the same run, from its ``.jsonl`` copy (Phoenix does not keep it)."""
+    file_spans: dict[str, Any]
+    """The same run's spans as written to the ``.jsonl`` copy, by name."""
+
+
+def _file_view(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    resources, spans = [], {}
+    for _, traces in ship.read_traces(str(path)):
+        for rs in traces.resource_spans:
+            resources.append(attrs_of(rs.resource.attributes))
+            spans.update({s.name: s for ss in rs.scope_spans for s in ss.spans})
+    assert resources and all(r == resources[0] for r in resources)
+    return resources[0], spans
+
+
+@pytest.fixture(scope="module", params=PROTOCOLS)
+def demo_run(
+    request: pytest.FixtureRequest,
+    phoenix: phoenix_server.PhoenixServer,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> DemoRun:
+    """``python -m otel_gpu demo`` exporting over OTLP to Phoenix (and, in the same process, to a
+    ``.jsonl`` copy that shows the resource Phoenix drops); its spans read back from Phoenix."""
+    protocol = request.param
+    project = _project("demo", protocol)
+    service = f"otel-gpu-e2e-{uuid.uuid4().hex[:6]}"
+    copy = tmp_path_factory.mktemp("demo") / "copy.jsonl"
+    _run(
+        ["demo"],
+        _env(
+            OTEL_GPU_LOGDEST=f"otlp,{copy}",
+            OTEL_GPU_LOGLEVEL="5",
+            OTEL_SERVICE_NAME=service,
+            OTEL_RESOURCE_ATTRIBUTES=f"openinference.project.name={project}",
+            **_otlp_env(phoenix, protocol),
+        ),
+    )
+    spans = phoenix.wait_for_spans(project, len(DEMO_SPANS))
+    file_resource, file_spans = _file_view(copy)
+    return DemoRun(
+        protocol, project, service, {s["name"]: s for s in spans}, file_resource, file_spans
+    )
+
+
+# --------------------------------------------------------------------------- the demo over OTLP
+
+
+@pytest.mark.e2e
+def test_demo_spans_arrive_with_names_and_parent_links(demo_run: DemoRun) -> None:
+    """All five demo spans arrive; the three library calls are children of demo.Decoder.run in
+    its trace, gather_rows is a root of its own trace; ids are the ones the process generated."""
+    spans = demo_run.spans
+    assert set(spans) == DEMO_SPANS
+    root = spans[ROOT]
+    assert root["parent_id"] is None
+    for name in CHILDREN:
+        assert spans[name]["parent_id"] == root["context"]["span_id"], name
+        assert spans[name]["context"]["trace_id"] == root["context"]["trace_id"], name
+    assert spans[ERROR]["parent_id"] is None
+    assert spans[ERROR]["context"]["trace_id"] != root["context"]["trace_id"]
+    for name, span in spans.items():
+        recorded = demo_run.file_spans[name]
+        assert span["context"] == {
+            "trace_id": recorded.trace_id.hex(),
+            "span_id": recorded.span_id.hex(),
+        }
+
+
+@pytest.mark.e2e
+def test_tensor_attributes_arrive_typed(demo_run: DemoRun) -> None:
+    """Level-3 metadata arrives with its types: shapes and strides as int arrays, dtype and
+    device as strings, flags as booleans, defaults marked, code location attributes present."""
+    rms = demo_run.spans["otel_gpu._demo_lib.rms_norm"]["attributes"]
+    assert rms["otel_gpu.input.x.shape"] == [2, 8, 32]
+    assert rms["otel_gpu.input.x.stride"] == [256, 32, 1]
+    assert rms["otel_gpu.input.x.dtype"] == "torch.float32"
+    assert rms["otel_gpu.input.x.device"] == "cpu"
+    assert rms["otel_gpu.input.x.is_contiguous"] is True
+    assert rms["otel_gpu.input.eps.value"] == pytest.approx(1e-6)
+    assert rms["otel_gpu.input.eps.default"] is True
+    assert rms["otel_gpu.output.0.shape"] == [2, 8, 32]
+    assert rms["code.function.name"] == "otel_gpu._demo_lib.rms_norm"
+    attention = demo_run.spans["otel_gpu._demo_lib.attention"]["attributes"]
+    assert attention["otel_gpu.input.q.shape"] == [2, 4, 8, 8]
+    assert attention["otel_gpu.input.q.is_contiguous"] is False
+
+
+@pytest.mark.e2e
+def test_stats_events_and_nonfinite_flag(demo_run: DemoRun) -> None:
+    """Level-5 statistics arrive as ``otel_gpu.stats`` span events: log_probs' output reports its
+    NaNs in ``nan_count``, and ``otel_gpu.nonfinite`` marks that span (for tail sampling)."""
+    log_probs = demo_run.spans["otel_gpu._demo_lib.log_probs"]
+    stats = {
+        e["attributes"]["otel_gpu.tensor"]: e["attributes"]
+        for e in log_probs["events"]
+        if e["name"] == "otel_gpu.stats"
+    }
+    assert set(stats) == {"input.logits", "output.0"}
+    assert stats["output.0"]["nan_count"] > 0
+    assert stats["input.logits"]["nan_count"] == 0
+    assert stats["output.0"]["numel"] == 512
+    assert log_probs["attributes"]["otel_gpu.nonfinite"] is True
+    assert "otel_gpu.nonfinite" not in demo_run.spans["otel_gpu._demo_lib.rms_norm"]["attributes"]
+
+
+@pytest.mark.e2e
+def test_gather_rows_is_an_error_span_with_its_exception(demo_run: DemoRun) -> None:
+    """The failing call arrives with status ERROR, the exception's message as status message,
+    and an ``exception`` event naming the type; the other spans are not errors."""
+    span = demo_run.spans[ERROR]
+    assert span["status_code"] == "ERROR"
+    assert span["status_message"].startswith("IndexError: index 9 is out of bounds")
+    [exception] = [e for e in span["events"] if e["name"] == "exception"]
+    assert exception["attributes"]["exception.type"] == "IndexError"
+    assert "gather_rows" in exception["attributes"]["exception.stacktrace"]
+    assert {s["status_code"] for n, s in demo_run.spans.items() if n != ERROR} == {"UNSET"}
+
+
+@pytest.mark.e2e
+def test_resource_reaches_phoenix(demo_run: DemoRun, phoenix: phoenix_server.PhoenixServer) -> None:
+    """The resource crosses the wire: Phoenix files the spans under the project named by the
+    resource attribute ``openinference.project.name`` (set through OTEL_RESOURCE_ATTRIBUTES and
+    merged into otel-gpu's resource). Phoenix keeps no other resource attribute, so the rest of
+    the same resource object is checked in the run's ``.jsonl`` copy: ``service.name`` from
+    OTEL_SERVICE_NAME and the GPU inventory ``otel_gpu.gpu.count``."""
+    projects = {p["name"] for p in phoenix.get_json("/v1/projects", limit=1000)["data"]}
+    assert demo_run.project in projects
+    assert len(demo_run.spans) == len(DEMO_SPANS)  # all of them, none left in "default"
+    resource = demo_run.file_resource
+    assert resource["openinference.project.name"] == demo_run.project
+    assert resource["service.name"] == demo_run.service
+    assert isinstance(resource["otel_gpu.gpu.count"], int)
+    assert resource["otel_gpu.torch.version"]
+    assert resource["telemetry.sdk.language"] == "python"
+
+
+# --------------------------------------------------------------------------- otel-gpu ship
+
+
+def _iso_to_ns(text: str) -> int:
+    moment = datetime.fromisoformat(text).astimezone(timezone.utc)
+    return int(moment.timestamp()) * 1_000_000_000 + moment.microsecond * 1000
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_ship_puts_a_files_spans_in_phoenix_unchanged(
+    protocol: str, phoenix: phoenix_server.PhoenixServer, tmp_path: Path
+) -> None:
+    """A demo run written to ``.jsonl`` (no network), then ``otel-gpu ship FILE`` over each
+    protocol: Phoenix holds the same spans with the same ids, parents, names, start times (within
+    the microsecond Phoenix keeps), status, attributes and events as the file."""
+    project = _project("ship", protocol)
+    path = tmp_path / "air-gapped.jsonl"
+    _run(
+        ["demo"],
+        _env(
+            OTEL_GPU_LOGDEST=str(path),
+            OTEL_GPU_LOGLEVEL="5",
+            OTEL_RESOURCE_ATTRIBUTES=f"openinference.project.name={project}",
+        ),
+    )
+    proc = _run(["ship", str(path)], _env(**_otlp_env(phoenix, protocol)))
+    assert f"{len(DEMO_SPANS)} spans sent, 0 failed" in proc.stderr
+    stored = {s["name"]: s for s in phoenix.wait_for_spans(project, len(DEMO_SPANS))}
+    _resource, recorded = _file_view(path)
+    assert set(stored) == set(recorded) == DEMO_SPANS
+    for name, span in recorded.items():
+        got = stored[name]
+        assert got["context"] == {"trace_id": span.trace_id.hex(), "span_id": span.span_id.hex()}
+        assert got["parent_id"] == (span.parent_span_id.hex() or None)
+        assert abs(_iso_to_ns(got["start_time"]) - span.start_time_unix_nano) <= 1000
+        assert got["status_code"] == ("ERROR" if span.status.code == 2 else "UNSET")
+        assert got["attributes"] == pytest.approx(attrs_of(span.attributes))
+        assert [(e["name"], e["attributes"]) for e in got["events"]] == [
+            (e.name, pytest.approx(attrs_of(e.attributes))) for e in span.events
+        ]
+
+
+# --------------------------------------------------------------------------- the fixture's contract
+
+
+def test_missing_phoenix_skips_locally(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without OTEL_GPU_TEST_PHOENIX a local run skips, naming the variable and the installer."""
+    monkeypatch.delenv(phoenix_server.ENV_EXECUTABLE, raising=False)
+    monkeypatch.delenv("CI", raising=False)
+    with pytest.raises(pytest.skip.Exception, match=r"OTEL_GPU_TEST_PHOENIX.*install-phoenix\.sh"):
+        phoenix_server.phoenix_executable()
+
+
+def test_missing_phoenix_fails_under_ci(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under CI=true a missing Phoenix fails the tests instead of skipping them."""
+    monkeypatch.delenv(phoenix_server.ENV_EXECUTABLE, raising=False)
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match=r"CI=true and .*OTEL_GPU_TEST_PHOENIX"):
+        phoenix_server.phoenix_executable()
+
+
+def test_wrong_phoenix_path_fails(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A path that is not an executable file is a failure even locally (a typo must not skip)."""
+    monkeypatch.delenv("CI", raising=False)
+    monkeypatch.setenv(phoenix_server.ENV_EXECUTABLE, str(tmp_path / "phoenix"))
+    with pytest.raises(pytest.fail.Exception, match="is not an executable file"):
+        phoenix_server.phoenix_executable()
