@@ -107,6 +107,7 @@ class Call:
     """One decorated call, as recorded on the caller's thread. Plain slots, no methods on the hot path."""
 
     __slots__ = (
+        "args",
         "bound",
         "end_ns",
         "exc",
@@ -139,4 +140,5 @@ class Call:
         # Live argument values and return value: set only while observers run, then cleared,
         # so queued records never keep user tensors alive.
         self.bound: list[tuple[str, Any, bool]] | None = None
+        self.args: tuple[Any, ...] | None = None  # the positional arguments as passed (self first)
         self.result: Any = None

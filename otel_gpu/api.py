@@ -53,7 +53,9 @@ class _Plan:
         "capture_stats",
         "level",
         "max_items",
+        "module",
         "name",
+        "qualname",
         "redact",
         "redacted",
     )
@@ -63,7 +65,9 @@ class _Plan:
         self.level = settings.level
         self.max_items = settings.max_items
         code = getattr(fn, "__code__", None)
-        self.attributes: dict[str, Any] = {"code.function.name": _qualified_name(fn)}
+        self.module = getattr(fn, "__module__", None) or type(fn).__module__
+        self.qualname = getattr(fn, "__qualname__", None) or type(fn).__qualname__
+        self.attributes: dict[str, Any] = {"code.function.name": f"{self.module}.{self.qualname}"}
         if code is not None:
             self.attributes["code.file.path"] = code.co_filename
             self.attributes["code.line.number"] = code.co_firstlineno
@@ -81,7 +85,7 @@ class _Plan:
             self.capture_stats = _gpu.is_capturing if _gpu.cuda_available() else None
 
 
-def _capture_inputs(plan: _Plan, bound: list[tuple[str, Any, bool]], tensors: Any) -> list:
+def _capture_inputs(plan: _Plan, bound: list[tuple[str, Any, bool]], tensors: Any) -> tuple:
     out: list[tuple[str, int, Any]] = []
     for name, value, is_default in bound:
         metadata.capture(out, name, value, plan.max_items, tensors)
@@ -89,7 +93,7 @@ def _capture_inputs(plan: _Plan, bound: list[tuple[str, Any, bool]], tensors: An
             out.append((name, metadata.DEFAULT, True))
     if plan.redact:
         metadata.redact(out, plan.redact)
-    return out
+    return tuple(out)  # queued until export: a tuple of atoms is not tracked by the GC, a list is
 
 
 def _launch_stats(plan: _Plan, prefix: str, tensors: list[tuple[str, Any]]) -> list[stats.Pending]:
@@ -130,6 +134,7 @@ def _make_wrapper(
     def before(call: Call, pipe: pipeline.Pipeline, args: tuple, kwargs: dict) -> list | None:
         """Work before the call runs: inputs captured and stats launched (level 3+), observers told."""
         pending = None
+        call.args = args
         if level >= 3:
             try:
                 tensors: list | None = [] if level >= 5 else None
@@ -150,7 +155,7 @@ def _make_wrapper(
         if level >= 3 and call.exc is None:
             tensors: list | None = [] if level >= 5 else None
             try:
-                call.outputs = metadata.capture_output(result, plan.max_items, tensors)
+                call.outputs = tuple(metadata.capture_output(result, plan.max_items, tensors))
             except Exception as exc:
                 internal("metadata", exc)
             if tensors:
@@ -173,6 +178,7 @@ def _make_wrapper(
                     internal("observer", exc)
             call.result = None
         call.bound = None
+        call.args = None
         pipe.submit(call)
 
     if inspect.iscoroutinefunction(fn):
@@ -181,7 +187,7 @@ def _make_wrapper(
         async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
             pipe = get_pipeline()
             call = _begin(plan, pipe) if pipe is not None else None
-            if call is None:
+            if call is None or pipe is None:
                 return await fn(*args, **kwargs)
             if not isinstance(call, Call):
                 token = _attach(_set_span_in_context(call))
@@ -214,7 +220,7 @@ def _make_wrapper(
         def wrapper_1(*args: Any, **kwargs: Any) -> Any:
             pipe = get_pipeline()
             call = _begin(plan, pipe) if pipe is not None else None
-            if call is None:
+            if call is None or pipe is None:
                 return fn(*args, **kwargs)
             if not isinstance(call, Call):
                 token = _attach(_set_span_in_context(call))
@@ -253,7 +259,7 @@ def _make_wrapper(
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         pipe = get_pipeline()
         call = _begin(plan, pipe) if pipe is not None else None
-        if call is None:
+        if call is None or pipe is None:
             return fn(*args, **kwargs)
         if not isinstance(call, Call):
             token = _attach(_set_span_in_context(call))

@@ -268,7 +268,8 @@ SETTINGS: tuple[Setting, ...] = (
         "torch",
         "torch, safetensors",
         _str_choice(("torch", "safetensors")),
-        "torch keeps strides and non-contiguity; safetensors stores contiguous copies.",
+        "torch keeps dense layouts in the file; safetensors stores contiguous copies; replay restores "
+        "the recorded strides for both.",
     ),
     # ---- crash journal
     Setting(

@@ -1,0 +1,94 @@
+"""Which function a recorded call belongs to, and its ``self``/``cls``: what replay needs to find it again."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from otel_gpu import _guard, _manifest
+
+__all__ = ["Target", "receiver"]
+
+
+class Target:
+    """How a decorated function can be found again: module, qualname, whether it takes self/cls."""
+
+    __slots__ = ("file", "found", "module", "qualname", "receiver", "why_not")
+
+    def __init__(self, plan: Any) -> None:
+        full = plan.attributes.get("code.function.name", plan.name)
+        self.file = plan.attributes.get("code.file.path")
+        self.module, self.qualname = _split_module(full)
+        self.receiver = False
+        self.why_not: str | None = None
+        if self.module == "__main__":
+            self.why_not = "defined in __main__ (a script); replay imports modules only"
+        elif "<locals>" in self.qualname or not self.module:
+            self.why_not = "defined inside a function; replay cannot import it"
+        obj: Any = sys.modules.get(self.module)
+        for part in self.qualname.split(".") if obj is not None else ():
+            obj = getattr(obj, part, None)
+        fn = getattr(obj, "__func__", obj)
+        while hasattr(fn, "__wrapped__"):
+            fn = fn.__wrapped__
+        code = getattr(fn, "__code__", None)
+        self.found = code is not None
+        if code is not None and code.co_argcount:
+            self.receiver = code.co_varnames[0] in ("self", "cls")
+        elif code is None and self.why_not is None:
+            self.why_not = f"{full} could not be found by its import path"
+
+
+def _split_module(full: str) -> tuple[str, str]:
+    """Split ``pkg.mod.Class.meth`` at the longest prefix that is an imported module."""
+    parts = full.split(".")
+    for i in range(len(parts) - 1, 0, -1):
+        if ".".join(parts[:i]) in sys.modules:
+            return ".".join(parts[:i]), ".".join(parts[i:])
+    return "", full
+
+
+def receiver(call: Any, enc: _manifest.Encoder) -> dict[str, Any]:
+    """Encode ``self``/``cls`` of a method: a class by reference, an object by its opt-in state hook."""
+    args = getattr(call, "args", None)
+    if args is None:
+        args = _args_from_wrapper_frame()
+    if not args:
+        return {"t": "unsupported", "type": "?", "why": "receiver not available to the recorder"}
+    obj = args[0]
+    if isinstance(obj, type):
+        return {"t": "class", "type": _manifest.type_ref(obj)}
+    hook = getattr(obj, "__otel_gpu_state__", None)
+    if hook is None:
+        return {
+            "t": "unsupported",
+            "type": _manifest.type_ref(type(obj)),
+            "why": "stateful method: the class has no __otel_gpu_state__ hook",
+        }
+    try:
+        state = hook()
+        if not isinstance(state, dict):
+            raise TypeError(f"__otel_gpu_state__ returned {type(state).__name__}, not dict")
+    except Exception as exc:
+        _guard.warn_once(
+            "dump.state_hook", "otel-gpu: %r.__otel_gpu_state__ failed: %s", type(obj), exc
+        )
+        return {
+            "t": "unsupported",
+            "type": _manifest.type_ref(type(obj)),
+            "why": f"state hook failed: {exc}",
+        }
+    return {"t": "state", "type": _manifest.type_ref(type(obj)), "state": enc.encode(state, "self")}
+
+
+def _args_from_wrapper_frame() -> tuple | None:
+    """The positional arguments of the decorator's ``before()``, until ``Call`` carries them itself."""
+    frame: Any = sys._getframe(2)
+    for _ in range(6):
+        if frame is None:
+            return None
+        if frame.f_code.co_name == "before" and frame.f_code.co_filename.endswith("api.py"):
+            args = frame.f_locals.get("args")
+            return args if isinstance(args, tuple) else None
+        frame = frame.f_back
+    return None

@@ -1,0 +1,325 @@
+"""Rebuilding one recorded call for replay: the function, its receiver, its arguments, its torch state.
+
+Everything a manifest names is treated as untrusted: a module is imported only when the
+:class:`Allow` list admits it (or it is already imported, for enum and namedtuple types),
+and the function called must carry otel-gpu's decorator.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import importlib
+import inspect
+import os
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from otel_gpu import _manifest
+from otel_gpu._replay_compare import Mismatch, compare
+
+__all__ = ["Allow", "PreparedCall", "Refused", "Skip", "child_env", "device_mapper", "prepare_call"]
+
+
+class Skip(Exception):
+    """The call cannot be replayed here; the message says why (verdict ``skipped``)."""
+
+
+class Refused(Exception):
+    """The dump asks for something replay will not do (verdict ``error``)."""
+
+
+class Allow:
+    """Module prefixes replay may import: ``pkg`` admits ``pkg`` and ``pkg.sub``."""
+
+    def __init__(self, prefixes: tuple[str, ...] | list[str] = ()) -> None:
+        self.prefixes = tuple(p.strip() for p in prefixes if p.strip())
+
+    def __call__(self, module: str) -> bool:
+        return any(module == p or module.startswith(p + ".") for p in self.prefixes)
+
+
+def device_mapper(mapping: dict[str, str]) -> Callable[[str], str]:
+    """``{"cuda": "cpu"}`` maps every cuda device; ``{"cuda:1": "cuda:0"}`` one; ``{"*": "cpu"}`` all."""
+
+    def map_device(device: str) -> str:
+        return (
+            mapping.get(device) or mapping.get(device.split(":")[0]) or mapping.get("*") or device
+        )
+
+    return map_device
+
+
+def resolve_type(ref: str, allow: Allow) -> Any:
+    """The object named ``module:qualname``; the module must be allowed or already imported."""
+    module, _, qualname = ref.partition(":")
+    if module not in sys.modules and not allow(module):
+        raise Skip(f"type {ref} is from module {module!r}, which is not allowed (--allow-module)")
+    obj: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def resolve_function(info: dict[str, Any], allow: Allow) -> tuple[Callable[..., Any], type | None]:
+    """The undecorated function recorded in ``info`` and the class that defines it, if any."""
+    module, qualname = info.get("module") or "", info.get("qualname") or ""
+    if not module or not qualname:
+        raise Skip("the manifest does not name an importable function")
+    if not allow(module):
+        raise Skip(f"module {module!r} is not allowed (pass --allow-module {module})")
+    owner: Any = None
+    obj: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        owner, obj = obj, getattr(obj, part)
+    wrapper = None
+    current = getattr(obj, "__func__", obj)
+    while current is not None:  # the innermost carrier of the marker is otel-gpu's own wrapper
+        if "__otel_gpu_plan__" in getattr(current, "__dict__", {}):
+            wrapper = current
+        current = getattr(current, "__wrapped__", None)
+    if wrapper is None:
+        raise Refused(
+            f"refused: {module}.{qualname} is not an @otel_gpu.api function in this process "
+            "(replay calls only decorated functions; was the module imported at level 0?)"
+        )
+    return wrapper.__wrapped__, owner if isinstance(owner, type) else None
+
+
+class _Decoder:
+    """Tagged JSON back to values; tensors get their recorded layout on the mapped device."""
+
+    def __init__(
+        self,
+        tensors: dict[str, torch.Tensor],
+        meta: dict[str, Any],
+        allow: Allow,
+        map_device: Callable[[str], str],
+    ) -> None:
+        self.tensors = tensors
+        self.meta = meta
+        self.allow = allow
+        self.map_device = map_device
+        self.cache: dict[str, torch.Tensor] = {}
+
+    def decode(self, enc: dict[str, Any], path: str) -> Any:
+        tag = enc.get("t")
+        if tag == "none":
+            return None
+        if tag in ("bool", "int", "str"):
+            return enc["v"]
+        if tag == "float":
+            return float(enc["v"])
+        if tag == "tensor":
+            return self._tensor(enc["key"], path)
+        if tag == "dtype":
+            dtype = getattr(torch, str(enc["v"]), None)
+            if not isinstance(dtype, torch.dtype):
+                raise ValueError(f"{path}: unknown dtype {enc['v']!r}")
+            return dtype
+        if tag == "device":
+            return torch.device(self.map_device(enc["v"]))
+        if tag == "size":
+            return torch.Size(int(v) for v in enc["v"])
+        if tag in ("list", "tuple"):
+            items = [self.decode(v, f"{path}[{i}]") for i, v in enumerate(enc["items"])]
+            return items if tag == "list" else tuple(items)
+        if tag == "dict":
+            return {
+                self.decode(k, f"{path}.key"): self.decode(v, f"{path}[{i}]")
+                for i, (k, v) in enumerate(enc["items"])
+            }
+        if tag == "enum":
+            cls = resolve_type(enc["type"], self.allow)
+            if not (isinstance(cls, type) and issubclass(cls, enum.Enum)):
+                raise Refused(f"refused: {enc['type']} is not an Enum")
+            return cls[enc["name"]]
+        if tag == "namedtuple":
+            cls = resolve_type(enc["type"], self.allow)
+            if not (isinstance(cls, type) and issubclass(cls, tuple) and hasattr(cls, "_fields")):
+                raise Refused(f"refused: {enc['type']} is not a namedtuple")
+            return cls(*(self.decode(v, f"{path}[{i}]") for i, v in enumerate(enc["items"])))
+        if tag == "redacted":
+            raise Skip(f"argument {path} was redacted when recorded (OTEL_GPU_REDACT)")
+        if tag == "unsupported":
+            raise Skip(f"argument {path} is a {enc.get('type')}, which the recorder cannot rebuild")
+        raise ValueError(f"{path}: unknown value tag {tag!r}")
+
+    def _tensor(self, key: str, path: str) -> torch.Tensor:
+        if key in self.cache:
+            return self.cache[key]  # the same tensor passed twice stays one object
+        meta = self.meta[key]
+        device = self.map_device(meta["device"])
+        if device.startswith("cuda") and not torch.cuda.is_available():
+            raise Skip(
+                f"{path} was recorded on {meta['device']}, which this machine lacks (try --device cuda=cpu)"
+            )
+        t = _manifest.restore_layout(self.tensors[key], meta, device)
+        if meta.get("requires_grad") and (t.is_floating_point() or t.is_complex()):
+            t.requires_grad_(True)
+        self.cache[key] = t
+        return t
+
+
+def _arguments(
+    fn: Callable[..., Any], params: list[dict[str, Any]], decoder: _Decoder, receiver: bool
+) -> tuple[list, dict]:
+    """Positional and keyword arguments as the caller passed them; defaults are left to the function."""
+    recorded = {p["name"]: p for p in params}
+    args: list[Any] = []
+    kwargs: dict[str, Any] = {}
+    positional = True
+    P = inspect.Parameter
+    sig = list(inspect.signature(fn).parameters.values())
+    for param in sig[1:] if receiver else sig:
+        rec = recorded.get(param.name)
+        if rec is None or rec.get("default"):
+            if param.kind in (P.POSITIONAL_ONLY, P.POSITIONAL_OR_KEYWORD):
+                positional = False
+            continue
+        value = decoder.decode(rec["value"], param.name)
+        if param.kind in (P.POSITIONAL_ONLY, P.POSITIONAL_OR_KEYWORD):
+            if positional:
+                args.append(value)
+            else:
+                kwargs[param.name] = value
+        elif param.kind is P.VAR_POSITIONAL:
+            args.extend(value)
+        elif param.kind is P.KEYWORD_ONLY:
+            kwargs[param.name] = value
+        else:
+            kwargs.update(value)
+    return args, kwargs
+
+
+class PreparedCall:
+    """A recorded call ready to run: ``run()`` then ``compare()``."""
+
+    def __init__(
+        self,
+        directory: str,
+        manifest: dict[str, Any],
+        fn: Callable[..., Any],
+        args: list,
+        kwargs: dict,
+        decoder: _Decoder,
+        notes: list[str],
+    ) -> None:
+        self.directory = directory
+        self.manifest = manifest
+        self.fn = fn
+        self.args = args
+        self.kwargs = kwargs
+        self.decoder = decoder
+        self.notes = notes
+
+    def run(self) -> tuple[BaseException | None, Any]:
+        """Call the function under the recorded grad/inference mode; returns (exception, value)."""
+        with _torch_state(self.manifest.get("torch_state") or {}):
+            try:
+                value = self.fn(*self.args, **self.kwargs)
+                if inspect.iscoroutine(value):  # an async API: run it to completion here
+                    import asyncio
+
+                    value = asyncio.run(value)
+                if any(t.is_cuda for t in self.decoder.cache.values()):
+                    torch.cuda.synchronize()  # asynchronous kernel errors belong to this call
+            except KeyboardInterrupt:
+                raise
+            except BaseException as exc:
+                return exc, None
+        return None, value
+
+    def compare(
+        self, value: Any, tol: tuple[float | None, float | None]
+    ) -> tuple[list[Mismatch], list[str]]:
+        """Differences between ``value`` (and inputs changed in place) and the recording."""
+        expected = _manifest.load_tensors(self.directory, self.manifest["files"].get("outputs"))
+        out: list[Mismatch] = []
+        notes: list[str] = []
+        mapper = self.decoder.map_device
+        compare(
+            self.manifest.get("result") or {"t": "none"},
+            value,
+            expected,
+            "output",
+            tol,
+            mapper,
+            out,
+            notes,
+        )
+        for key, enc in (self.manifest.get("mutated") or {}).items():
+            actual = self.decoder.cache.get(key)
+            name = "in-place " + key.removeprefix("input.")
+            compare(enc, actual, expected, name, tol, mapper, out, notes)
+        return out, notes
+
+
+def prepare_call(
+    directory: str, manifest: dict[str, Any], allow: Allow, device_map: dict[str, str]
+) -> PreparedCall:
+    """Resolve, load and decode everything a recorded call needs. Raises :class:`Skip` or an error."""
+    if not manifest.get("replayable", False):
+        raise Skip(str(manifest.get("why_not_replayable") or "not replayable"))
+    fn, owner = resolve_function(manifest.get("function") or {}, allow)
+    files = manifest.get("files") or {}
+    tensors = _manifest.load_tensors(directory, files.get("inputs"))
+    decoder = _Decoder(tensors, manifest.get("tensors") or {}, allow, device_mapper(device_map))
+    notes: list[str] = []
+    receiver = _receiver(manifest, owner, decoder)
+    args, kwargs = _arguments(fn, manifest.get("params") or [], decoder, receiver is not None)
+    if receiver is not None:
+        args.insert(0, receiver)
+    return PreparedCall(directory, manifest, fn, args, kwargs, decoder, notes)
+
+
+def _receiver(manifest: dict[str, Any], owner: type | None, decoder: _Decoder) -> Any:
+    rec = manifest.get("receiver")
+    if not (manifest.get("function") or {}).get("receiver"):
+        return None
+    if not rec or rec.get("t") == "unsupported":
+        why = (rec or {}).get("why") or "the receiver was not recorded"
+        raise Skip(f"stateful method: {why}")
+    cls = resolve_type(rec["type"], decoder.allow)
+    if not isinstance(cls, type) or (owner is not None and not issubclass(cls, owner)):
+        raise Refused(
+            f"refused: receiver type {rec['type']} is not a subclass of the method's class"
+        )
+    if rec["t"] == "class":
+        return cls
+    if "__otel_gpu_state__" not in dir(cls):  # construction is opt-in, per class
+        raise Skip(f"stateful method: {rec['type']} has no __otel_gpu_state__ hook")
+    state = decoder.decode(rec["state"], "self")
+    rebuild = getattr(cls, "__otel_gpu_rebuild__", None)
+    return rebuild(state) if rebuild is not None else cls(**state)
+
+
+@contextlib.contextmanager
+def _torch_state(state: dict[str, Any]) -> Iterator[None]:
+    default = torch.get_default_dtype()
+    dtype = getattr(torch, str(state.get("default_dtype", "")), None)
+    try:
+        if isinstance(dtype, torch.dtype) and dtype.is_floating_point:
+            torch.set_default_dtype(dtype)
+        with (
+            torch.inference_mode(bool(state.get("inference_mode", False))),
+            torch.set_grad_enabled(bool(state.get("grad_enabled", True))),
+        ):
+            yield
+    finally:
+        torch.set_default_dtype(default)
+
+
+def child_env() -> dict[str, str]:
+    """The environment of an isolated replay: the same import path as this process."""
+    from otel_gpu.config import environ
+
+    env = dict(environ())
+    paths = [p or os.getcwd() for p in sys.path]
+    env["PYTHONPATH"] = os.pathsep.join(
+        paths + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
+    )
+    return env

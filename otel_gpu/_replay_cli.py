@@ -1,0 +1,302 @@
+"""The ``otel-gpu replay`` command: flags, the module allow-list, progress, and the report."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from dataclasses import asdict
+from typing import Any
+
+from otel_gpu import _manifest
+from otel_gpu._replay_call import Allow
+from otel_gpu.replay import (
+    EXIT_USAGE,
+    Options,
+    Result,
+    exit_code,
+    find_calls,
+    replay,
+    summarize,
+)
+
+__all__ = ["add_parser", "main"]
+
+_DESCRIPTION = """\
+Re-run calls recorded by the flight recorder (OTEL_GPU_LOGLEVEL=10) and compare them with
+their recording. Verdicts: pass, mismatch, error, crashed-originally, skipped.
+Exit code: 0 when nothing failed, 1 when a call had a mismatch, an error or had crashed
+originally, 2 for a usage error (no dumps, bad flags, imports not allowed).
+
+Dumps are untrusted input: replay imports only the modules you allow, and calls only
+functions decorated with @otel_gpu.api in them."""
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "replay",
+        help="re-run calls recorded at level 10 and report pass/mismatch/error per call",
+        description=_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--dir", required=True, help="the dump root (OTEL_GPU_DUMP_DIR) or one call's directory"
+    )
+    p.add_argument(
+        "--allow-module",
+        action="append",
+        default=[],
+        metavar="PREFIX",
+        help="import modules named PREFIX or PREFIX.* (repeatable, or comma-separated)",
+    )
+    p.add_argument(
+        "--trust-dump",
+        action="store_true",
+        help="import every module the dump names, without asking (only for dumps you made)",
+    )
+    p.add_argument(
+        "--device",
+        action="append",
+        default=[],
+        metavar="FROM=TO",
+        help="map recorded devices: cuda=cpu, cuda:1=cuda:0, or TO alone for all (repeatable)",
+    )
+    p.add_argument(
+        "--rtol", type=float, default=None, help="relative tolerance (default: per dtype)"
+    )
+    p.add_argument(
+        "--atol", type=float, default=None, help="absolute tolerance (default: per dtype)"
+    )
+    p.add_argument(
+        "--include",
+        action="append",
+        default=[],
+        metavar="PATTERN",
+        help="only span names matching (fnmatch)",
+    )
+    p.add_argument(
+        "--exclude",
+        action="append",
+        default=[],
+        metavar="PATTERN",
+        help="skip span names matching (fnmatch)",
+    )
+    p.add_argument("--fail-fast", action="store_true", help="stop at the first failed call")
+    p.add_argument("--isolate", action="store_true", help="run every call in its own process")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=300.0,
+        help="seconds an isolated call may take (default 300)",
+    )
+    p.add_argument("--json", action="store_true", help="print a machine-readable report on stdout")
+    p.add_argument(
+        "--dest", default=None, help="send replay spans here (default: OTEL_GPU_LOGDEST if set)"
+    )
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.add_argument("--_child", action="store_true", help=argparse.SUPPRESS)
+    p.set_defaults(func=main)
+
+
+def _split(values: list[str]) -> tuple[str, ...]:
+    return tuple(v.strip() for item in values for v in item.split(",") if v.strip())
+
+
+def _device_map(values: list[str]) -> dict[str, str]:
+    import torch
+
+    mapping: dict[str, str] = {}
+    for item in _split(values):
+        src, sep, dst = item.partition("=")
+        src, dst = (src, dst) if sep else ("*", src)
+        torch.device(dst)  # raises for a malformed device
+        mapping[src.strip()] = dst.strip()
+    return mapping
+
+
+def _recorded_modules(dirs: list[str]) -> list[str]:
+    modules = set()
+    for d in dirs:
+        try:
+            module = _manifest.read_manifest(d)["function"]["module"]
+        except Exception:
+            continue
+        if module:
+            modules.add(str(module))
+    return sorted(modules)
+
+
+def _allow(args: argparse.Namespace, dirs: list[str]) -> Allow | None:
+    """The modules replay may import; None when the user has not allowed any."""
+    prefixes = list(_split(args.allow_module))
+    if args.trust_dump:
+        prefixes += _recorded_modules(dirs)
+    if prefixes or args._child:
+        return Allow(prefixes)
+    modules = _recorded_modules(dirs)
+    if modules and sys.stdin.isatty() and sys.stderr.isatty():
+        print("The dump asks replay to import and run code from these modules:", file=sys.stderr)
+        for m in modules:
+            print(f"  {m}", file=sys.stderr)
+        try:
+            answer = input("Import them? Only say yes for dumps you trust. [y/N] ")
+        except EOFError:
+            answer = ""
+        if answer.strip().lower() in ("y", "yes"):
+            return Allow(modules)
+    print(
+        "otel-gpu replay: not importing any module. A dump names the modules replay imports and "
+        "runs; allow them with --allow-module PREFIX (or --trust-dump for dumps you made). "
+        f"Recorded modules: {', '.join(modules) or 'none'}",
+        file=sys.stderr,
+    )
+    return None
+
+
+def _provider(args: argparse.Namespace) -> tuple[Any, bool]:
+    """Configure this process for replay (level 1, no journal) and build the replay spans' provider."""
+    from opentelemetry.sdk.trace import TracerProvider
+
+    import otel_gpu
+    from otel_gpu import config
+
+    overrides: dict[str, Any] = {"level": 1, "journal": False}
+    if args.dest:
+        overrides["dest"] = args.dest
+    settings = config.load(overrides)
+    want = not args._child and settings.dest_explicit
+    if want:
+        from otel_gpu.exporters.destinations import build_provider
+
+        provider = build_provider(settings)[0]
+    else:
+        provider = TracerProvider()  # no processors: nested decorated calls cost little
+    # level 1: decorated functions keep the wrapper replay looks for; nothing is dumped again
+    otel_gpu.configure(level=1, journal=False, tracer_provider=provider, dest=args.dest)
+    return provider, want
+
+
+class _Progress:
+    """A progress bar on stderr (rich when installed), and the per-call lines on stdout."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.lines = not args.json
+        self.bar: Any = None
+        self.plain = False
+        if args.no_progress or args._child or not sys.stderr.isatty():
+            return
+        try:
+            from rich.console import Console
+            from rich.progress import Progress
+
+            self.bar = Progress(console=Console(stderr=True), transient=True)
+            self.task = self.bar.add_task("replay", total=None)
+            self.bar.start()
+        except ImportError:
+            self.plain = True
+
+    def __call__(self, done: int, total: int, result: Result | None) -> None:
+        if result is not None and self.lines:
+            line = _line(result)
+            if self.bar is not None:
+                self.bar.console.print(line, markup=False, highlight=False, soft_wrap=True)
+            else:
+                if self.plain:
+                    sys.stderr.write("\r\033[K")
+                print(line, flush=True)
+        if self.bar is not None:
+            self.bar.update(self.task, completed=done, total=total)
+        elif self.plain:
+            sys.stderr.write(f"\rreplay {done}/{total}")
+            sys.stderr.flush()
+
+    def stop(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+        elif self.plain:
+            sys.stderr.write("\r\033[K")
+
+
+def _line(r: Result) -> str:
+    text = f"{r.verdict.upper():<18} {r.span_name}  [{os.path.basename(r.dir)}]"
+    return f"{text}  {r.detail}" if r.detail else text
+
+
+def _finite(obj: Any) -> Any:
+    """Strict JSON: infinite differences become the strings "inf"/"nan"."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return repr(obj)
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run ``otel-gpu replay``; returns the exit code."""
+    dirs = find_calls(args.dir)
+    if not dirs:
+        print(f"otel-gpu replay: no dumps found at {args.dir}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        device_map = _device_map(args.device)
+    except (RuntimeError, ValueError) as exc:
+        print(f"otel-gpu replay: bad --device: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    allow = _allow(args, dirs)
+    if allow is None:
+        return EXIT_USAGE
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        # as with `python -m otel_gpu`, modules in the current directory are importable (appended,
+        # so they never shadow installed ones); the allow-list still decides what is imported
+        sys.path.append(os.getcwd())
+    opts = Options(
+        allow=allow,
+        device_map=device_map,
+        rtol=args.rtol,
+        atol=args.atol,
+        include=_split(args.include),
+        exclude=_split(args.exclude),
+        fail_fast=args.fail_fast,
+        isolate=args.isolate and not args._child,
+        timeout=args.timeout,
+        in_process=args._child,
+    )
+    from otel_gpu.config import ConfigError
+
+    try:
+        provider, _ = _provider(args)
+    except ConfigError as exc:
+        print(f"otel-gpu replay: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    progress = _Progress(args)
+    try:
+        results = replay(args.dir, opts, provider, progress)
+    finally:
+        progress.stop()
+        import otel_gpu
+
+        otel_gpu.flush()
+        provider.shutdown()
+    code = exit_code(results)
+    summary = summarize(results)
+    if args.json:
+        report = {
+            "schema_version": 1,
+            "dir": os.path.abspath(args.dir),
+            "results": [asdict(r) for r in results],
+            "summary": summary,
+            "exit_code": code,
+        }
+        json.dump(_finite(report), sys.stdout, indent=1, default=str)
+        print()
+    else:
+        counts = ", ".join(
+            f"{summary[v]} {v}"
+            for v in ("pass", "mismatch", "error", "crashed-originally", "skipped")
+        )
+        print(f"{summary['total']} call(s): {counts}")
+    return code

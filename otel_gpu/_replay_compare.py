@@ -1,0 +1,198 @@
+"""Replay's comparison of a re-run call with its recording: tolerances, max abs/rel differences.
+
+Default tolerances per dtype are those of ``torch.testing.assert_close``; float8 types,
+which it does not cover, get one unit in the last place at 1.0 as ``rtol``. Unlike
+``assert_close``, NaN matches NaN: a NaN that was recorded and comes back is reproduced.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from otel_gpu._manifest import type_ref
+
+__all__ = ["DEFAULT_TOLERANCES", "Mismatch", "compare", "compare_tensors", "tolerance"]
+
+DEFAULT_TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
+    torch.float16: (1e-3, 1e-5),
+    torch.bfloat16: (1.6e-2, 1e-5),
+    torch.float32: (1.3e-6, 1e-5),
+    torch.float64: (1e-7, 1e-7),
+    torch.complex32: (1e-3, 1e-5),
+    torch.complex64: (1.3e-6, 1e-5),
+    torch.complex128: (1e-7, 1e-7),
+}
+"""(rtol, atol) per dtype; every other dtype (integers, bool) must match exactly."""
+for _name, _rtol in (
+    ("float8_e4m3fn", 0.125),
+    ("float8_e4m3fnuz", 0.125),
+    ("float8_e5m2", 0.25),
+    ("float8_e5m2fnuz", 0.25),
+):
+    if hasattr(torch, _name):
+        DEFAULT_TOLERANCES[getattr(torch, _name)] = (_rtol, 1e-5)
+
+
+def tolerance(dtype: torch.dtype, rtol: float | None, atol: float | None) -> tuple[float, float]:
+    """``(rtol, atol)`` for ``dtype``: the flag when given, else the dtype's default."""
+    default = DEFAULT_TOLERANCES.get(dtype, (0.0, 0.0))
+    return (default[0] if rtol is None else rtol, default[1] if atol is None else atol)
+
+
+@dataclass
+class Mismatch:
+    """One output that differs from its recording."""
+
+    output: str
+    reason: str
+    max_abs: float | None = None
+    max_rel: float | None = None
+
+    def describe(self) -> str:
+        text = f"{self.output}: {self.reason}"
+        if self.max_abs is not None:
+            text += f"; max abs diff {self.max_abs:.3g}, max rel diff {self.max_rel:.3g}"
+        return text
+
+
+def compare_tensors(
+    path: str, expected: torch.Tensor, actual: Any, rtol: float | None, atol: float | None
+) -> Mismatch | None:
+    """None when ``actual`` matches ``expected`` within tolerance, else what differs and by how much."""
+    if not isinstance(actual, torch.Tensor):
+        return Mismatch(path, f"expected a tensor, got {type(actual).__name__}")
+    if tuple(actual.shape) != tuple(expected.shape):
+        return Mismatch(path, f"shape {list(actual.shape)} != recorded {list(expected.shape)}")
+    if actual.dtype != expected.dtype:
+        return Mismatch(path, f"dtype {actual.dtype} != recorded {expected.dtype}")
+    if expected.numel() == 0:
+        return None
+    a = actual.detach().to("cpu")
+    e = expected.detach().to("cpu")
+    rt, at = tolerance(e.dtype, rtol, atol)
+    wide = torch.complex128 if e.is_complex() else torch.float64
+    a64, e64 = a.to(wide), e.to(wide)
+    diff = (a64 - e64).abs()
+    close = diff <= at + rt * e64.abs()
+    if e.is_floating_point() or e.is_complex():
+        close |= (a64.isnan() & e64.isnan()) | (a64 == e64)  # NaN reproduced; equal infinities
+    if bool(close.all()):
+        return None
+    bad = int((~close).sum())
+    finite = diff[diff.isfinite()]
+    max_abs = float(finite.max()) if finite.numel() else math.inf
+    rel = (diff / e64.abs())[diff.isfinite()]
+    rel = rel[rel.isfinite()]
+    max_rel = float(rel.max()) if rel.numel() else math.inf
+    reason = f"{bad} of {e.numel()} elements differ (rtol={rt:g}, atol={at:g})"
+    return Mismatch(path, reason, max_abs, max_rel)
+
+
+def compare(
+    enc: dict[str, Any],
+    actual: Any,
+    expected: dict[str, torch.Tensor],
+    path: str,
+    tol: tuple[float | None, float | None],
+    map_device: Callable[[str], str],
+    out: list[Mismatch],
+    notes: list[str],
+) -> None:
+    """Walk the recorded (encoded) value and ``actual`` together, appending differences to ``out``."""
+    tag = enc.get("t")
+    if tag == "tensor":
+        tensor = expected.get(enc.get("key", ""))
+        if tensor is None:
+            notes.append(f"{path} not compared (tensor not recorded)")
+            return
+        found = compare_tensors(path, tensor, actual, *tol)
+        if found is not None:
+            out.append(found)
+    elif tag in ("list", "tuple", "namedtuple", "size"):
+        items: list[Any] = (
+            enc.get("items") or [] if tag != "size" else [{"t": "int", "v": v} for v in enc["v"]]
+        )
+        want = list if tag == "list" else tuple
+        if not isinstance(actual, want):
+            out.append(Mismatch(path, f"expected a {tag}, got {type(actual).__name__}"))
+        elif len(actual) != len(items):
+            out.append(Mismatch(path, f"length {len(actual)} != recorded {len(items)}"))
+        else:
+            for i, (item, value) in enumerate(zip(items, actual)):
+                compare(item, value, expected, f"{path}[{i}]", tol, map_device, out, notes)
+    elif tag == "dict":
+        if not isinstance(actual, dict):
+            out.append(Mismatch(path, f"expected a dict, got {type(actual).__name__}"))
+            return
+        keys = {_plain(k): v for k, v in enc.get("items", [])}
+        got = {_plain_key(k): v for k, v in actual.items()}
+        if set(keys) != set(got):
+            now, recorded = sorted(map(repr, got)), sorted(map(repr, keys))
+            out.append(Mismatch(path, f"keys {now} != recorded {recorded}"))
+            return
+        for key, item in keys.items():
+            compare(item, got[key], expected, f"{path}[{key!r}]", tol, map_device, out, notes)
+    elif tag in ("unsupported", "redacted"):
+        notes.append(f"{path} not compared ({enc.get('type', tag)})")
+    elif not _same_scalar(enc, actual, tol, map_device):
+        out.append(Mismatch(path, f"{_short(actual)} != recorded {_short(_plain(enc))}"))
+
+
+def _same_scalar(
+    enc: dict[str, Any],
+    actual: Any,
+    tol: tuple[float | None, float | None],
+    map_device: Callable[[str], str],
+) -> bool:
+    tag = enc.get("t")
+    if tag == "float":
+        if type(actual) is not float:
+            return False
+        want = float(enc["v"])
+        if math.isnan(want) or math.isnan(actual):
+            return math.isnan(want) and math.isnan(actual)
+        rt, at = tolerance(torch.float64, *tol)
+        return abs(actual - want) <= at + rt * abs(want)
+    if tag == "enum":
+        return (
+            isinstance(actual, enum.Enum)
+            and type_ref(type(actual)) == enc["type"]
+            and actual.name == enc["name"]
+        )
+    if tag == "dtype":
+        return isinstance(actual, torch.dtype) and str(actual).removeprefix("torch.") == enc["v"]
+    if tag == "device":
+        return isinstance(actual, torch.device) and str(actual) == map_device(enc["v"])
+    if tag == "none":
+        return actual is None
+    return type(actual).__name__ == tag and actual == enc.get("v")
+
+
+def _plain(enc: dict[str, Any]) -> Any:
+    """A scalar recorded value as a plain Python value (dict keys, messages)."""
+    tag = enc.get("t")
+    if tag == "none":
+        return None
+    if tag == "float":
+        return float(enc["v"])
+    if tag == "enum":
+        return f"{enc['type']}.{enc['name']}"
+    return enc.get("v", f"<{tag}>")
+
+
+def _plain_key(key: Any) -> Any:
+    """A returned dict key in the form :func:`_plain` gives recorded keys."""
+    if isinstance(key, enum.Enum):
+        return f"{type_ref(type(key))}.{key.name}"
+    return key
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
