@@ -93,7 +93,7 @@ def _capture_inputs(plan: _Plan, bound: list[tuple[str, Any, bool]], tensors: An
             out.append((name, metadata.DEFAULT, True))
     if plan.redact:
         metadata.redact(out, plan.redact)
-    return tuple(out)  # queued until export: a tuple of atoms is not tracked by the GC, a list is
+    return tuple(out)  # queued until export: the GC can untrack a tuple of atoms, never a list
 
 
 def _launch_stats(plan: _Plan, prefix: str, tensors: list[tuple[str, Any]]) -> list[stats.Pending]:

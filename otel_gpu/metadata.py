@@ -106,12 +106,14 @@ def redact(raw: _Raw, words: tuple[str, ...]) -> None:
 
 
 def _tensor_meta(t: torch.Tensor) -> Any:
+    # A plain tuple, not torch.Size: records wait for export, and the GC untracks tuples of
+    # atoms but keeps tracking (and promoting) tuple subclasses and whatever holds them.
     try:
-        return (t.shape, t.dtype, t.device, t.stride(), t.requires_grad, t.is_contiguous())
+        return (tuple(t.shape), t.dtype, t.device, t.stride(), t.requires_grad, t.is_contiguous())
     except Exception:
         # sparse, nested and some subclass tensors have no strides
         try:
-            return (t.shape, t.dtype, t.device, None, t.requires_grad, False)
+            return (tuple(t.shape), t.dtype, t.device, None, t.requires_grad, False)
         except Exception as exc:
             return f"{type(t).__name__} (metadata unavailable: {type(exc).__name__})"
 

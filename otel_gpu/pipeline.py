@@ -14,6 +14,7 @@ or otel-gpu's own provider with the ``OTEL_GPU_LOGDEST`` destinations.
 from __future__ import annotations
 
 import collections
+import gc
 import os
 import threading
 import time
@@ -22,6 +23,7 @@ from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.attributes import BoundedAttributes
+from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan, SpanLimits
 from opentelemetry.sdk.trace import TracerProvider as SdkTracerProvider
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, ParentBased
@@ -30,12 +32,13 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from otel_gpu import _guard, metadata, stats
 from otel_gpu._span import Call, exception_attributes
-from otel_gpu.config import Settings
+from otel_gpu.config import LEVELS, Settings
 
 __all__ = ["Pipeline", "get", "reset", "shutdown"]
 
 _WAKE_EVERY = 0.1  # seconds; batching amortises the export thread's wake-ups and GIL grabs
 _WAKE_AT = 1024  # queued calls that wake the export thread early, to bound memory
+_EXPORT_CHUNK = 64  # spans per export; bounds how long drain() keeps the collector paused
 
 try:
     from importlib.metadata import version as _pkg_version
@@ -100,9 +103,14 @@ class Pipeline:
             provider, self._after_drain, self.observers = destinations.build_provider(self.settings)
             self._own_provider = provider
         self.observers = self.observers + _extension_observers(self.settings, self)
+        # A function keeps the level it was decorated at; observers run only for levels they serve.
+        self.observers_at = {
+            lvl: tuple(o for o in self.observers if getattr(o, "min_level", 1) <= lvl)
+            for lvl in LEVELS
+        }
         self.provider = provider
         self.processor = provider._active_span_processor
-        self.resource = provider.resource
+        self.resource = _HashedResource(provider.resource)
         limits = getattr(provider, "_span_limits", None) or SpanLimits()
         self.max_attributes = limits.max_span_attributes
         self.max_events = limits.max_events
@@ -131,25 +139,42 @@ class Pipeline:
             self.drain()
 
     def drain(self, deadline: float | None = None) -> None:
-        """Materialise every queued call and hand the spans to the processors."""
+        """Materialise every queued call and hand the spans to the processors, a chunk at a time."""
         with self._drain_lock:
             queue = self.queue
             on_end = self.processor.on_end
-            while queue:
-                if deadline is not None and time.monotonic() > deadline:
+            late = False
+            while True:
+                # Spans and the SDK encoders' objects (~100 GC-tracked per span) live only for a
+                # chunk; with the collector on they get promoted and trigger full collections,
+                # which in a torch process walk ~200k objects (100-300 ms each). Pause it per chunk.
+                paused = gc.isenabled()
+                if paused:
+                    gc.disable()
+                try:
+                    for _ in range(_EXPORT_CHUNK):
+                        if not queue:
+                            break
+                        if deadline is not None and time.monotonic() > deadline:
+                            late = True
+                            break
+                        call = queue.popleft()
+                        try:
+                            span = self.materialise(call)
+                            on_end(span)
+                            self.exported += 1
+                        except Exception as exc:
+                            self._internal("export", exc)
+                    for hook in self._after_drain:
+                        try:
+                            hook()
+                        except Exception as exc:
+                            self._internal("export", exc)
+                finally:
+                    if paused:
+                        gc.enable()
+                if late or not queue:
                     break
-                call = queue.popleft()
-                try:
-                    span = self.materialise(call)
-                    on_end(span)
-                    self.exported += 1
-                except Exception as exc:
-                    self._internal("export", exc)
-            for hook in self._after_drain:
-                try:
-                    hook()
-                except Exception as exc:
-                    self._internal("export", exc)
 
     def _internal(self, kind: str, exc: Exception) -> None:
         try:
@@ -162,11 +187,8 @@ class Pipeline:
         plan = call.plan
         span = call.span
         limit = self.settings.repr_limit
+        # Order matters when the attribute count limit cuts: what a query keys on comes first.
         attrs: dict[str, Any] = dict(plan.attributes)
-        if call.inputs:
-            metadata.to_attributes("otel_gpu.input.", call.inputs, limit, attrs)
-        if call.outputs:
-            metadata.to_attributes("otel_gpu.output.", call.outputs, limit, attrs)
         events: list[Event] = []
         if call.stats:
             nonfinite = False
@@ -177,6 +199,10 @@ class Pipeline:
                 attrs["otel_gpu.nonfinite"] = True
         if span.attributes:
             attrs.update(span.attributes)
+        if call.inputs:
+            metadata.to_attributes("otel_gpu.input.", call.inputs, limit, attrs)
+        if call.outputs:
+            metadata.to_attributes("otel_gpu.output.", call.outputs, limit, attrs)
         if span.events:
             events.extend(Event(name, a, ts) for name, a, ts in span.events)
         status = span.status or _UNSET
@@ -189,7 +215,7 @@ class Pipeline:
             tail = events[-1:] if call.exc is not None else []
             body = events[: len(events) - len(tail)]
             keep = self.max_events - len(tail)
-            attrs["otel_gpu.events.omitted"] = len(body) - keep
+            attrs = {"otel_gpu.events.omitted": len(body) - keep, **attrs}
             events = body[:keep] + tail
         return ReadableSpan(
             name=span.name,
@@ -230,6 +256,13 @@ class Pipeline:
         timeout = self.settings.flush_timeout if timeout is None else timeout
         deadline = time.monotonic() + timeout
         self.drain(deadline)
+        for observer in self.observers:  # e.g. the flight recorder's queued output files
+            flusher = getattr(observer, "flush", None)
+            if flusher is not None:
+                try:
+                    flusher(max(deadline - time.monotonic(), 0.0))
+                except Exception as exc:
+                    self._internal("observer", exc)
         ok = _bounded_call(
             lambda: self.processor.force_flush(int(max(deadline - time.monotonic(), 0) * 1000)),
             max(deadline - time.monotonic(), 0.0),
@@ -273,6 +306,21 @@ class Pipeline:
             )
 
 
+class _HashedResource(Resource):
+    """The provider's resource, hashed once.
+
+    Exporters group spans by resource, and the SDK's ``Resource.__hash__`` serialises every
+    attribute to JSON on each call: ~30 µs a span with the GPU resource attributes.
+    """
+
+    def __init__(self, resource: Resource) -> None:
+        super().__init__(resource.attributes, resource.schema_url)
+        self._hash = super().__hash__()
+
+    def __hash__(self) -> int:
+        return self._hash
+
+
 def _root_sampler(sampler: Any) -> Callable[[int, str], bool] | None:
     """The decision for calls with no parent; None means always sample (the default, and fastest).
 
@@ -295,12 +343,12 @@ def _extension_observers(settings: Settings, pipe: Pipeline) -> tuple[Any, ...]:
     import importlib
 
     found = []
-    wanted = []
+    wanted = []  # (module, lowest level it serves)
     if settings.journal:
-        wanted.append("otel_gpu.journal")
+        wanted.append(("otel_gpu.journal", 1))
     if settings.level >= 10:
-        wanted.append("otel_gpu.dump")
-    for name in wanted:
+        wanted.append(("otel_gpu.dump", 10))
+    for name, min_level in wanted:
         try:
             module = importlib.import_module(name)
         except ModuleNotFoundError as exc:
@@ -313,6 +361,8 @@ def _extension_observers(settings: Settings, pipe: Pipeline) -> tuple[Any, ...]:
             _guard.internal_error(name.rsplit(".", 1)[1], exc)
             continue
         if observer is not None:
+            if not hasattr(observer, "min_level"):
+                observer.min_level = min_level
             found.append(observer)
     return tuple(found)
 
@@ -337,11 +387,15 @@ def _bounded_call(fn: Callable[[], Any], timeout: float) -> Any:
 
 _lock = threading.Lock()
 _pipeline: Pipeline | None = None
+_FAILED: Any = object()  # the pipeline could not be built; calls run uninstrumented until reset()
 _explicit_provider: Any = None
 
 
-def get() -> Pipeline:
-    """The process's pipeline, created on first use from the settings then in force."""
+def get() -> Pipeline | None:
+    """The process's pipeline, created on first use from the settings then in force.
+
+    None if it could not be built (an internal error, reported once): calls then run uninstrumented.
+    """
     global _pipeline
     pipe = _pipeline
     if pipe is None:
@@ -349,13 +403,17 @@ def get() -> Pipeline:
 
         with _lock:
             if _pipeline is None:
-                _pipeline = Pipeline(config.current(), _explicit_provider)
+                try:
+                    _pipeline = Pipeline(config.current(), _explicit_provider)
+                except Exception as exc:
+                    _pipeline = _FAILED
+                    _guard.internal_error("pipeline", exc)
             pipe = _pipeline
-    return pipe
+    return None if pipe is _FAILED else pipe
 
 
 def current() -> Pipeline | None:
-    return _pipeline
+    return None if _pipeline is _FAILED else _pipeline
 
 
 def set_tracer_provider(provider: Any) -> None:
@@ -368,13 +426,13 @@ def reset(timeout: float | None = None) -> None:
     global _pipeline
     with _lock:
         pipe, _pipeline = _pipeline, None
-    if pipe is not None:
+    if pipe is not None and pipe is not _FAILED:
         pipe.shutdown(timeout)
 
 
 def shutdown() -> None:
     """Interpreter exit: flush within ``OTEL_GPU_FLUSH_TIMEOUT``."""
-    pipe = _pipeline
+    pipe = current()
     if pipe is not None and pipe.pid == os.getpid():
         pipe.shutdown()
 

@@ -2,7 +2,8 @@
 
 Cost model (see docs/architecture.md):
 
-* A clean floating tensor costs three reductions (``aminmax``, ``sum``, ``vector_norm``)
+* A clean floating tensor costs three reductions (``aminmax``, ``sum``, a ``dot`` for the
+  sum of squares; ``vector_norm`` for half types and non-contiguous tensors)
   launched on its device, with no host sync. ``var_mean`` is avoided: on CPU it is
   ~20x slower than a sum.
 * Every tensor of a call is read back together, in one device-to-host read
@@ -110,24 +111,22 @@ def compute(key: str, t: torch.Tensor) -> Pending:
     acc = _acc_dtype(x)
     mn, mx = torch.aminmax(x)
     total = x.sum(dtype=acc)
-    norm = torch.linalg.vector_norm(x, dtype=acc)
-    vec = torch.stack(
-        [
-            mn.to(torch.float64),
-            mx.to(torch.float64),
-            total.to(torch.float64),
-            norm.to(torch.float64),
-        ]
-    )
-    return Pending(key, numel, vec, x, note, integer=not counts_apply)
+    if x.dtype is acc and x.is_contiguous():
+        # BLAS dot: one pass, ~30% cheaper than vector_norm on CPU, and no sqrt to square again.
+        flat = x.reshape(-1)
+        sumsq = torch.dot(flat, flat)
+        vec = torch.stack([mn, mx, total, sumsq])  # one dtype: one stack, one conversion
+    else:
+        sumsq = torch.linalg.vector_norm(x, dtype=acc).square()
+        vec = torch.stack([mn.to(acc), mx.to(acc), total, sumsq])
+    return Pending(key, numel, vec.to(torch.float64), x, note, integer=not counts_apply)
 
 
-def _moments(n: int, total: float, norm: float) -> tuple[float, float | None, bool]:
-    """Mean and sample std from sum and sqrt(sum of squares); True if precision is doubtful."""
+def _moments(n: int, total: float, sumsq: float) -> tuple[float, float | None, bool]:
+    """Mean and sample std from the sum and the sum of squares; True if precision is doubtful."""
     mean = total / n
     if n < 2:
         return mean, None, False
-    sumsq = norm * norm
     var = max((sumsq - total * mean) / (n - 1), 0.0)
     doubtful = mean * mean > _CANCELLATION_RATIO * var if var > 0 else mean != 0.0
     return mean, math.sqrt(var), doubtful
@@ -146,16 +145,19 @@ def finish(pending: list[Pending]) -> list[TensorStats]:
         row = row_of.get(id(p))
         if row is None:
             continue
-        mn, mx, total, norm = row
+        mn, mx, total, sumsq = row
         if not (
-            math.isfinite(mn) and math.isfinite(mx) and math.isfinite(total) and math.isfinite(norm)
+            math.isfinite(mn)
+            and math.isfinite(mx)
+            and math.isfinite(total)
+            and math.isfinite(sumsq)
         ):
             refine.append((stats, p))
             continue
         if mn == mx:  # constant tensor: exact answer, nothing to refine
             mean, std, doubtful = mn, (0.0 if p.numel > 1 else None), False
         else:
-            mean, std, doubtful = _moments(p.numel, total, norm)
+            mean, std, doubtful = _moments(p.numel, total, sumsq)
         _fill(stats, p, mn, mx, mean, std)
         if doubtful:
             refine.append((stats, p))
