@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
+import textwrap
+import uuid
 
 import pytest
 
@@ -39,3 +42,23 @@ def _clean_otel_gpu(monkeypatch: pytest.MonkeyPatch):
     config._reset()
     _guard._reset()
     _guard.set_strict(False)
+
+
+@pytest.fixture
+def module_factory(tmp_path, monkeypatch):
+    """Returns ``load(source, prefix)``: writes a fresh module below tmp_path and imports it.
+
+    Functions in it are decorated at the level in force when it is imported.
+    """
+    names = []
+
+    def load(source: str, prefix: str = "testlib"):
+        name = f"{prefix}_{uuid.uuid4().hex[:8]}"
+        (tmp_path / f"{name}.py").write_text(textwrap.dedent(source))
+        monkeypatch.syspath_prepend(str(tmp_path))
+        names.append(name)
+        return importlib.import_module(name)
+
+    yield load
+    for name in names:
+        sys.modules.pop(name, None)

@@ -3,15 +3,11 @@
 from __future__ import annotations
 
 import errno
-import importlib
 import json
 import logging
 import os
 import re
 import stat
-import sys
-import textwrap
-import uuid
 
 import pytest
 import torch
@@ -83,20 +79,9 @@ class Factory:
 
 
 @pytest.fixture
-def lib(tmp_path, monkeypatch):
+def lib(module_factory):
     """Returns ``load()``: writes LIB as a fresh module and imports it (decorating at the current level)."""
-    names = []
-
-    def load(source: str = LIB):
-        name = f"dumplib_{uuid.uuid4().hex[:8]}"
-        (tmp_path / f"{name}.py").write_text(textwrap.dedent(source))
-        monkeypatch.syspath_prepend(str(tmp_path))
-        names.append(name)
-        return importlib.import_module(name)
-
-    yield load
-    for name in names:
-        sys.modules.pop(name, None)
+    return lambda source=LIB: module_factory(source, "dumplib")
 
 
 def _dirs(root) -> list[str]:

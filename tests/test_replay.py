@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import sys
-import textwrap
-import uuid
 
 import pytest
 import torch
@@ -98,20 +95,9 @@ class Factory:
 
 
 @pytest.fixture
-def lib(tmp_path, monkeypatch):
+def lib(module_factory):
     """Returns ``load(source)``: writes a fresh module below tmp_path and imports it (decorated at the current level)."""
-    names = []
-
-    def load(source: str = LIB):
-        name = f"replaylib_{uuid.uuid4().hex[:8]}"
-        (tmp_path / f"{name}.py").write_text(textwrap.dedent(source))
-        monkeypatch.syspath_prepend(str(tmp_path))
-        names.append(name)
-        return importlib.import_module(name)
-
-    yield load
-    for name in names:
-        sys.modules.pop(name, None)
+    return lambda source=LIB: module_factory(source, "replaylib")
 
 
 def _record(otel_gpu_spans, tmp_path, fmt="torch"):
