@@ -196,6 +196,16 @@ SETTINGS: tuple[Setting, ...] = (
         "How long interpreter exit may spend flushing spans still in the queue.",
     ),
     Setting(
+        "export_gc_pause",
+        "OTEL_GPU_EXPORT_GC_PAUSE",
+        True,
+        "true, false",
+        _bool,
+        "Pause Python's garbage collector while the export thread builds and encodes a chunk of "
+        "64 spans (a few ms), so their short-lived objects never trigger full collections of a "
+        "large torch heap. Turn off if the application toggles gc.disable()/gc.enable() itself.",
+    ),
+    Setting(
         "color",
         "OTEL_GPU_COLOR",
         "auto",
@@ -320,6 +330,7 @@ class Settings:
     repr_limit: int = 256
     queue_size: int = 65536
     flush_timeout: float = 3.0
+    export_gc_pause: bool = True
     color: str = "auto"
     strict: bool = False
     redact: tuple[str, ...] = ("token", "key", "password", "secret", "auth")

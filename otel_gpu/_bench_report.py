@@ -1,0 +1,264 @@
+"""``otel-gpu bench`` report: medians, ratios, the budgets of issue #6, and the text table."""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from otel_gpu.bench import Result
+
+__all__ = ["BUDGETS", "Budget", "build", "evaluate", "machine", "render"]
+
+# Which FlashInfer row a configuration is compared with, and whether it is compared with the floor.
+_PEER = {"ours1": "fi1", "ours3": "fi3", "ours5": "fi5", "ours10": "fi5", "otel": "fi1"}
+_FLOORED = ("ours5", "ours10", "fi5")
+_SPAN_WRITERS = ("ours1", "ours3", "ours5", "ours10", "otel")
+
+
+@dataclass(frozen=True)
+class Budget:
+    """``ours[cost] / other[cost] <= limit`` (or ``>=`` for throughput)."""
+
+    name: str
+    ours: str
+    other: str
+    cost: str  # "caller" | "total"
+    limit: float
+    kind: str = "ratio"  # ratio | identity | syncs | throughput
+
+
+BUDGETS: tuple[Budget, ...] = (
+    Budget(
+        "level 0 is the function itself (zero cost)", "ours0", "bare", "caller", 1.0, "identity"
+    ),
+    Budget("level 1 caller-visible ≤ 0.5× FlashInfer level 1", "ours1", "fi1", "caller", 0.5),
+    Budget("level 1 total ≤ 1.0× FlashInfer level 1", "ours1", "fi1", "total", 1.0),
+    Budget("level 3 caller-visible ≤ 0.25× FlashInfer level 3", "ours3", "fi3", "caller", 0.25),
+    Budget("level 3 total ≤ 1.0× FlashInfer level 3", "ours3", "fi3", "total", 1.0),
+    Budget("level 5 ≤ 0.2× FlashInfer level 5 (caller-visible)", "ours5", "fi5", "caller", 0.2),
+    Budget("level 5 ≤ 3× the torch.sum floor (caller-visible)", "ours5", "floor", "caller", 3.0),
+    Budget("level 5 on CUDA: ≤ 1 host sync per call", "ours5", "ours5", "caller", 1.0, "syncs"),
+    Budget(
+        "level 10 dump throughput ≥ 0.7× torch.save", "ours10", "save", "total", 0.7, "throughput"
+    ),
+)
+
+
+def _cost(configs: dict[str, Any], name: str | None, cost: str) -> float | None:
+    row = configs.get(name) if name is not None else None
+    if not row or row.get("status") != "ready":
+        return None
+    value = row.get(f"{cost}_us")
+    return None if value is None else float(value)
+
+
+def _missing(configs: dict[str, Any], *names: str) -> str:
+    parts = []
+    for name in names:
+        row = configs.get(name)
+        if not row:
+            parts.append(f"{name} not run")
+        elif row.get("status") != "ready":
+            parts.append(f"{name} {row.get('status')}: {row.get('reason')}")
+    return "; ".join(parts) or "not measured"
+
+
+def evaluate(configs: dict[str, Any], device: str) -> list[dict[str, Any]]:
+    """Each budget as ``{name, status: met|missed|n/a, value, limit, detail}``."""
+    out = []
+    for b in BUDGETS:
+        entry: dict[str, Any] = {"name": b.name, "limit": b.limit, "value": None, "detail": ""}
+        ours, other = _cost(configs, b.ours, b.cost), _cost(configs, b.other, b.cost)
+        if b.kind == "syncs":
+            syncs = (configs.get(b.ours) or {}).get("host_syncs_per_call")
+            if device != "cuda" or not syncs:
+                entry.update(status="n/a", detail="CUDA only; this run is on " + device)
+            else:
+                worst = max(syncs.values())
+                entry.update(
+                    value=worst,
+                    status="met" if worst <= b.limit else "missed",
+                    detail=", ".join(f"{k}={v:.2f}" for k, v in syncs.items()),
+                )
+        elif ours is None or other is None:
+            entry.update(status="n/a", detail=_missing(configs, b.ours, b.other))
+        elif b.kind == "identity":
+            identity = bool(configs[b.ours].get("identity"))
+            entry.update(
+                value=ours / other,
+                status="met" if identity else "missed",
+                detail=("decorator returned the function itself" if identity else "wrapped")
+                + f"; {ours:.3g} µs vs bare {other:.3g} µs",
+            )
+        elif b.kind == "throughput":
+            # The recorder's own cost: level 10 minus level 5 on the same call.
+            base = _cost(configs, "ours5", "total") or 0.0
+            marginal = ours - base
+            ratio = math.inf if marginal <= 0 else other / marginal
+            entry.update(
+                value=ratio,
+                status="met" if ratio >= b.limit else "missed",
+                detail=(
+                    f"torch.save {other:.0f} µs/call vs recorder {marginal:.0f} µs/call "
+                    f"(level 10 − level 5 total); whole level-10 call: {other / ours:.2f}×"
+                ),
+            )
+        else:
+            ratio = ours / other
+            entry.update(
+                value=ratio,
+                status="met" if ratio <= b.limit else "missed",
+                detail=f"{ours:.3g} µs vs {other:.3g} µs",
+            )
+            if b.ours == "ours5":
+                t_ours, t_other = _cost(configs, "ours5", "total"), _cost(configs, b.other, "total")
+                if t_ours and t_other:
+                    entry["detail"] += f"; total incl. export {t_ours / t_other:.2f}×"
+        out.append(entry)
+    return out
+
+
+def machine() -> dict[str, Any]:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "platform": platform.platform()}
+
+
+def build(
+    results: dict[str, Result],
+    *,
+    device: str,
+    rounds: int,
+    target_s: float,
+    threads: int = 0,
+    journal: bool = True,
+) -> dict[str, Any]:
+    """The JSON report: machine, versions, per-configuration medians, ratios and budgets."""
+    configs = {name: r.as_dict() for name, r in results.items()}
+    problems = []
+    for name, row in configs.items():
+        if row["status"] == "error":
+            problems.append(f"{name}: {row['reason']}")
+        elif (
+            row["status"] == "ready"
+            and (name in _SPAN_WRITERS or name.startswith("fi"))
+            and row["spans_written"] != row["calls"]
+        ):
+            problems.append(
+                f"{name}: {row['calls']} calls but {row['spans_written']} records in the file"
+            )
+        if row.get("dumps_written") is not None and row["dumps_written"] != row["calls"]:
+            problems.append(
+                f"{name}: {row['calls']} calls but {row['dumps_written']} dump directories"
+            )
+    for name, row in configs.items():
+        peer = _PEER.get(name)
+        c_peer, t_peer = _cost(configs, peer, "caller"), _cost(configs, peer, "total")
+        c, t = _cost(configs, name, "caller"), _cost(configs, name, "total")
+        floor = _cost(configs, "floor", "caller")
+        row["peer"] = peer
+        row["caller_vs_peer"] = c / c_peer if c is not None and c_peer else None
+        row["total_vs_peer"] = t / t_peer if t is not None and t_peer else None
+        row["caller_vs_floor"] = c / floor if name in _FLOORED and c is not None and floor else None
+    versions = next((r.info for r in results.values() if r.status == "ready"), {})
+    observers = next(
+        (
+            row["observers"]
+            for n, row in configs.items()
+            if n in ("ours1", "ours3", "ours5") and row.get("observers") is not None
+        ),
+        None,
+    )
+    return {
+        "machine": machine(),
+        "versions": {
+            k: versions.get(k) for k in ("python", "torch", "opentelemetry_sdk", "flashinfer")
+        },
+        "device": device,
+        "torch_threads": versions.get("torch_threads", threads),
+        "observers": observers,
+        "journal": journal,
+        "rounds": rounds,
+        "target_ms": target_s * 1e3,
+        "configs": configs,
+        "budgets": evaluate(configs, device),
+        "problems": problems,
+        "ok": not problems,
+    }
+
+
+def _fmt(x: float | None, spec: str = ".3g", suffix: str = "") -> str:
+    if x is None:
+        return "—"
+    if math.isinf(x):
+        return "∞"
+    return f"{x:{spec}}{suffix}"
+
+
+def render(report: dict[str, Any]) -> str:
+    """The text table and the budget list."""
+    m, v = report["machine"], report["versions"]
+    lines = [
+        f"otel-gpu bench on {m['cpu']} ({m['cores']} cores), device {report['device']}, "
+        f"{report['torch_threads']} torch thread(s); "
+        f"Python {v['python']}, torch {v['torch']}, opentelemetry-sdk {v['opentelemetry_sdk']}, "
+        f"flashinfer {v['flashinfer'] or 'not installed'}",
+        "otel-gpu observers on every call: "
+        + (", ".join(report.get("observers") or []) or "none")
+        + ("" if report.get("journal", True) else " (run with --no-journal)"),
+        f"medians of {report['rounds']} interleaved rounds (~{report['target_ms']:.0f} ms each); "
+        "µs per call; ratios are caller-visible÷caller-visible and total÷total",
+        "",
+    ]
+    head = (
+        f"{'configuration':30} {'calls/rd':>8} {'caller µs':>10} {'total µs':>10} "
+        f"{'vs':>4} {'caller×':>8} {'total×':>8} {'÷floor':>7} {'kept/call':>9} {'GC µs':>6}"
+    )
+    cuda = report["device"] == "cuda"
+    if cuda:
+        head += f" {'syncs/call':>10}"
+    lines += [head, "-" * len(head)]
+    for row in report["configs"].values():
+        label = row["label"]
+        if row["status"] != "ready":
+            lines.append(f"{label:30} {row['status']}: {row['reason']}")
+            continue
+        line = (
+            f"{label:30} {row['calls_per_round']:>8} {_fmt(row['caller_us']):>10} "
+            f"{_fmt(row['total_us']):>10} {row['peer'] or '':>4} "
+            f"{_fmt(row['caller_vs_peer'], '.2f', '×'):>8} {_fmt(row['total_vs_peer'], '.2f', '×'):>8} "
+            f"{_fmt(row['caller_vs_floor'], '.2f', '×'):>7}"
+        )
+        kept = row.get("gc") or {}
+        line += (
+            f" {_fmt(kept.get('retained_per_call'), '.1f'):>9}"
+            f" {_fmt(kept.get('gc_amortised_us'), '.2g'):>6}"
+        )
+        if cuda:
+            syncs = row.get("host_syncs_per_call") or {}
+            line += f" {_fmt(syncs.get('torch_syncs'), '.2f'):>10}"
+        lines.append(line)
+    lines += ["", "budgets (issue #6):"]
+    for b in report["budgets"]:
+        mark = {"met": "MET   ", "missed": "MISSED", "n/a": "n/a   "}[b["status"]]
+        value = "" if b["value"] is None else f" {_fmt(b['value'], '.3f')}× (limit {b['limit']}×);"
+        lines.append(f"  [{mark}] {b['name']}:{value} {b['detail']}")
+    lines += [
+        "",
+        "kept/call: GC-tracked objects each queued call keeps alive until export; GC µs: their "
+        "amortised full-collection cost per call in this heap (not in the medians above).",
+    ]
+    if report["problems"]:
+        lines += ["", "problems:"] + [f"  {p}" for p in report["problems"]]
+    return "\n".join(lines)

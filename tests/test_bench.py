@@ -1,0 +1,338 @@
+"""``otel-gpu bench`` and the pytest-benchmark suite.
+
+The ``test_benchmark_*`` functions are pytest-benchmark benchmarks of one call per
+configuration. CI runs them with ``--benchmark-disable`` (each benchmarked function
+runs once, for correctness); nothing here asserts a time. Figures come from
+``otel-gpu bench`` (see docs/performance.md).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+
+import pytest
+import torch
+
+import otel_gpu
+from otel_gpu import _bench_report, _bench_worker, bench, cli, pipeline
+
+SHAPE = _bench_worker.SHAPE
+
+
+@pytest.fixture
+def tensors() -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(0)
+    return torch.randn(SHAPE, generator=gen), torch.randn(SHAPE, generator=gen)
+
+
+@pytest.fixture
+def deferred_export(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Let a worker configuration patch the export thread's wake-ups; restored after the test."""
+    monkeypatch.setattr(pipeline, "_WAKE_EVERY", pipeline._WAKE_EVERY)
+    monkeypatch.setattr(pipeline, "_WAKE_AT", pipeline._WAKE_AT)
+
+
+def _counted() -> tuple[list[int], object]:
+    calls = [0]
+
+    def attention(q: torch.Tensor, k: torch.Tensor, *, scale: float = 1.0) -> torch.Tensor:
+        calls[0] += 1
+        return q
+
+    return calls, attention
+
+
+# ---------------------------------------------------------------------------- benchmarks
+
+
+def test_benchmark_bare_call(benchmark, tensors) -> None:
+    """Benchmark: the undecorated function, the zero of every other row."""
+    q, k = tensors
+    calls, fn = _counted()
+    assert benchmark(fn, q, k, scale=0.5) is q
+    assert calls[0] >= 1
+
+
+def test_benchmark_torch_sum_floor(benchmark, tensors) -> None:
+    """Benchmark: one torch.sum per tensor of the call, the bandwidth floor of level 5."""
+    q, k = tensors
+
+    def floor() -> None:
+        q.sum()
+        k.sum()
+        q.sum()
+
+    benchmark(floor)
+
+
+@pytest.mark.parametrize("level", [1, 3, 5])
+def test_benchmark_decorated_call(benchmark, tensors, tmp_path, level: int) -> None:
+    """Benchmark: one decorated call per level; every benchmarked call becomes one span on disk."""
+    q, k = tensors
+    path = str(tmp_path / "spans.jsonl")
+    otel_gpu.configure(level=level, dest=path, provider="own")
+    calls, fn = _counted()
+    wrapped = otel_gpu.api(fn)
+    assert benchmark(wrapped, q, k, scale=0.5) is q
+    assert otel_gpu.flush(30.0)
+    assert _bench_worker.count_spans(path) == calls[0]
+
+
+def test_benchmark_level_0_is_identity(benchmark, tensors) -> None:
+    """Benchmark: level 0 returns the function itself, so its cost is the bare call's."""
+    q, k = tensors
+    otel_gpu.configure(level=0)
+    _calls, fn = _counted()
+    wrapped = otel_gpu.api(fn)
+    assert wrapped is fn
+    benchmark(wrapped, q, k, scale=0.5)
+
+
+def test_benchmark_otel_sdk_span(benchmark, tensors, tmp_path) -> None:
+    """Benchmark: a plain SDK span around the call, exported by the same JSON Lines exporter."""
+    from opentelemetry.exporter.otlp.json.file import FileSpanExporter
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    q, k = tensors
+    path = str(tmp_path / "otel.jsonl")
+    provider = TracerProvider(shutdown_on_exit=False)
+    provider.add_span_processor(BatchSpanProcessor(FileSpanExporter(path)))
+    tracer = provider.get_tracer("bench")
+    calls, fn = _counted()
+
+    def call() -> None:
+        with tracer.start_as_current_span("bench.attention"):
+            fn(q, k, scale=0.5)
+
+    benchmark(call)
+    provider.force_flush()
+    assert _bench_worker.count_spans(path) == calls[0]
+    provider.shutdown()
+
+
+# ---------------------------------------------------------------------------- worker configurations
+
+
+def test_worker_round_defers_export_then_writes_every_span(tensors, tmp_path, deferred_export):
+    """A timed round's loop leaves export to the flush, and the flush puts every call's span on disk."""
+    q, k = tensors
+    cfg = _bench_worker.Ours({"level": 1, "dir": str(tmp_path)}, q, k)
+    sample = _bench_worker._timed_round(cfg, 7, "cpu")
+    assert sample["n"] == 7
+    assert 0 < sample["caller_ns"] <= sample["total_ns"]
+    assert cfg.count() == 7 == cfg.calls
+
+
+def test_worker_level_0_is_the_function_itself(tensors, tmp_path, deferred_export):
+    """At level 0 the worker reports the decorator returned the function itself and writes no spans."""
+    q, k = tensors
+    cfg = _bench_worker.Ours({"level": 0, "dir": str(tmp_path)}, q, k)
+    assert cfg.identity
+    assert cfg.count() is None
+
+
+def test_worker_level_10_unavailable_without_flight_recorder(
+    tensors, tmp_path, deferred_export, monkeypatch
+):
+    """Level 10 is reported unavailable, not failed, when otel_gpu.dump is not part of the build."""
+    real = _bench_worker.importlib.util.find_spec
+    monkeypatch.setattr(
+        _bench_worker.importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "otel_gpu.dump" else real(name, *a),
+    )
+    q, k = tensors
+    with pytest.raises(_bench_worker.Unavailable, match=r"otel_gpu\.dump"):
+        _bench_worker.Ours({"level": 10, "dir": str(tmp_path)}, q, k)
+
+
+def test_worker_flashinfer_unavailable_names_the_reason(tensors, monkeypatch):
+    """Without an importable flashinfer the FlashInfer rows are unavailable, with the import error."""
+    monkeypatch.delitem(sys.modules, "flashinfer.api_logging", raising=False)
+    monkeypatch.setattr(_bench_worker, "_FLASHINFER_ERROR", "import flashinfer failed: boom")
+    q, k = tensors
+    with pytest.raises(_bench_worker.Unavailable, match="boom"):
+        _bench_worker.FlashInfer({"level": 1, "dir": "."}, q, k)
+
+
+def test_worker_floor_sums_each_tensor_of_the_call(tensors, monkeypatch):
+    """The floor is one torch.sum per tensor of the call: two inputs and the output."""
+    q, k = tensors
+    cfg = _bench_worker.Floor({}, q, k)
+    seen: list[int] = []
+    real_sum = torch.Tensor.sum
+    monkeypatch.setattr(
+        torch.Tensor, "sum", lambda self, *a, **kw: seen.append(1) or real_sum(self)
+    )
+    cfg.loop(2)
+    assert len(seen) == 6
+
+
+def test_count_spans_reads_every_line(tmp_path):
+    """count_spans adds up spans over every ExportTraceServiceRequest line of a JSON Lines file."""
+    path = tmp_path / "x.jsonl"
+    line = {"resourceSpans": [{"scopeSpans": [{"spans": [{}, {}]}, {"spans": [{}]}]}]}
+    path.write_text(json.dumps(line) + "\n\n" + json.dumps(line) + "\n")
+    assert _bench_worker.count_spans(str(path)) == 6
+    assert _bench_worker.count_spans(str(tmp_path / "missing.jsonl")) == 0
+
+
+# ---------------------------------------------------------------------------- report and budgets
+
+
+def _row(caller: float | None, total: float | None = None, **extra) -> dict:
+    if caller is None:
+        return {"status": "unavailable", "reason": "not installed", **extra}
+    return {
+        "status": "ready",
+        "caller_us": caller,
+        "total_us": caller if total is None else total,
+        **extra,
+    }
+
+
+def _configs() -> dict[str, dict]:
+    return {
+        "bare": _row(0.1),
+        "floor": _row(100.0),
+        "ours0": _row(0.1, identity=True),
+        "ours1": _row(5.0, 15.0),
+        "ours3": _row(30.0, 120.0),
+        "ours5": _row(250.0, 400.0),
+        "ours10": _row(300.0, 1400.0),
+        "fi1": _row(20.0),
+        "fi3": _row(90.0),
+        "fi5": _row(7000.0),
+        "save": _row(2000.0),
+    }
+
+
+def test_budgets_compare_the_issue_ratios():
+    """Each budget is ours÷peer on the cost it names, marked met at or under its limit."""
+    budgets = {b["name"]: b for b in _bench_report.evaluate(_configs(), "cpu")}
+    l1_caller = budgets["level 1 caller-visible ≤ 0.5× FlashInfer level 1"]
+    assert l1_caller["status"] == "met" and math.isclose(l1_caller["value"], 0.25)
+    assert budgets["level 1 total ≤ 1.0× FlashInfer level 1"]["status"] == "met"
+    l3_caller = budgets["level 3 caller-visible ≤ 0.25× FlashInfer level 3"]
+    assert l3_caller["status"] == "missed" and math.isclose(l3_caller["value"], 30 / 90)
+    assert budgets["level 3 total ≤ 1.0× FlashInfer level 3"]["status"] == "missed"
+    assert budgets["level 5 ≤ 3× the torch.sum floor (caller-visible)"]["value"] == 2.5
+    assert budgets["level 0 is the function itself (zero cost)"]["status"] == "met"
+
+
+def test_budget_level_10_uses_the_recorders_marginal_cost():
+    """Dump throughput compares torch.save with level 10's cost above level 5 (the recorder's own)."""
+    budgets = {b["name"]: b for b in _bench_report.evaluate(_configs(), "cpu")}
+    dump = budgets["level 10 dump throughput ≥ 0.7× torch.save"]
+    assert math.isclose(dump["value"], 2000.0 / (1400.0 - 400.0))
+    assert dump["status"] == "met"
+
+
+def test_budgets_not_applicable_when_a_row_is_missing_or_not_cuda():
+    """A budget whose rows did not run is n/a with the reason; the sync budget is CUDA-only."""
+    configs = _configs()
+    configs["fi3"] = _row(None)
+    budgets = {b["name"]: b for b in _bench_report.evaluate(configs, "cpu")}
+    l3 = budgets["level 3 total ≤ 1.0× FlashInfer level 3"]
+    assert l3["status"] == "n/a" and "not installed" in l3["detail"]
+    assert budgets["level 5 on CUDA: ≤ 1 host sync per call"]["status"] == "n/a"
+
+
+def test_budget_host_syncs_on_cuda_counts_the_worst_counter():
+    """On CUDA the level-5 sync budget takes the larger of torch's sync count and our read count."""
+    configs = _configs()
+    configs["ours5"]["host_syncs_per_call"] = {"torch_syncs": 2.0, "host_reads": 1.0}
+    budgets = {b["name"]: b for b in _bench_report.evaluate(configs, "cuda")}
+    sync = budgets["level 5 on CUDA: ≤ 1 host sync per call"]
+    assert sync["status"] == "missed" and sync["value"] == 2.0
+
+
+def _result(name: str, caller: list[float], total: list[float], **kw) -> bench.Result:
+    r = bench.Result(bench._BY_NAME[name], status="ready", n=10, caller=caller, total=total)
+    for key, value in kw.items():
+        setattr(r, key, value)
+    return r
+
+
+def test_report_takes_medians_and_flags_lost_spans():
+    """The report uses per-round medians, and a span count short of the call count is a problem."""
+    results = {
+        "fi1": _result("fi1", [20e3, 30e3, 25e3], [20e3, 30e3, 25e3], calls=5, spans=5),
+        "ours1": _result("ours1", [5e3, 4e3, 6e3], [15e3, 99e3, 14e3], calls=9, spans=8),
+    }
+    report = _bench_report.build(results, device="cpu", rounds=3, target_s=0.01)
+    ours = report["configs"]["ours1"]
+    assert ours["caller_us"] == 5.0 and ours["total_us"] == 15.0
+    assert math.isclose(ours["caller_vs_peer"], 0.2)
+    assert not report["ok"]
+    assert report["problems"] == ["ours1: 9 calls but 8 records in the file"]
+
+
+def test_render_shows_every_row_and_budget():
+    """The text report has a row per configuration (unavailable ones with their reason) and every budget."""
+    results = {
+        "fi1": _result("fi1", [20e3], [20e3], calls=1, spans=1),
+        "ours1": _result("ours1", [5e3], [15e3], calls=1, spans=1),
+        "fi3": bench.Result(bench._BY_NAME["fi3"], status="unavailable", reason="no flashinfer"),
+    }
+    text = _bench_report.render(_bench_report.build(results, device="cpu", rounds=1, target_s=0.01))
+    assert "otel-gpu level 1" in text and "0.25×" in text
+    assert "FlashInfer level 3" in text and "no flashinfer" in text
+    for budget in _bench_report.BUDGETS:
+        assert budget.name in text
+    assert "[MET   ] level 1 caller-visible" in text
+
+
+# ---------------------------------------------------------------------------- the command
+
+
+def test_cli_rejects_unknown_configuration(capsys):
+    """`otel-gpu bench --only` with an unknown name exits 2 and lists the known ones."""
+    assert cli.main(["bench", "--only", "ours1,nope"]) == 2
+    err = capsys.readouterr().err
+    assert "nope" in err and "ours1" in err
+
+
+@pytest.mark.slow
+def test_cli_quick_json_end_to_end(capsys, tmp_path):
+    """`otel-gpu bench --quick --json` runs real worker processes and reports every span written."""
+    code = cli.main(
+        [
+            "bench",
+            "--quick",
+            "--json",
+            "--rounds",
+            "2",
+            "--only",
+            "bare,ours0,ours1,fi1",
+            "--dir",
+            str(tmp_path),
+        ]
+    )
+    report = json.loads(capsys.readouterr().out)
+    assert code == 0, report["problems"]
+    configs = report["configs"]
+    assert set(configs) == {"bare", "ours0", "ours1", "fi1"}
+    assert configs["ours0"]["identity"] is True
+    ours1 = configs["ours1"]
+    assert ours1["status"] == "ready" and len(ours1["caller_samples_us"]) == 2
+    assert ours1["spans_written"] == ours1["calls"] > 0
+    assert configs["fi1"]["status"] in ("ready", "unavailable")
+    assert report["machine"]["cores"] == os.cpu_count()
+
+
+@pytest.mark.slow
+def test_a_failing_worker_is_reported_not_fatal(monkeypatch, tmp_path):
+    """A worker that cannot start is reported as an error row, and the report is marked not ok."""
+    broken = bench.ConfigSpec("broken", "a broken configuration", "no-such-kind")
+    monkeypatch.setitem(bench._BY_NAME, "broken", broken)
+    report = bench.run(
+        rounds=1, target_s=0.005, only=["broken"], device="cpu", workdir=str(tmp_path)
+    )
+    row = report["configs"]["broken"]
+    assert row["status"] == "error" and "no-such-kind" in row["reason"]
+    assert not report["ok"] and report["problems"]
