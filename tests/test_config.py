@@ -133,3 +133,12 @@ def test_only_config_reads_the_environment():
         if "os.environ" in text or "os.getenv" in text or "getenv(" in text:
             offenders.append(str(path))
     assert offenders == []
+
+
+def test_docs_list_every_setting():
+    """docs/configuration.md names every environment variable of the settings table (docs stay true)."""
+    import pathlib
+
+    docs = (pathlib.Path(__file__).resolve().parents[1] / "docs" / "configuration.md").read_text()
+    missing = [s.env for s in config.SETTINGS if f"`{s.env}`" not in docs]
+    assert missing == []
