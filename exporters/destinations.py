@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Mapping
-from typing import IO, Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import IO, Any, NamedTuple
 
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
@@ -26,9 +26,49 @@ from otel_gpu.exporters.console import ConsoleSpanExporter
 from otel_gpu import metadata
 from otel_gpu.config import ConfigError, Settings, environ, expand_path
 
-__all__ = ["DrainBatchProcessor", "build_provider", "otlp_exporter"]
+__all__ = [
+    "CountingExporter",
+    "DrainBatchProcessor",
+    "OwnProvider",
+    "build_provider",
+    "otlp_exporter",
+]
 
 _PROTOCOLS = ("grpc", "http/protobuf")
+
+
+class CountingExporter(SpanExporter):
+    """Wraps a destination's exporter and counts the spans it confirmed.
+
+    Spans lost behind it (a full BatchSpanProcessor queue, a refused export, an export
+    abandoned at exit) are the difference between what otel-gpu handed over and this count.
+    """
+
+    def __init__(self, exporter: SpanExporter, name: str) -> None:
+        self.exporter = exporter
+        self.name = name
+        self.confirmed = 0
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        result = self.exporter.export(spans)
+        if result is SpanExportResult.SUCCESS:
+            self.confirmed += len(spans)
+        return result
+
+    def shutdown(self) -> None:
+        self.exporter.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self.exporter.force_flush(timeout_millis)
+
+
+class OwnProvider(NamedTuple):
+    """otel-gpu's own TracerProvider and what the pipeline needs to drive it."""
+
+    provider: TracerProvider
+    after_drain: list[Callable[[], Any]]
+    observers: tuple[Any, ...]
+    exporters: list[CountingExporter]
 
 
 class DrainBatchProcessor(SpanProcessor):
@@ -94,6 +134,21 @@ def otlp_protocol(env: Mapping[str, str] | None = None) -> str:
     return "grpc"
 
 
+def check_otlp_environment(env: Mapping[str, str] | None = None) -> None:
+    """Validate the standard OTLP variables otel-gpu relies on; ConfigError naming the bad one."""
+    env = environ() if env is None else env
+    otlp_protocol(env)
+    for name in ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEOUT"):
+        value = env.get(name, "").strip()
+        if value:
+            try:
+                ok = float(value) >= 0
+            except ValueError:
+                ok = False
+            if not ok:
+                raise ConfigError(f"{name}={value!r} is invalid: not a number of seconds >= 0.")
+
+
 def otlp_exporter() -> SpanExporter:
     """The official OTLP span exporter for the protocol the standard variables choose."""
     if otlp_protocol() == "grpc":
@@ -111,10 +166,8 @@ def _open_text(path: str) -> IO[str]:
     return open(path, "a", encoding="utf-8", buffering=1)
 
 
-def build_provider(
-    settings: Settings,
-) -> tuple[TracerProvider, list[Callable[[], Any]], tuple[Any, ...]]:
-    """otel-gpu's own provider for ``settings.dest``: (provider, after-drain hooks, call observers)."""
+def build_provider(settings: Settings) -> OwnProvider:
+    """otel-gpu's own provider for ``settings.dest``, one span processor per destination."""
     from otel_gpu.resource import build_resource
 
     resource = build_resource()
@@ -123,12 +176,17 @@ def build_provider(
     provider = TracerProvider(resource=resource, shutdown_on_exit=False)
     hooks: list[Callable[[], Any]] = []
     observers: list[Any] = []
+    counters: list[CountingExporter] = []
     precall = settings.level >= 3
     for item in settings.dest:
         key = item.lower()
         processor: SpanProcessor
         if key == "otlp":
-            processor = BatchSpanProcessor(otlp_exporter())
+            counted = CountingExporter(otlp_exporter(), item)
+            counters.append(counted)
+            # The SDK's default 2048-span queue would silently drop bursts otel-gpu's own
+            # queue accepted: give it the same bound.
+            processor = BatchSpanProcessor(counted, max_queue_size=settings.queue_size)
         else:
             if key in ("stdout", "stderr"):
                 import sys
@@ -140,7 +198,9 @@ def build_provider(
                 if path.endswith(".jsonl"):
                     from opentelemetry.exporter.otlp.json.file import FileSpanExporter
 
-                    drain = DrainBatchProcessor(FileSpanExporter(path))
+                    counted = CountingExporter(FileSpanExporter(path), item)
+                    counters.append(counted)
+                    drain = DrainBatchProcessor(counted)
                     hooks.append(drain.force_flush)
                     provider.add_span_processor(drain)
                     continue
@@ -155,7 +215,9 @@ def build_provider(
             )
             if precall:
                 observers.append(ConsolePrecall(console, settings))
-            processor = DrainBatchProcessor(console)
+            counted = CountingExporter(console, item)
+            counters.append(counted)
+            processor = DrainBatchProcessor(counted)
             hooks.append(processor.force_flush)
         provider.add_span_processor(processor)
-    return provider, hooks, tuple(observers)
+    return OwnProvider(provider, hooks, tuple(observers), counters)

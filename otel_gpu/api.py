@@ -88,7 +88,13 @@ class _Plan:
 def _capture_inputs(plan: _Plan, bound: list[tuple[str, Any, bool]], tensors: Any) -> tuple:
     out: list[tuple[str, int, Any]] = []
     for name, value, is_default in bound:
-        metadata.capture(out, name, value, plan.max_items, tensors)
+        mark = len(out)
+        try:
+            metadata.capture(out, name, value, plan.max_items, tensors)
+        except Exception as exc:  # one hostile argument must not cost the others their metadata
+            del out[mark:]
+            out.append((name, metadata.VALUE, f"<metadata unavailable: {type(exc).__name__}>"))
+            _guard.internal_error("metadata", exc)
         if is_default:
             out.append((name, metadata.DEFAULT, True))
     if plan.redact:
@@ -122,6 +128,17 @@ def _begin(plan: _Plan, pipe: pipeline.Pipeline) -> Call | NonRecordingSpan | No
             )
     ctx = SpanContext(trace_id, _getrandbits(64) or 1, False, _SAMPLED, state)
     return Call(plan, CallSpan(ctx, plan.name), parent, _time_ns())
+
+
+def _run_unsampled(
+    span: NonRecordingSpan, fn: Callable[..., Any], args: tuple, kwargs: dict
+) -> Any:
+    """Run a call the sampler dropped, with its unsampled context current so children agree."""
+    token = _attach(_set_span_in_context(span))
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        _detach(token)
 
 
 def _make_wrapper(
@@ -189,7 +206,7 @@ def _make_wrapper(
             call = _begin(plan, pipe) if pipe is not None else None
             if call is None or pipe is None:
                 return await fn(*args, **kwargs)
-            if not isinstance(call, Call):
+            if not isinstance(call, Call):  # not sampled: children must see the decision
                 token = _attach(_set_span_in_context(call))
                 try:
                     return await fn(*args, **kwargs)
@@ -214,46 +231,7 @@ def _make_wrapper(
 
         return async_wrapper
 
-    if level == 1:
-
-        @functools.wraps(fn)
-        def wrapper_1(*args: Any, **kwargs: Any) -> Any:
-            pipe = get_pipeline()
-            call = _begin(plan, pipe) if pipe is not None else None
-            if call is None or pipe is None:
-                return fn(*args, **kwargs)
-            if not isinstance(call, Call):
-                token = _attach(_set_span_in_context(call))
-                try:
-                    return fn(*args, **kwargs)
-                finally:
-                    _detach(token)
-            observers = pipe.observers_at[level]
-            if observers:
-                before(call, pipe, args, kwargs)
-            token = _attach(_set_span_in_context(call.span))
-            call.start_ns = _time_ns()
-            try:
-                result = fn(*args, **kwargs)
-            except BaseException as exc:
-                call.end_ns = _time_ns()
-                _detach(token)
-                call.exc = exc
-                call.tb = exc.__traceback__
-                if observers:
-                    after(call, pipe, None, None)
-                else:
-                    pipe.submit(call)
-                raise
-            call.end_ns = _time_ns()
-            _detach(token)
-            if observers:
-                after(call, pipe, result, None)
-            else:
-                pipe.submit(call)  # level 1: no metadata, no stats; the cheapest path
-            return result
-
-        return wrapper_1
+    heavy = level >= 3  # metadata (and stats) to capture around every call
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -262,12 +240,10 @@ def _make_wrapper(
         if call is None or pipe is None:
             return fn(*args, **kwargs)
         if not isinstance(call, Call):
-            token = _attach(_set_span_in_context(call))
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                _detach(token)
-        pending = before(call, pipe, args, kwargs)
+            return _run_unsampled(call, fn, args, kwargs)
+        # Level 1 with no observer skips before()/after(): ids, clocks and one append.
+        busy = heavy or pipe.observers_at[level]
+        pending = before(call, pipe, args, kwargs) if busy else None
         token = _attach(_set_span_in_context(call.span))
         call.start_ns = _time_ns()
         try:
@@ -277,11 +253,17 @@ def _make_wrapper(
             _detach(token)
             call.exc = exc
             call.tb = exc.__traceback__
-            after(call, pipe, None, pending)
+            if busy:
+                after(call, pipe, None, pending)
+            else:
+                pipe.submit(call)
             raise
         call.end_ns = _time_ns()
         _detach(token)
-        after(call, pipe, result, pending)
+        if busy:
+            after(call, pipe, result, pending)
+        else:
+            pipe.submit(call)
         return result
 
     return wrapper

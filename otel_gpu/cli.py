@@ -11,6 +11,7 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 __all__ = ["main"]
 
@@ -37,9 +38,26 @@ def build_parser() -> argparse.ArgumentParser:
         except ModuleNotFoundError as exc:
             if exc.name == name:
                 continue  # feature not part of this build
-            raise
+            _broken(sub, name, exc)
+            continue
+        except Exception as exc:  # one broken command must not take the others down
+            _broken(sub, name, exc)
+            continue
         module.register(sub)
     return parser
+
+
+def _broken(sub: Any, module: str, exc: BaseException) -> None:
+    command = module.rsplit(".", 1)[1]
+
+    def fail(args: argparse.Namespace) -> int:
+        print(
+            f"otel-gpu {command}: cannot load {module}: {type(exc).__name__}: {exc}",
+            file=sys.stderr,
+        )
+        return 2
+
+    sub.add_parser(command, help=f"(unavailable: {type(exc).__name__})").set_defaults(func=fail)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -73,9 +73,30 @@ def _non_negative_float(raw: str) -> float:
         value = float(str(raw).strip())
     except ValueError:
         raise ValueError("not a number") from None
-    if not value >= 0:  # also rejects NaN
-        raise ValueError("must be a number >= 0")
+    if not 0 <= value <= _MAX_NUMBER:  # also rejects NaN and inf
+        raise ValueError(f"must be a number >= 0 and <= {_MAX_NUMBER:g}")
     return value
+
+
+_MAX_NUMBER = 1e9  # beyond this a timeout or size is a typo, and inf breaks thread joins
+
+
+def _directory(raw: str) -> str:
+    """A directory that exists, or can be created below the nearest existing ancestor."""
+    path = os.path.abspath(os.path.expanduser(str(raw).strip()))
+    if not str(raw).strip():
+        raise ValueError("empty")
+    probe = path
+    while not os.path.exists(probe):
+        parent = os.path.dirname(probe)
+        if parent == probe:
+            break
+        probe = parent
+    if not os.path.isdir(probe):
+        raise ValueError(f"{probe!r} exists and is not a directory")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise ValueError(f"directory {probe!r} is not writable")
+    return str(raw).strip()
 
 
 def _str_choice(choices: tuple[str, ...]) -> Callable[[str], str]:
@@ -294,8 +315,8 @@ SETTINGS: tuple[Setting, ...] = (
         "journal_dir",
         "OTEL_GPU_JOURNAL_DIR",
         None,
-        "a directory path",
-        _string,
+        "a directory path (created if missing)",
+        _directory,
         "Where crash journals live. Default: $XDG_RUNTIME_DIR/otel-gpu, else <tmp>/otel-gpu-<uid>.",
     ),
     Setting(
@@ -392,9 +413,9 @@ def expand_path(path: str, env: Mapping[str, str] | None = None) -> str:
 def _check_dest(setting: Setting, raw: object, item: str, source: str) -> None:
     """Fail at configuration, not on the hundredth call, for a path we cannot write."""
     if item.lower() == "otlp":
-        from otel_gpu.exporters.destinations import otlp_protocol
+        from otel_gpu.exporters.destinations import check_otlp_environment
 
-        otlp_protocol()  # an unsupported protocol fails now, not at the first call
+        check_otlp_environment()  # an unsupported protocol or timeout fails now, not at the first call
         return
     if item.lower() in _DEST_KEYWORDS:
         return

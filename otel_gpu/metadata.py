@@ -157,9 +157,22 @@ def capture(
             for i, (k, item) in enumerate(value.items()):
                 if i >= max_items:
                     break
-                capture(out, f"{key}.{k}", item, max_items, tensors, depth + 1)
+                capture(out, f"{key}.{_key_part(k, i)}", item, max_items, tensors, depth + 1)
     else:
         out.append((key, OBJECT, value))
+
+
+def _key_part(k: Any, index: int) -> str:
+    """A dict key as part of an attribute name: str/int keys (bounded), else the item's index.
+
+    Other keys are never formatted on the caller's thread: their __repr__ is user code.
+    """
+    tp = type(k)
+    if tp is str:
+        return k[:64]
+    if tp is int:
+        return str(k) if -(10**18) < k < 10**18 else f"int{index}"
+    return str(index)
 
 
 def capture_output(
@@ -183,7 +196,7 @@ def capture_output(
             if i >= max_items:
                 out.append(("", CONTAINER, (tp.__name__, len(result))))
                 break
-            capture(out, str(k), item, max_items, tensors, 1)
+            capture(out, _key_part(k, i), item, max_items, tensors, 1)
     else:
         capture(out, "0", result, max_items, tensors, 0)
     return out
@@ -199,7 +212,9 @@ def _truncate(text: str, limit: int) -> str:
 def _safe_repr(obj: Any, limit: int) -> str:
     try:
         text = repr(obj)
-    except Exception as exc:
+    except (
+        BaseException
+    ) as exc:  # SystemExit from a hostile __repr__ must not stop the export thread
         text = f"<repr failed: {type(exc).__name__}>"
     return _truncate(text, limit)
 
@@ -215,6 +230,8 @@ def scalar_value(value: Any, limit: int) -> Any:
     if isinstance(value, str):
         return _truncate(value, limit)
     if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**63:
+        if value.bit_length() > 4000:  # str() refuses ints past 4300 digits
+            return f"<int of {value.bit_length()} bits>"
         return _truncate(str(value), limit)  # OTLP ints are 64-bit
     return value
 

@@ -69,6 +69,7 @@ class Pipeline:
         self._stopped = False
         self._own_provider: SdkTracerProvider | None = None
         self._after_drain: list[Any] = []
+        self._counters: list[Any] = []  # own destinations' exporters, counting confirmed spans
         self._resolve(tracer_provider)
         self._thread = threading.Thread(target=self._run, name="otel-gpu-export", daemon=True)
         self._thread.start()
@@ -100,7 +101,13 @@ class Pipeline:
         if provider is None:
             from otel_gpu.exporters import destinations
 
-            provider, self._after_drain, self.observers = destinations.build_provider(self.settings)
+            own = destinations.build_provider(self.settings)
+            provider, self._after_drain, self.observers = (
+                own.provider,
+                own.after_drain,
+                own.observers,
+            )
+            self._counters = own.exporters
             self._own_provider = provider
         self.observers = self.observers + _extension_observers(self.settings, self)
         # A function keeps the level it was decorated at; observers run only for levels they serve.
@@ -116,6 +123,10 @@ class Pipeline:
         self.max_events = limits.max_events
         self.max_value_len = limits.max_span_attribute_length
         self.root_sampler = _root_sampler(getattr(provider, "sampler", None))
+
+    def add_after_drain(self, hook: Callable[[], Any]) -> None:
+        """Run ``hook`` on the export thread after each drain (every ~100 ms), e.g. a heartbeat."""
+        self._after_drain.append(hook)
 
     # ------------------------------------------------------------------ hot path
 
@@ -140,7 +151,10 @@ class Pipeline:
 
     def drain(self, deadline: float | None = None) -> None:
         """Materialise every queued call and hand the spans to the processors, a chunk at a time."""
-        with self._drain_lock:
+        wait = -1.0 if deadline is None else max(deadline - time.monotonic(), 0.0)
+        if not self._drain_lock.acquire(timeout=wait):
+            return  # the export thread is stuck in a span (e.g. a slow __repr__): don't wait on it
+        try:
             queue = self.queue
             on_end = self.processor.on_end
             late = False
@@ -176,6 +190,8 @@ class Pipeline:
                         gc.enable()
                 if late or not queue:
                     break
+        finally:
+            self._drain_lock.release()
 
     def _internal(self, kind: str, exc: Exception) -> None:
         try:
@@ -281,11 +297,15 @@ class Pipeline:
         deadline = time.monotonic() + timeout
         self._stopped = True
         self._wake.set()
-        self.drain(deadline)
+        # On a helper thread: a span whose materialisation blocks must not hold exit.
+        _bounded_call(lambda: self.drain(deadline), max(deadline - time.monotonic(), 0.0))
         for observer in self.observers:
             closer = getattr(observer, "close", None)
             if closer is not None:
-                closer()
+                try:
+                    closer()
+                except Exception as exc:
+                    self._internal("observer", exc)
         if self._own_provider is not None:
             provider = self._own_provider
             _bounded_call(provider.shutdown, max(deadline - time.monotonic(), 0.0))
@@ -294,16 +314,22 @@ class Pipeline:
                 lambda: self.processor.force_flush(int(max(deadline - time.monotonic(), 0) * 1000)),
                 max(deadline - time.monotonic(), 0.0),
             )
-        lost = self.dropped + len(self.queue)
+        unexported = len(self.queue)
+        # Spans handed to a destination that it never confirmed (refused, timed out, dropped by
+        # its own queue, abandoned at exit); each destination got every span, report the worst.
+        unconfirmed = max((self.exported - c.confirmed for c in self._counters), default=0)
+        lost = self.dropped + unexported + max(unconfirmed, 0)
         if lost:
             _guard.logger.warning(
                 "otel-gpu dropped %d span(s): %d because the queue was full (OTEL_GPU_QUEUE_SIZE=%d), "
-                "%d not exported within OTEL_GPU_FLUSH_TIMEOUT=%ss at exit",
+                "%d not exported within OTEL_GPU_FLUSH_TIMEOUT=%ss at exit, %d not confirmed by a "
+                "destination",
                 lost,
                 self.dropped,
                 self.maxsize,
-                len(self.queue),
+                unexported,
                 timeout,
+                max(unconfirmed, 0),
             )
 
 

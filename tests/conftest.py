@@ -22,6 +22,13 @@ _OUR_ENV = (
 )
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Crash journals of the test run (and of its subprocesses) go to a private directory."""
+    import tempfile
+
+    os.environ["XDG_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="otel-gpu-tests-")
+
+
 @pytest.fixture(autouse=True)
 def _clean_otel_gpu(monkeypatch: pytest.MonkeyPatch):
     """Isolate each test: no inherited OTEL_* settings, fresh config and pipeline, strict mode on."""

@@ -1,0 +1,228 @@
+"""Fault injection: bad configuration, secrets in arguments, and internal errors.
+
+* Every ``OTEL_GPU_*`` variable with a parser rejects bad values with a ConfigError that
+  names the variable, the value and what is allowed, at configuration time.
+* Secret-looking string arguments are redacted at level >= 3 (configurable).
+* An internal error is logged once per kind and the call proceeds; strict mode
+  (the tests' mode) turns it into a failure instead.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SpanProcessor
+
+import otel_gpu
+from otel_gpu import _guard, config, metadata
+
+# Bad values per parser; every setting whose parser can reject something is covered.
+BAD_BY_PARSER = {
+    "_bool": ["maybe", "2", "yes please"],
+    "_positive_int": ["0", "-3", "x", "1.5"],
+    "_non_negative_float": ["-1", "nan", "soon"],
+    "_dest": [","],
+}
+CHOICE_BAD = ["bogus", "7"]
+
+
+def _bad_cases() -> list[tuple[str, str]]:
+    cases = []
+    for s in config.SETTINGS:
+        name = getattr(s.parse, "__name__", "")
+        if name in BAD_BY_PARSER:
+            cases += [(s.env, v) for v in BAD_BY_PARSER[name]]
+        elif name == "parse":  # the closures of _int_choice / _str_choice
+            cases += [(s.env, v) for v in CHOICE_BAD]
+    return cases
+
+
+@pytest.mark.parametrize(("env", "value"), _bad_cases())
+def test_every_variable_rejects_bad_values_with_a_clear_error(env, value):
+    """config.load() raises ConfigError naming the variable, the bad value and the allowed values."""
+    with pytest.raises(config.ConfigError) as info:
+        config.load(env={env: value})
+    message = str(info.value)
+    assert env in message and repr(value) in message and "Allowed:" in message
+
+
+def test_the_bad_value_table_covers_every_validating_setting():
+    """Each setting whose parser can reject a value is exercised above (no setting forgotten)."""
+    covered = {env for env, _ in _bad_cases()}
+    free_text = {
+        "OTEL_GPU_DUMP_DIR",
+        "OTEL_GPU_JOURNAL_DIR",
+        "OTEL_SERVICE_NAME",
+        "OTEL_GPU_REDACT",
+    }
+    patterns = {s.env for s in config.SETTINGS if s.parse.__name__ == "_patterns"}
+    assert covered | free_text | patterns == {s.env for s in config.SETTINGS}
+
+
+def test_a_bad_environment_fails_at_decoration_not_inside_calls(monkeypatch):
+    """A bad OTEL_GPU_LOGLEVEL surfaces when the library is decorated (import time), as a
+    ConfigError naming the variable, never later from inside a call."""
+    monkeypatch.setenv("OTEL_GPU_LOGLEVEL", "2")
+    config._reset()
+    with pytest.raises(config.ConfigError, match="OTEL_GPU_LOGLEVEL='2'"):
+
+        @otel_gpu.api
+        def f():
+            return 1
+
+
+@pytest.mark.parametrize("value", ["inf", "1e300"])
+def test_flush_timeout_must_be_finite(value):
+    """OTEL_GPU_FLUSH_TIMEOUT=inf (or absurdly large) is rejected at configuration."""
+    with pytest.raises(config.ConfigError, match="OTEL_GPU_FLUSH_TIMEOUT"):
+        config.load(env={"OTEL_GPU_FLUSH_TIMEOUT": value})
+
+
+def test_journal_dir_that_is_a_file_fails_at_configuration(tmp_path):
+    """OTEL_GPU_JOURNAL_DIR naming an existing file is a ConfigError at configuration."""
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(config.ConfigError, match="OTEL_GPU_JOURNAL_DIR"):
+        config.load(env={"OTEL_GPU_JOURNAL_DIR": str(blocker)})
+
+
+def test_bad_otlp_timeout_fails_at_configuration(monkeypatch):
+    """With OTEL_GPU_LOGDEST=otlp, OTEL_EXPORTER_OTLP_TIMEOUT=abc is a ConfigError naming it."""
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "abc")
+    with pytest.raises(config.ConfigError, match="OTEL_EXPORTER_OTLP_TIMEOUT"):
+        config.load(env={"OTEL_GPU_LOGDEST": "otlp"})
+
+
+# --------------------------------------------------------------------------- secrets
+
+
+@pytest.mark.parametrize(
+    "name", ["api_token", "private_key", "password", "client_secret", "Authorization", "AUTH_HDR"]
+)
+def test_secret_named_string_arguments_are_redacted(otel_gpu_spans, name):
+    """A string argument whose parameter name contains token/key/password/secret/auth (any case)
+    is recorded as <redacted>, at levels 3 and 5 alike."""
+    for level in (3, 5):
+        spans = otel_gpu_spans(level=level)
+        ns: dict = {}
+        exec(f"def f(user, {name}):\n    return user", ns)
+        f = otel_gpu.api(ns["f"])
+        assert f("ann", "hunter2") == "ann"
+        (span,) = spans.get()
+        assert span.attributes[f"otel_gpu.input.{name}.value"] == "<redacted>"
+        assert "hunter2" not in repr(dict(span.attributes))
+        spans.clear()
+
+
+def test_non_string_values_under_secret_names_keep_their_metadata(otel_gpu_spans):
+    """Attention's ``key`` tensor is not a secret: only strings are redacted."""
+    spans = otel_gpu_spans(level=3)
+
+    @otel_gpu.api
+    def attention(query, key, value):
+        return query
+
+    attention(torch.ones(2, 4), torch.ones(2, 4), torch.ones(2, 4))
+    (span,) = spans.get()
+    assert span.attributes["otel_gpu.input.key.shape"] == (2, 4)
+
+
+def test_redaction_list_is_configurable_and_can_be_disabled(otel_gpu_spans):
+    """OTEL_GPU_REDACT replaces the default words; an empty value disables redaction."""
+    spans = otel_gpu_spans(level=3, redact="pin")
+
+    @otel_gpu.api
+    def f(card_pin, token):
+        return 0
+
+    f("1234", "abc")
+    (span,) = spans.get()
+    assert span.attributes["otel_gpu.input.card_pin.value"] == "<redacted>"
+    assert span.attributes["otel_gpu.input.token.value"] == "abc"
+    assert config.load(env={"OTEL_GPU_REDACT": ""}).redact == ()
+
+
+def test_secrets_passed_through_kwargs_are_redacted(otel_gpu_spans):
+    """``f(x, token="...")`` into ``def f(x, **kwargs)`` redacts ``kwargs.token`` too."""
+    spans = otel_gpu_spans(level=3)
+
+    @otel_gpu.api
+    def f(x, **kwargs):
+        return x
+
+    f(1, token="s3cr3t", api_key="k3y")
+    (span,) = spans.get()
+    assert "s3cr3t" not in repr(dict(span.attributes))
+    assert span.attributes["otel_gpu.input.kwargs.token.value"] == "<redacted>"
+
+
+# --------------------------------------------------------------------------- internal errors
+
+
+def test_internal_errors_are_logged_once_per_kind_and_calls_proceed(
+    otel_gpu_spans, monkeypatch, caplog
+):
+    """Metadata capture failing on every call (strict off): 100 calls return their results, 100
+    spans are exported (without inputs), one warning is logged, 100 errors are counted."""
+    spans = otel_gpu_spans(level=3, strict=False)
+    _guard.set_strict(False)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("metadata is broken")
+
+    monkeypatch.setattr(metadata, "capture", broken)
+
+    @otel_gpu.api
+    def f(x):
+        return x * 2
+
+    with caplog.at_level("WARNING", logger="otel_gpu"):
+        assert [f(i) for i in range(100)] == [i * 2 for i in range(100)]
+    assert len(spans.get()) == 100
+    warnings = [r for r in caplog.records if "internal error in metadata" in r.getMessage()]
+    assert len(warnings) == 1
+    assert _guard.internal_error_counts()["metadata"] >= 100  # inputs (and outputs) of each call
+
+
+def test_a_failing_span_processor_costs_spans_not_calls(monkeypatch, caplog):
+    """A span processor that raises on every span (strict off): calls return normally, the
+    export error is logged once, and exit-time flushing does not raise."""
+    _guard.set_strict(False)
+
+    class Broken(SpanProcessor):
+        def on_end(self, span):
+            raise RuntimeError("processor down")
+
+    provider = TracerProvider()
+    provider.add_span_processor(Broken())
+    otel_gpu.configure(level=1, tracer_provider=provider, strict=False)
+
+    @otel_gpu.api
+    def f(x):
+        return x + 1
+
+    with caplog.at_level("WARNING", logger="otel_gpu"):
+        assert [f(i) for i in range(50)] == list(range(1, 51))
+        otel_gpu.flush(2)
+    assert sum("internal error in export" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_strict_mode_turns_an_internal_error_into_a_failure(otel_gpu_spans, monkeypatch):
+    """In strict mode (how tests run) the same internal error raises, so a test cannot miss it."""
+    otel_gpu_spans(level=3, strict=True)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("metadata is broken")
+
+    monkeypatch.setattr(metadata, "capture", broken)
+
+    @otel_gpu.api
+    def f(x):
+        return x
+
+    with pytest.raises(RuntimeError, match="metadata is broken"):
+        f(1)
+    assert math.isfinite(config.current().flush_timeout)
