@@ -1,6 +1,6 @@
 """What the crash journal costs the caller: µs per call with and without it, side by side.
 
-Measured as /work/shared/PERFORMANCE-NOTES.md asks: interleaved chunks of calls in one
+Measured the way docs/performance.md describes: interleaved chunks of calls in one
 process, the export thread kept asleep (its cost is not the caller's), the garbage
 collector paused during the timed chunks, medians and minima over rounds. Only the journal is toggled between chunks (the pipeline's observers), so the
 difference is the journal's whole caller-side cost, including the wrapper's observer
