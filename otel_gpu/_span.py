@@ -98,9 +98,36 @@ def exception_attributes(exc: BaseException, tb: Any) -> dict[str, str]:
         "exception.type": qualname
         if module in ("builtins", "__main__")
         else f"{module}.{qualname}",
-        "exception.message": str(exc),
-        "exception.stacktrace": "".join(traceback.format_exception(cls, exc, tb)),
+        "exception.message": _head(_safe_str(exc), _MAX_BYTES),
+        "exception.stacktrace": _tail(
+            "".join(traceback.format_exception(cls, exc, tb)), _MAX_BYTES
+        ),
     }
+
+
+_MAX_BYTES = 2048  # Tempo's default cut for attribute values
+
+
+def _safe_str(exc: BaseException) -> str:
+    try:
+        return str(exc)
+    except BaseException as err:  # a hostile __str__ must not lose the span
+        return f"<str() failed: {type(err).__name__}>"
+
+
+def _head(text: str, limit: int) -> str:
+    data = text.encode("utf-8", "replace")
+    if len(data) <= limit:
+        return text
+    return data[: limit - 3].decode("utf-8", "ignore") + "..."
+
+
+def _tail(text: str, limit: int) -> str:
+    """The end of a stack trace: the innermost frames and the exception line matter most."""
+    data = text.encode("utf-8", "replace")
+    if len(data) <= limit:
+        return text
+    return "...\n" + data[-(limit - 4) :].decode("utf-8", "ignore")
 
 
 class Call:

@@ -121,7 +121,8 @@ class Pipeline:
         limits = getattr(provider, "_span_limits", None) or SpanLimits()
         self.max_attributes = limits.max_span_attributes
         self.max_events = limits.max_events
-        self.max_value_len = limits.max_span_attribute_length
+        # never above Tempo's 2048 default cut, also for attributes users set on the call's span
+        self.max_value_len = min(limits.max_span_attribute_length or 2048, 2048)
         self.root_sampler = _root_sampler(getattr(provider, "sampler", None))
 
     def add_after_drain(self, hook: Callable[[], Any]) -> None:
@@ -225,8 +226,11 @@ class Pipeline:
         status = span.status or _UNSET
         if call.exc is not None:
             exc = call.exc
-            events.append(Event("exception", exception_attributes(exc, call.tb), call.end_ns))
-            status = Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"[:limit])
+            exc_attrs = exception_attributes(exc, call.tb)
+            events.append(Event("exception", exc_attrs, call.end_ns))
+            status = Status(
+                StatusCode.ERROR, f"{type(exc).__name__}: {exc_attrs['exception.message']}"[:limit]
+            )
         if self.max_events is not None and len(events) > self.max_events:
             # keep the exception event (last) and count what the event limit cuts
             tail = events[-1:] if call.exc is not None else []

@@ -581,3 +581,40 @@ def test_a_pipeline_that_cannot_be_built_leaves_calls_running(otel_gpu_spans, mo
 
     assert f(2) == 6 and f(3) == 9
     assert _guard.internal_error_counts()["pipeline"] == 1
+
+
+def test_exception_attributes_stay_within_2048_bytes(otel_gpu_spans):
+    """A long message and a deep stack trace are cut to 2048 bytes; the trace keeps its innermost end."""
+    spans = otel_gpu_spans(level=1)
+
+    def deep(n):
+        if n == 0:
+            raise RuntimeError("é" * 5000)
+        return deep(n - 1)
+
+    @otel_gpu.api
+    def kernel():
+        return deep(100)
+
+    with pytest.raises(RuntimeError):
+        kernel()
+    (span,) = spans.get()
+    (event,) = [e for e in span.events if e.name == "exception"]
+    for value in event.attributes.values():
+        assert len(value.encode()) <= 2048
+    assert event.attributes["exception.stacktrace"].rstrip().endswith("é")  # the raise line is last
+    assert event.attributes["exception.message"].endswith("...")
+
+
+def test_user_attributes_on_the_call_span_are_cut_to_2048(otel_gpu_spans):
+    """Attributes users set on the call's span obey the same 2048 cut."""
+    from opentelemetry import trace
+
+    spans = otel_gpu_spans(level=1)
+
+    @otel_gpu.api
+    def kernel():
+        trace.get_current_span().set_attribute("note", "x" * 10000)
+
+    kernel()
+    assert len(spans.get()[0].attributes["note"]) == 2048
