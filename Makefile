@@ -5,6 +5,8 @@
 PYTHON ?= python3
 PIP := $(PYTHON) -m pip
 PHOENIX_VENV ?= .ci/.phoenix-venv
+# the Phoenix release the end-to-end tests were written against
+PHOENIX_VERSION ?= ==20.26.1
 
 .PHONY: demo test test-quick install install-test lint
 
@@ -27,7 +29,7 @@ lint: install-test
 
 ## test: install what the tests need (Phoenix in its own venv) and run every test
 test: lint
-	PHOENIX_VENV=$(PHOENIX_VENV) bash .ci/install-phoenix.sh
+	PHOENIX_VENV=$(PHOENIX_VENV) PHOENIX_VERSION="$(PHOENIX_VERSION)" bash .ci/install-phoenix.sh
 	OTEL_GPU_TEST_PHOENIX=$(abspath $(PHOENIX_VENV))/bin/phoenix $(PYTHON) -m pytest tests --benchmark-disable
 
 ## test-quick: the tests without the end-to-end Phoenix suite
