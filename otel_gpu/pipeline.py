@@ -59,7 +59,8 @@ class Pipeline:
         self.queue: collections.deque[Call] = collections.deque()
         self.maxsize = settings.queue_size
         self.dropped = 0
-        self.exported = 0
+        self.exported = 0  # spans handed to the processors
+        self.taken = 0  # calls taken off the queue (taken - exported: failed or still being built)
         self.pid = os.getpid()
         self.observers: tuple[Any, ...] = ()
         self.root_sampler: Callable[[int, str], bool] | None = None
@@ -175,6 +176,7 @@ class Pipeline:
                             late = True
                             break
                         call = queue.popleft()
+                        self.taken += 1
                         try:
                             span = self.materialise(call)
                             on_end(span)
@@ -318,7 +320,9 @@ class Pipeline:
                 lambda: self.processor.force_flush(int(max(deadline - time.monotonic(), 0) * 1000)),
                 max(deadline - time.monotonic(), 0.0),
             )
-        unexported = len(self.queue)
+        # never built in time: still queued, or taken but not handed over (failed, or stuck in a
+        # slow __repr__ on the export thread)
+        unexported = len(self.queue) + max(self.taken - self.exported, 0)
         # Spans handed to a destination that it never confirmed (refused, timed out, dropped by
         # its own queue, abandoned at exit); each destination got every span, report the worst.
         unconfirmed = max((self.exported - c.confirmed for c in self._counters), default=0)
@@ -326,8 +330,8 @@ class Pipeline:
         if lost:
             _guard.logger.warning(
                 "otel-gpu dropped %d span(s): %d because the queue was full (OTEL_GPU_QUEUE_SIZE=%d), "
-                "%d not exported within OTEL_GPU_FLUSH_TIMEOUT=%ss at exit, %d not confirmed by a "
-                "destination",
+                "%d not built within OTEL_GPU_FLUSH_TIMEOUT=%ss at exit or failed, %d not confirmed by a "
+                "destination within that time",
                 lost,
                 self.dropped,
                 self.maxsize,
