@@ -32,9 +32,11 @@ _FIELDS = (
     "requires_grad",
     "is_contiguous",
     "value",
+    "enum_value",
     "type",
     "length",
     "repr",
+    "id",
     "default",
 )
 _RULE = "─" * 78
@@ -118,6 +120,8 @@ def _describe(entry: Mapping[str, Any], style: _Style) -> str:
         if entry.get("requires_grad"):
             parts.append("requires_grad")
         text = " ".join(parts)
+    elif "enum_value" in entry:  # an enum member: its name and its value, as FlashInfer logs them
+        text = f"{entry.get('value', '?')} (value {entry['enum_value']!r})"
     elif "value" in entry:
         text = (
             repr(entry["value"])
@@ -128,6 +132,8 @@ def _describe(entry: Mapping[str, Any], style: _Style) -> str:
         text = f"{entry.get('type', 'container')}[{entry['length']}]"
     elif "repr" in entry:
         text = f"{entry.get('type', 'object')}: {entry['repr']}"
+    elif "id" in entry:  # a mutable object: its repr at export time could differ from the call's
+        text = f"{entry.get('type', 'object')} object (id {entry['id']})"
     else:
         text = str(entry.get("type", "?"))
     if entry.get("default"):

@@ -240,7 +240,7 @@ def _compact(raw: Any, limit: int) -> list[tuple[Any, ...]]:
         elif kind == _CONTAINER:
             append((key, kind, str(payload[0])[:limit], int(payload[1])))
         elif kind == _OBJECT:
-            append((key, kind, str(getattr(type(payload), "__qualname__", "?"))[:limit]))
+            append((key, kind, str(payload[0])[:limit]))  # the type; its repr is not journaled
         else:  # DEFAULT, REDACTED: no payload (a redacted value is never written)
             append((key, kind))
     return out

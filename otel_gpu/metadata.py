@@ -12,8 +12,11 @@ adds ``otel_gpu.input.`` or ``otel_gpu.output.``.
 
 from __future__ import annotations
 
+import decimal
 import enum
+import fractions
 import inspect
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -27,7 +30,7 @@ TENSOR = (
 )
 VALUE = 1  # payload: a scalar, enum, dtype or device
 CONTAINER = 2  # payload: (type name, length)
-OBJECT = 3  # payload: the object (repr taken off the caller's thread)
+OBJECT = 3  # payload: (type qualname, repr or None, id), taken at call time (see _describe_object)
 DEFAULT = 4  # payload: True, marks a parameter whose default was used
 REDACTED = 5  # payload: None
 
@@ -159,7 +162,59 @@ def capture(
                     break
                 capture(out, f"{key}.{_key_part(k, i)}", item, max_items, tensors, depth + 1)
     else:
-        out.append((key, OBJECT, value))
+        out.append((key, OBJECT, _describe_object(value)))
+
+
+# Types whose instances cannot change after the call, so a repr taken now stays true. The repr of
+# anything else is not taken: it could show a later state (the span is exported after the call
+# returns) and it is user code on the caller's thread. Such objects are recorded as type plus id.
+_IMMUTABLE: set[type] = {
+    complex,
+    bytes,
+    range,
+    slice,
+    type(Ellipsis),
+    type(NotImplemented),
+    frozenset,
+    decimal.Decimal,
+    fractions.Fraction,
+    torch.layout,
+    torch.memory_format,
+}
+_REPR_INPUT_LIMIT = 4096  # bytes/frozensets longer than this are described by type and length
+
+
+def _describe_object(value: Any) -> tuple[str, str | None, int]:
+    """(type qualname, call-time repr for immutable types else None, id) — nothing kept alive."""
+    tp = type(value)
+    qualname = getattr(tp, "__qualname__", None) or tp.__name__
+    if tp in _IMMUTABLE or _is_numpy_scalar(tp) or _is_frozen_record(value, tp):
+        if tp in (bytes, frozenset) and len(value) > _REPR_INPUT_LIMIT:
+            return qualname, f"<{qualname} of length {len(value)}>", id(value)
+        try:
+            return qualname, repr(value), id(value)
+        except Exception as exc:
+            return qualname, f"<repr failed: {type(exc).__name__}>", id(value)
+    return qualname, None, id(value)
+
+
+_ATOMS = (type(None), bool, int, float, str, enum.Enum, torch.dtype, torch.device)
+
+
+def _is_frozen_record(value: Any, tp: type) -> bool:
+    """A frozen dataclass with the generated repr and only atomic fields: its repr cannot change."""
+    params = getattr(tp, "__dataclass_params__", None)
+    if params is None or not params.frozen or not params.repr:
+        return False
+    fields = getattr(tp, "__dataclass_fields__", {})
+    if len(fields) > 32:
+        return False
+    return all(isinstance(getattr(value, name, None), _ATOMS) for name in fields)
+
+
+def _is_numpy_scalar(tp: type) -> bool:
+    numpy = sys.modules.get("numpy")  # only when the program imported numpy itself
+    return numpy is not None and issubclass(tp, numpy.generic)
 
 
 def _key_part(k: Any, index: int) -> str:
@@ -209,14 +264,15 @@ def _truncate(text: str, limit: int) -> str:
     return data[: max(limit - 3, 0)].decode("utf-8", "ignore") + "..."
 
 
-def _safe_repr(obj: Any, limit: int) -> str:
-    try:
-        text = repr(obj)
-    except (
-        BaseException
-    ) as exc:  # SystemExit from a hostile __repr__ must not stop the export thread
-        text = f"<repr failed: {type(exc).__name__}>"
-    return _truncate(text, limit)
+def enum_value(value: enum.Enum) -> Any:
+    """The value of an enum member when it is an attribute-safe scalar (``1``, ``"nhd"``), else None."""
+    inner = value.value
+    tp = type(inner)
+    if tp is bool or tp is float or tp is str:
+        return inner
+    if tp is int:
+        return inner if -(2**63) <= inner < 2**63 else str(inner)
+    return None
 
 
 def scalar_value(value: Any, limit: int) -> Any:
@@ -256,12 +312,22 @@ def to_attributes(
             attrs[base + ".is_contiguous"] = bool(contiguous)
         elif kind == VALUE:
             attrs[base + ".value"] = scalar_value(payload, limit)
+            if isinstance(payload, enum.Enum):
+                inner = enum_value(payload)
+                if inner is not None:
+                    attrs[base + ".enum_value"] = (
+                        _truncate(inner, limit) if type(inner) is str else inner
+                    )
         elif kind == CONTAINER:
             attrs[base + ".type"] = payload[0]
             attrs[base + ".length"] = payload[1]
         elif kind == OBJECT:
-            attrs[base + ".type"] = _truncate(type(payload).__qualname__, limit)
-            attrs[base + ".repr"] = _safe_repr(payload, limit)
+            qualname, text, oid = payload
+            attrs[base + ".type"] = _truncate(qualname, limit)
+            if text is not None:
+                attrs[base + ".repr"] = _truncate(text, limit)
+            else:
+                attrs[base + ".id"] = f"0x{oid:x}"
         elif kind == DEFAULT:
             attrs[base + ".default"] = True
         elif kind == REDACTED:

@@ -296,9 +296,9 @@ def test_level_3_binding_defaults_scalars_containers_objects(otel_gpu_spans):
     """Parameters are bound by signature; defaults appear marked; scalars, enums, dtypes, containers, objects."""
     spans = otel_gpu_spans(level=3, max_items=2)
 
-    class Cfg:
+    class Cfg:  # a mutable object: recorded by type and id, its repr never taken
         def __repr__(self):
-            return "Cfg(tile=128)"
+            raise AssertionError("repr of a mutable argument must not be taken")
 
     @otel_gpu.api
     def op(
@@ -333,10 +333,8 @@ def test_level_3_binding_defaults_scalars_containers_objects(otel_gpu_spans):
     assert a["otel_gpu.input.tensors.length"] == 3  # the rest are counted…
     assert a["otel_gpu.input.tensors.1.shape"] == (3,)
     assert "otel_gpu.input.tensors.2.shape" not in a  # …not expanded beyond max_items
-    assert (
-        a["otel_gpu.input.cfg.type"].endswith("Cfg")
-        and a["otel_gpu.input.cfg.repr"] == "Cfg(tile=128)"
-    )
+    assert a["otel_gpu.input.cfg.type"].endswith("Cfg")
+    assert a["otel_gpu.input.cfg.id"].startswith("0x") and "otel_gpu.input.cfg.repr" not in a
     assert a["otel_gpu.input.extra.flag.value"] is True
     assert a["otel_gpu.output.lo.shape"] == (1,) and a["otel_gpu.output.hi.shape"] == (1,)
 

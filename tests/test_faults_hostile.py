@@ -373,8 +373,8 @@ def test_containers_whose_len_or_iter_raise_cost_only_metadata(otel_gpu_spans, c
 
 
 def test_a_slow_repr_never_delays_the_caller(otel_gpu_spans):
-    """An argument whose __repr__ takes 2 s: the call returns at once (the repr runs on the export
-    thread), other calls keep flowing, and the span still arrives with the repr."""
+    """An argument whose __repr__ takes 2 s: the call returns at once and its span arrives, recorded
+    by type and id (the repr of a mutable object is never taken, on any thread)."""
     spans = otel_gpu_spans(level=3, strict=False)
 
     class Slow:
@@ -393,8 +393,10 @@ def test_a_slow_repr_never_delays_the_caller(otel_gpu_spans):
     caller_s = time.perf_counter() - t0
     assert caller_s < 0.5
     got = spans.get()
-    reprs = [s.attributes.get("otel_gpu.input.x.repr") for s in got]
-    assert "Slow()" in reprs and len(got) == 101
+    assert len(got) == 101
+    (slow,) = [s for s in got if s.attributes.get("otel_gpu.input.x.type", "").endswith("Slow")]
+    assert "otel_gpu.input.x.repr" not in slow.attributes
+    assert slow.attributes["otel_gpu.input.x.id"].startswith("0x")
     print(f"\n[figure] 101 calls, one with a 2 s __repr__: caller spent {caller_s * 1e3:.1f} ms")
 
 
