@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import types
 from typing import Any
 
 from otel_gpu import _guard, _manifest
@@ -36,7 +37,28 @@ class Target:
         if code is not None and code.co_argcount:
             self.receiver = code.co_varnames[0] in ("self", "cls")
         elif code is None and self.why_not is None:
-            self.why_not = f"{full} could not be found by its import path"
+            self.why_not = _why_no_code(full, fn)
+
+
+def _why_no_code(full: str, fn: Any) -> str:
+    """Why a function without ``__code__`` cannot be replayed: the true reason, not a guess."""
+    if fn is None:
+        return f"{full} could not be found by its import path"
+    if isinstance(fn, _BUILTIN_TYPES) or type(fn).__name__ in _BUILTIN_NAMES:
+        return f"builtin: {full} has no Python code (a compiled function); replay re-runs Python functions only"
+    return f"{full} is a {type(fn).__qualname__}, not a Python function; replay re-runs Python functions only"
+
+
+_BUILTIN_TYPES = (
+    types.BuiltinFunctionType,
+    types.BuiltinMethodType,
+    types.MethodDescriptorType,
+    types.WrapperDescriptorType,
+    types.MethodWrapperType,
+    types.ClassMethodDescriptorType,
+)
+# torch's C++ operators and pybind11 functions are builtins by nature but of their own types
+_BUILTIN_NAMES = frozenset({"OpOverloadPacket", "OpOverload", "builtin_function_or_method"})
 
 
 def _split_module(full: str) -> tuple[str, str]:
@@ -63,7 +85,7 @@ def receiver(call: Any, enc: _manifest.Encoder) -> dict[str, Any]:
         return {
             "t": "unsupported",
             "type": _manifest.type_ref(type(obj)),
-            "why": "stateful method: the class has no __otel_gpu_state__ hook",
+            "why": f"{_manifest.type_ref(type(obj))} has no __otel_gpu_state__ hook",
         }
     try:
         state = hook()

@@ -14,6 +14,8 @@ import math
 import os
 import pickle
 import re
+import types
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -26,6 +28,8 @@ __all__ = [
     "call_dir_name",
     "host_copy",
     "load_tensors",
+    "public_fields",
+    "pytree_children",
     "read_manifest",
     "restore_layout",
     "save_tensors",
@@ -60,6 +64,60 @@ def type_ref(tp: type) -> str:
     return f"{tp.__module__}:{tp.__qualname__}"
 
 
+_MAX_FIELDS = 64
+
+
+def pytree_children(value: Any) -> list[tuple[str, Any]] | None:
+    """``(key, child)`` pairs of a type registered with ``torch.utils._pytree``, else None."""
+    from torch.utils import _pytree as pytree
+
+    node = pytree.SUPPORTED_NODES.get(type(value))
+    if node is None:
+        return None
+    try:
+        if node.flatten_with_keys_fn is not None:
+            pairs, _ = node.flatten_with_keys_fn(value)
+            return [(_key_name(k, i), child) for i, (k, child) in enumerate(pairs)]
+        children, _ = node.flatten_fn(value)
+        return [(str(i), child) for i, child in enumerate(children)]
+    except Exception:
+        return None
+
+
+def _key_name(key: Any, index: int) -> str:
+    for attr in ("key", "name", "idx"):
+        if hasattr(key, attr):
+            return str(getattr(key, attr))
+    return str(index)
+
+
+_NOT_WALKED = (
+    types.ModuleType,
+    types.FunctionType,
+    types.BuiltinFunctionType,
+    types.MethodType,
+    torch.nn.Module,
+)
+
+
+def public_fields(value: Any) -> list[tuple[str, Any]] | None:
+    """Public instance attributes of a plain object (``vars()``), None for what is not walked."""
+    if isinstance(value, _NOT_WALKED) or callable(value):
+        return None
+    try:
+        attrs = vars(value)
+    except TypeError:
+        return None
+    return [(k, v) for k, v in _first(attrs.items(), _MAX_FIELDS) if not k.startswith("_")]
+
+
+def _first(items: Any, n: int) -> Iterator[Any]:
+    for i, item in enumerate(items):
+        if i >= n:
+            return
+        yield item
+
+
 def _safe_repr(value: Any) -> str:
     try:
         text = repr(value)
@@ -84,7 +142,11 @@ class Encoder:
     """Encodes values into tagged JSON, collecting tensors (not copied) under unique keys.
 
     The same tensor object passed twice is stored once and referenced twice, so replay
-    passes one object twice, as the original call did.
+    passes one object twice, as the original call did. Containers the flight recorder
+    cannot rebuild but can compare are walked leaf by leaf: mappings of any type
+    (transformers' ``ModelOutput``), types registered with ``torch.utils._pytree``, and
+    objects that hold tensors in public attributes (a KV cache). What cannot be recorded
+    is encoded as ``unsupported`` and listed in :attr:`unsupported` with its path.
     """
 
     def __init__(
@@ -99,6 +161,9 @@ class Encoder:
         self.meta = meta
         self.secret = secret  # name -> bool: strings under such a key are never written
         self.seen: dict[int, str] = {}
+        self.unsupported: list[str] = []
+        """``"<path> (<module:Type>): <why>"`` for every part that was not recorded."""
+        self._tensor_refs = 0
 
     def encode(self, value: Any, path: str, depth: int = 0) -> dict[str, Any]:
         tp = type(value)
@@ -125,8 +190,10 @@ class Encoder:
             return {"t": "dtype", "v": str(value).removeprefix("torch.")}
         if isinstance(value, torch.device):
             return {"t": "device", "v": str(value)}
+        if isinstance(value, type):
+            return {"t": "type", "v": type_ref(value)}
         if depth >= MAX_DEPTH:
-            return self._unsupported(value, "nested too deeply")
+            return self._unsupported(value, path, "nested too deeply")
         if tp is torch.Size:
             return {"t": "size", "v": list(value)}
         if tp in (list, tuple):
@@ -135,38 +202,50 @@ class Encoder:
         if isinstance(value, tuple) and hasattr(value, "_fields"):
             items = [self.encode(v, f"{path}.{f}", depth + 1) for f, v in zip(value._fields, value)]
             return {"t": "namedtuple", "type": type_ref(tp), "items": items}
-        if tp is dict:
+        if isinstance(value, Mapping):
             pairs = [
                 [
                     {"t": "str", "v": k} if type(k) is str else self.encode(k, path, depth + 1),
                     self.encode(v, f"{path}.{k}", depth + 1),
                 ]
-                for i, (k, v) in enumerate(value.items())
+                for k, v in value.items()
             ]
-            return {"t": "dict", "items": pairs}
-        return self._unsupported(value, "type not supported by the flight recorder")
+            if tp is dict:
+                return {"t": "dict", "items": pairs}
+            return {"t": "mapping", "type": type_ref(tp), "items": pairs}
+        children = pytree_children(value)
+        if children is not None:
+            named = [[k, self.encode(v, f"{path}.{k}", depth + 1)] for k, v in children]
+            return {"t": "pytree", "type": type_ref(tp), "items": named}
+        fields = public_fields(value)
+        if fields is not None:
+            refs, noted = self._tensor_refs, len(self.unsupported)
+            named = [[k, self.encode(v, f"{path}.{k}", depth + 1)] for k, v in fields]
+            if self._tensor_refs > refs:  # it holds tensors: worth comparing leaf by leaf
+                return {"t": "object", "type": type_ref(tp), "fields": named}
+            del self.unsupported[noted:]
+        return self._unsupported(value, path, "type not supported by the flight recorder")
 
-    def _unsupported(self, value: Any, why: str) -> dict[str, Any]:
-        return {
-            "t": "unsupported",
-            "type": type_ref(type(value)),
-            "repr": _safe_repr(value),
-            "why": why,
-        }
+    def _unsupported(self, value: Any, path: str, why: str) -> dict[str, Any]:
+        ref = type_ref(type(value))
+        self.unsupported.append(f"{self.prefix}{path} ({ref}): {why}")
+        return {"t": "unsupported", "type": ref, "repr": _safe_repr(value), "why": why}
 
     def _tensor(self, t: torch.Tensor, path: str) -> dict[str, Any]:
         known = self.seen.get(id(t))
         if known is not None:
+            self._tensor_refs += 1
             return {"t": "tensor", "key": known}
         if type(t) not in (torch.Tensor, torch.nn.Parameter) or t.layout != torch.strided:
-            return self._unsupported(t, "only plain strided tensors are recorded")
+            return self._unsupported(t, path, "only plain strided tensors are recorded")
         if t.is_meta or t.device.type == "meta":
-            return self._unsupported(t, "meta tensors have no data")
+            return self._unsupported(t, path, "meta tensors have no data")
         key = self.prefix + path
         while key in self.tensors:
             key += "_"
         self.seen[id(t)] = key
         self.tensors[key] = t
+        self._tensor_refs += 1
         self.meta[key] = {
             "shape": list(t.shape),
             "dtype": str(t.dtype).removeprefix("torch."),

@@ -13,7 +13,7 @@ import importlib
 import inspect
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -142,11 +142,43 @@ class _Decoder:
             if not (isinstance(cls, type) and issubclass(cls, tuple) and hasattr(cls, "_fields")):
                 raise Refused(f"refused: {enc['type']} is not a namedtuple")
             return cls(*(self.decode(v, f"{path}[{i}]") for i, v in enumerate(enc["items"])))
+        if tag == "type":
+            return resolve_type(str(enc["v"]), self.allow)
+        if tag == "mapping":
+            return self._mapping(enc, path)
+        if tag in ("pytree", "object"):
+            what = "a pytree container" if tag == "pytree" else "an object holding tensors"
+            raise Skip(
+                f"argument {path} is {what} of type {enc.get('type')}: recorded for comparison, "
+                "but replay cannot rebuild it"
+            )
         if tag == "redacted":
             raise Skip(f"argument {path} was redacted when recorded (OTEL_GPU_REDACT)")
         if tag == "unsupported":
-            raise Skip(f"argument {path} is a {enc.get('type')}, which the recorder cannot rebuild")
+            raise Skip(
+                f"argument {path} is a {enc.get('type')}, which the flight recorder cannot record"
+            )
         raise ValueError(f"{path}: unknown value tag {tag!r}")
+
+    def _mapping(self, enc: dict[str, Any], path: str) -> Any:
+        """A dict subclass (e.g. transformers' ModelOutput) rebuilt from its items by its type."""
+        cls = resolve_type(enc["type"], self.allow)
+        if not (isinstance(cls, type) and issubclass(cls, Mapping)):
+            raise Refused(f"refused: {enc['type']} is not a Mapping")
+        items = {
+            self.decode(k, f"{path}.key"): self.decode(v, f"{path}[{i}]")
+            for i, (k, v) in enumerate(enc["items"])
+        }
+        make: Any = cls
+        try:
+            if all(type(k) is str for k in items):
+                return make(**items)
+            return make(items)
+        except Exception as exc:
+            raise Skip(
+                f"argument {path} is a {enc['type']} that replay could not rebuild from its "
+                f"items ({type(exc).__name__}: {exc})"
+            ) from None
 
     def _tensor(self, key: str, path: str) -> torch.Tensor:
         if key in self.cache:
@@ -236,10 +268,13 @@ class PreparedCall:
     def compare(
         self, value: Any, tol: tuple[float | None, float | None]
     ) -> tuple[list[Mismatch], list[str]]:
-        """Differences between ``value`` (and inputs changed in place) and the recording."""
+        """Differences between ``value`` (and inputs changed in place) and the recording.
+
+        Returns the mismatches and the parts that were not compared (not recorded), each with why.
+        """
         expected = _manifest.load_tensors(self.directory, self.manifest["files"].get("outputs"))
         out: list[Mismatch] = []
-        notes: list[str] = []
+        unchecked: list[str] = []
         mapper = self.decoder.map_device
         compare(
             self.manifest.get("result") or {"t": "none"},
@@ -249,13 +284,13 @@ class PreparedCall:
             tol,
             mapper,
             out,
-            notes,
+            unchecked,
         )
         for key, enc in (self.manifest.get("mutated") or {}).items():
             actual = self.decoder.cache.get(key)
             name = "in-place " + key.removeprefix("input.")
-            compare(enc, actual, expected, name, tol, mapper, out, notes)
-        return out, notes
+            compare(enc, actual, expected, name, tol, mapper, out, unchecked)
+        return out, unchecked
 
 
 def prepare_call(

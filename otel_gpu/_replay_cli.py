@@ -14,6 +14,7 @@ from otel_gpu import _manifest
 from otel_gpu._replay_call import Allow
 from otel_gpu.replay import (
     EXIT_USAGE,
+    VERDICTS,
     Options,
     Result,
     exit_code,
@@ -26,9 +27,11 @@ __all__ = ["add_parser", "main"]
 
 _DESCRIPTION = """\
 Re-run calls recorded by the flight recorder (OTEL_GPU_LOGLEVEL=10) and compare them with
-their recording. Verdicts: pass, mismatch, error, crashed-originally, skipped.
-Exit code: 0 when nothing failed, 1 when a call had a mismatch, an error or had crashed
-originally, 2 for a usage error (no dumps, bad flags, imports not allowed).
+their recording. Verdicts: pass, mismatch, error, crashed-originally, unverified (the call
+ran but some outputs were never recorded, so they were not compared), skipped.
+Exit code: 0 when nothing failed, 1 when a call had a mismatch, an error, had crashed
+originally or is unverified (unless --allow-unverified), 2 for a usage error (no dumps,
+bad flags, imports not allowed).
 
 Dumps are untrusted input: replay imports only the modules you allow, and calls only
 functions decorated with @otel_gpu.api in them."""
@@ -84,6 +87,11 @@ def add_parser(sub: Any) -> None:
         help="skip span names matching (fnmatch)",
     )
     p.add_argument("--fail-fast", action="store_true", help="stop at the first failed call")
+    p.add_argument(
+        "--allow-unverified",
+        action="store_true",
+        help="do not fail the run for calls whose outputs could not be compared (unverified)",
+    )
     p.add_argument("--isolate", action="store_true", help="run every call in its own process")
     p.add_argument(
         "--timeout",
@@ -237,9 +245,16 @@ def _finite(obj: Any) -> Any:
 
 def main(args: argparse.Namespace) -> int:
     """Run ``otel-gpu replay``; returns the exit code."""
+    if not os.path.isdir(args.dir):
+        print(f"otel-gpu replay: --dir {args.dir}: no such directory", file=sys.stderr)
+        return EXIT_USAGE
     dirs = find_calls(args.dir)
     if not dirs:
-        print(f"otel-gpu replay: no dumps found at {args.dir}", file=sys.stderr)
+        print(
+            f"otel-gpu replay: no call directories (with a {_manifest.MANIFEST} or an inputs file) "
+            f"at {args.dir} or the two levels below it",
+            file=sys.stderr,
+        )
         return EXIT_USAGE
     try:
         device_map = _device_map(args.device)
@@ -261,6 +276,7 @@ def main(args: argparse.Namespace) -> int:
         include=_split(args.include),
         exclude=_split(args.exclude),
         fail_fast=args.fail_fast,
+        allow_unverified=args.allow_unverified,
         isolate=args.isolate and not args._child,
         timeout=args.timeout,
         in_process=args._child,
@@ -281,7 +297,7 @@ def main(args: argparse.Namespace) -> int:
 
         otel_gpu.flush()
         provider.shutdown()
-    code = exit_code(results)
+    code = exit_code(results, args.allow_unverified)
     summary = summarize(results)
     if args.json:
         report = {
@@ -294,9 +310,6 @@ def main(args: argparse.Namespace) -> int:
         json.dump(_finite(report), sys.stdout, indent=1, default=str)
         print()
     else:
-        counts = ", ".join(
-            f"{summary[v]} {v}"
-            for v in ("pass", "mismatch", "error", "crashed-originally", "skipped")
-        )
+        counts = ", ".join(f"{summary[v]} {v}" for v in VERDICTS)
         print(f"{summary['total']} call(s): {counts}")
     return code

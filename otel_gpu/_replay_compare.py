@@ -8,14 +8,15 @@ which it does not cover, get one unit in the last place at 1.0 as ``rtol``. Unli
 from __future__ import annotations
 
 import enum
+import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from otel_gpu._manifest import type_ref
+from otel_gpu._manifest import public_fields, pytree_children, type_ref
 
 __all__ = ["DEFAULT_TOLERANCES", "Mismatch", "compare", "compare_tensors", "tolerance"]
 
@@ -102,14 +103,26 @@ def compare(
     tol: tuple[float | None, float | None],
     map_device: Callable[[str], str],
     out: list[Mismatch],
-    notes: list[str],
+    unchecked: list[str],
 ) -> None:
-    """Walk the recorded (encoded) value and ``actual`` together, appending differences to ``out``."""
+    """Walk the recorded (encoded) value and ``actual`` together, leaf by leaf.
+
+    Differences go to ``out``; parts that were not recorded, and so were not compared, go to
+    ``unchecked`` with the reason (a pass must never be claimed for them).
+    """
     tag = enc.get("t")
+    recurse = functools.partial(
+        compare,
+        expected=expected,
+        tol=tol,
+        map_device=map_device,
+        out=out,
+        unchecked=unchecked,
+    )
     if tag == "tensor":
         tensor = expected.get(enc.get("key", ""))
         if tensor is None:
-            notes.append(f"{path} not compared (tensor not recorded)")
+            unchecked.append(f"{path}: the tensor is missing from the outputs file")
             return
         found = compare_tensors(path, tensor, actual, *tol)
         if found is not None:
@@ -125,10 +138,13 @@ def compare(
             out.append(Mismatch(path, f"length {len(actual)} != recorded {len(items)}"))
         else:
             for i, (item, value) in enumerate(zip(items, actual)):
-                compare(item, value, expected, f"{path}[{i}]", tol, map_device, out, notes)
-    elif tag == "dict":
-        if not isinstance(actual, dict):
-            out.append(Mismatch(path, f"expected a dict, got {type(actual).__name__}"))
+                recurse(item, value, path=f"{path}[{i}]")
+    elif tag in ("dict", "mapping"):
+        if not isinstance(actual, Mapping) or (
+            tag == "mapping" and type_ref(type(actual)) != enc.get("type")
+        ):
+            wanted = "a dict" if tag == "dict" else f"a {enc.get('type')}"
+            out.append(Mismatch(path, f"expected {wanted}, got {type_ref(type(actual))}"))
             return
         keys = {_plain(k): v for k, v in enc.get("items", [])}
         got = {_plain_key(k): v for k, v in actual.items()}
@@ -137,9 +153,33 @@ def compare(
             out.append(Mismatch(path, f"keys {now} != recorded {recorded}"))
             return
         for key, item in keys.items():
-            compare(item, got[key], expected, f"{path}[{key!r}]", tol, map_device, out, notes)
-    elif tag in ("unsupported", "redacted"):
-        notes.append(f"{path} not compared ({enc.get('type', tag)})")
+            recurse(item, got[key], path=f"{path}[{key!r}]")
+    elif tag in ("pytree", "object"):
+        if type_ref(type(actual)) != enc.get("type"):
+            out.append(
+                Mismatch(path, f"expected a {enc.get('type')}, got {type_ref(type(actual))}")
+            )
+            return
+        if tag == "pytree":
+            children = dict(pytree_children(actual) or [])
+        else:
+            children = dict(public_fields(actual) or [])
+        pairs = enc.get("items" if tag == "pytree" else "fields") or []
+        recorded_keys = [k for k, _ in pairs]
+        if tag == "pytree" and sorted(children) != sorted(recorded_keys):
+            out.append(
+                Mismatch(path, f"keys {sorted(children)} != recorded {sorted(recorded_keys)}")
+            )
+            return
+        for key, item in pairs:
+            if key not in children:
+                out.append(Mismatch(f"{path}.{key}", "attribute missing on replay"))
+                continue
+            recurse(item, children[key], path=f"{path}.{key}")
+    elif tag == "unsupported":
+        unchecked.append(f"{path}: a {enc.get('type')} ({enc.get('why', 'not recorded')})")
+    elif tag == "redacted":
+        unchecked.append(f"{path}: redacted when recorded (OTEL_GPU_REDACT)")
     elif not _same_scalar(enc, actual, tol, map_device):
         out.append(Mismatch(path, f"{_short(actual)} != recorded {_short(_plain(enc))}"))
 
@@ -171,6 +211,8 @@ def _same_scalar(
         return isinstance(actual, torch.device) and str(actual) == map_device(enc["v"])
     if tag == "none":
         return actual is None
+    if tag == "type":
+        return isinstance(actual, type) and type_ref(actual) == enc.get("v")
     return type(actual).__name__ == tag and actual == enc.get("v")
 
 

@@ -31,14 +31,23 @@ import torch
 from otel_gpu import _dump_target, _guard, _manifest, metadata
 from otel_gpu.config import Settings, environ, expand_path
 
-__all__ = ["ATTR_DIR", "ATTR_OUTPUTS_SKIPPED", "ATTR_SKIPPED", "Recorder", "make_observer"]
+__all__ = [
+    "ATTR_DIR",
+    "ATTR_OUTPUTS_SKIPPED",
+    "ATTR_OUTPUTS_UNSUPPORTED",
+    "ATTR_SKIPPED",
+    "Recorder",
+    "make_observer",
+]
 
 ATTR_DIR = "otel_gpu.dump.dir"
 """Span attribute: absolute path of the call's dump directory."""
 ATTR_SKIPPED = "otel_gpu.dump.skipped"
 """Span attribute: why the call was not dumped (see :data:`SKIP_REASONS`)."""
 ATTR_OUTPUTS_SKIPPED = "otel_gpu.dump.outputs_skipped"
-"""Span attribute: why a dumped call's outputs were not written."""
+"""Span attribute: why a dumped call's outputs (all or some) were not written."""
+ATTR_OUTPUTS_UNSUPPORTED = "otel_gpu.dump.outputs_unsupported"
+"""Span attribute: the parts of the outputs that could not be recorded, with their types."""
 
 SKIP_REASONS = (
     "filtered",  # OTEL_GPU_DUMP_INCLUDE / _EXCLUDE
@@ -283,6 +292,7 @@ class Recorder:
             "result": None,
             "mutated": {},
             "outputs_skipped": None,
+            "outputs_unsupported": [],
             "exception": None,
             "resource": self._resource_summary(),
         }
@@ -319,6 +329,12 @@ class Recorder:
             if t._version != version:  # modified in place by the call: an output too
                 manifest["mutated"][key] = enc.encode(t, "mutated." + key.removeprefix("input."))
         manifest["tensors"].update(meta)
+        if enc.unsupported:  # replay will say "unverified" for these parts, never "pass"
+            manifest["outputs_unsupported"] = enc.unsupported[:64]
+            call.span.set_attribute(ATTR_OUTPUTS_SKIPPED, "unsupported_type")
+            call.span.set_attribute(
+                ATTR_OUTPUTS_UNSUPPORTED, [u[:256] for u in enc.unsupported[:16]]
+            )
         # marker first: if the process dies before the writer runs, replay knows the call returned
         os.close(
             os.open(os.path.join(pending.dir, _manifest.RETURNED), os.O_CREAT | os.O_WRONLY, 0o600)

@@ -1,8 +1,11 @@
 """``otel-gpu replay``: re-run recorded calls from flight-recorder dumps and give each a verdict.
 
-Verdicts: ``pass``, ``mismatch`` (which output, max abs/rel difference), ``error`` (the
-exception), ``crashed-originally`` (the recorded call never completed; says whether it
-completes now) and ``skipped`` (with the reason). Exit code 0 only when nothing failed.
+Verdicts: ``pass`` (every output compared and matched), ``mismatch`` (which output, max
+abs/rel difference), ``error`` (the exception), ``crashed-originally`` (the recorded call
+never completed; says whether it completes now), ``unverified`` (the call ran, but some or
+all of its outputs were never recorded, so they could not be compared) and ``skipped``
+(with the reason). Exit code 0 only when nothing failed; ``unverified`` counts as a failure
+unless ``--allow-unverified`` is given.
 
 Dumps are untrusted input: tensors are loaded with ``torch.load(weights_only=True)`` or
 safetensors, manifests are plain JSON, and a module named by a dump is imported only
@@ -34,6 +37,7 @@ __all__ = [
     "Options",
     "Result",
     "exit_code",
+    "failed",
     "find_calls",
     "register",
     "replay",
@@ -41,8 +45,9 @@ __all__ = [
     "summarize",
 ]
 
-VERDICTS = ("pass", "mismatch", "error", "crashed-originally", "skipped")
-FAILED = ("mismatch", "error", "crashed-originally")
+VERDICTS = ("pass", "mismatch", "error", "crashed-originally", "unverified", "skipped")
+FAILED = ("mismatch", "error", "crashed-originally", "unverified")
+"""Verdicts that fail the run (``unverified`` only without ``allow_unverified``)."""
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
@@ -57,6 +62,7 @@ class Options:
     include: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()
     fail_fast: bool = False
+    allow_unverified: bool = False
     isolate: bool = False
     timeout: float = 300.0
     in_process: bool = False  # never spawn (the child of an isolated run)
@@ -99,6 +105,8 @@ class Result:
     now: str | None = None
     """For crashed-originally: what the call does on replay: returns, raises, crashes or hangs."""
     notes: list[str] = field(default_factory=list)
+    unchecked: list[str] = field(default_factory=list)
+    """For unverified: the outputs that were not compared, each with why."""
 
 
 # --------------------------------------------------------------------------- finding dumps
@@ -226,15 +234,28 @@ def _judge(directory: str, manifest: dict[str, Any], opts: Options, result: Resu
         result.detail = _exc_text(raised)
         return
     if manifest.get("outputs_skipped"):
-        result.detail = f"ran without error; outputs not recorded ({manifest['outputs_skipped']})"
+        result.verdict = "unverified"
+        result.unchecked = [f"all outputs: not recorded ({manifest['outputs_skipped']})"]
+        result.detail = (
+            f"ran without error, but its outputs were not recorded "
+            f"({manifest['outputs_skipped']}): nothing was compared"
+        )
         return
-    mismatches, notes = call.compare(value, (opts.rtol, opts.atol))
-    result.notes.extend(notes)
+    mismatches, unchecked = call.compare(value, (opts.rtol, opts.atol))
     result.mismatches = [asdict(m) for m in mismatches]
+    result.unchecked = unchecked
     if mismatches:
         result.verdict = "mismatch"
         result.detail = mismatches[0].describe() + (
             f" (+{len(mismatches) - 1} more)" if len(mismatches) > 1 else ""
+        )
+    elif unchecked:
+        result.verdict = "unverified"
+        result.detail = (
+            f"ran without error; {len(unchecked)} part(s) of the outputs were not recorded and "
+            f"not compared: {'; '.join(unchecked[:3])}"
+            + (f" (+{len(unchecked) - 3} more)" if len(unchecked) > 3 else "")
+            + "; everything recorded matched"
         )
     else:
         result.verdict = "pass"
@@ -267,20 +288,30 @@ def _run_isolated(directory: str, opts: Options, result: Result) -> None:
             "completes_now",
             "now",
             "notes",
+            "unchecked",
         ):
-            setattr(result, key, child[key])
+            setattr(result, key, child.get(key, getattr(result, key)))
         return
-    result.now = "hangs" if proc is None else "crashes"
+    crashed = result.status == "inputs_saved"
+    result.completes_now = False
     if proc is None:
+        result.now = "hangs"
         how = f"does not complete within --timeout {opts.timeout:g} s"
     elif proc.returncode < 0:
-        how = f"crashes again (killed by {_signal_name(-proc.returncode)})"
-    else:
+        result.now = "crashes"
+        how = f"crashes{' again' if crashed else ''} (killed by {_signal_name(-proc.returncode)})"
+    elif proc.returncode in (0, 1):  # the child ran, but its report could not be read
+        result.now = None
+        result.completes_now = None
         tail = (proc.stderr or "").strip().splitlines()[-1:] or [""]
-        how = f"crashes again (exit code {proc.returncode}) {tail[0]}".strip()
-    crashed = result.status == "inputs_saved"
+        how = f"was re-run in a child process that exited {proc.returncode} without a readable report {tail[0]}".strip()
+    else:
+        result.now = "crashes"
+        tail = (proc.stderr or "").strip().splitlines()[-1:] or [""]
+        how = (
+            f"crashes{' again' if crashed else ''} (exit code {proc.returncode}) {tail[0]}".strip()
+        )
     result.verdict = "crashed-originally" if crashed else "error"
-    result.completes_now = False
     result.detail = ("the recorded call never completed; now it " if crashed else "the call ") + how
 
 
@@ -337,7 +368,9 @@ def _annotate(span: Any, result: Result) -> None:
         for key in ("max_abs", "max_rel"):
             if first.get(key) is not None:
                 span.set_attribute(f"otel_gpu.replay.{key}_diff", first[key])
-    if result.verdict in FAILED:
+    if result.unchecked:
+        span.set_attribute("otel_gpu.replay.unchecked", [u[:256] for u in result.unchecked[:16]])
+    if result.verdict in FAILED and result.verdict != "unverified":  # a gap, not a failed call
         span.set_status(Status(StatusCode.ERROR, f"{result.verdict}: {result.detail}"[:256]))
 
 
@@ -369,7 +402,7 @@ def replay(
             results.append(result)
             if on_result is not None:
                 on_result(len(results), len(dirs), result)
-            if opts.fail_fast and result.verdict in FAILED:
+            if opts.fail_fast and failed(result, opts.allow_unverified):
                 break
     return results
 
@@ -393,9 +426,17 @@ def summarize(results: Sequence[Result]) -> dict[str, int]:
     return {"total": len(results), **counts}
 
 
-def exit_code(results: Sequence[Result]) -> int:
-    """0 only when nothing failed: no mismatch, error or crashed-originally."""
-    return EXIT_FAILED if any(r.verdict in FAILED for r in results) else EXIT_OK
+def failed(result: Result, allow_unverified: bool = False) -> bool:
+    """Whether this verdict fails the run."""
+    if result.verdict == "unverified":
+        return not allow_unverified
+    return result.verdict in FAILED
+
+
+def exit_code(results: Sequence[Result], allow_unverified: bool = False) -> int:
+    """0 only when nothing failed: no mismatch, error, crashed-originally, or unverified call
+    (unless ``allow_unverified``)."""
+    return EXIT_FAILED if any(failed(r, allow_unverified) for r in results) else EXIT_OK
 
 
 def register(sub: Any) -> None:

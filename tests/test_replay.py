@@ -402,6 +402,7 @@ def test_cli_json_report_filters_fail_fast_and_exit_codes(
         "mismatch": 0,
         "error": 0,
         "crashed-originally": 0,
+        "unverified": 0,
         "skipped": 0,
     }
     code, report = run("--include", "*.keywords,*.half", "--exclude", "*.half")
