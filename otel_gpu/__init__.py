@@ -11,8 +11,22 @@
 
 from otel_gpu.api import api, configure, flush
 from otel_gpu.config import ConfigError, Settings
+from otel_gpu.instrumentation import instrument, instrument_from_settings, uninstrument
+from otel_gpu.modules import instrument_module, uninstrument_module
 
-__all__ = ["ConfigError", "Settings", "api", "configure", "flush", "settings"]
+__all__ = [
+    "ConfigError",
+    "Settings",
+    "api",
+    "configure",
+    "flush",
+    "instrument",
+    "instrument_from_settings",
+    "instrument_module",
+    "settings",
+    "uninstrument",
+    "uninstrument_module",
+]
 
 
 def settings() -> Settings:

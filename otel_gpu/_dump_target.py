@@ -25,7 +25,10 @@ class Target:
         if self.module == "__main__":
             self.why_not = "defined in __main__ (a script); replay imports modules only"
         elif "<locals>" in self.qualname or not self.module:
-            self.why_not = "defined inside a function; replay cannot import it"
+            self.why_not = (
+                "not importable by name (defined inside a function, or in a module "
+                "missing from sys.modules); replay cannot import it"
+            )
         obj: Any = sys.modules.get(self.module)
         for part in self.qualname.split(".") if obj is not None else ():
             obj = getattr(obj, part, None)
@@ -34,10 +37,15 @@ class Target:
             fn = fn.__wrapped__
         code = getattr(fn, "__code__", None)
         self.found = code is not None
+        note = getattr(plan, "replay_note", None)
+        if note is not None and self.why_not is None:
+            self.why_not = note
         if code is not None and code.co_argcount:
             self.receiver = code.co_varnames[0] in ("self", "cls")
         elif code is None and self.why_not is None:
             self.why_not = _why_no_code(full, fn)
+        if getattr(plan, "receiver", None) is not None:  # a bound method or a callable object
+            self.receiver = True
 
 
 def _why_no_code(full: str, fn: Any) -> str:
@@ -71,13 +79,23 @@ def _split_module(full: str) -> tuple[str, str]:
 
 
 def receiver(call: Any, enc: _manifest.Encoder) -> dict[str, Any]:
-    """Encode ``self``/``cls`` of a method: a class by reference, an object by its opt-in state hook."""
-    args = getattr(call, "args", None)
-    if args is None:
-        args = _args_from_wrapper_frame()
-    if not args:
-        return {"t": "unsupported", "type": "?", "why": "receiver not available to the recorder"}
-    obj = args[0]
+    """Encode ``self``/``cls`` of a method: a class by reference, an object by its opt-in state hook.
+
+    The receiver is the bound method's ``__self__`` (or the callable object) when the decorated
+    callable carries it, else the first positional argument of the call.
+    """
+    obj = getattr(call.plan, "receiver", None)
+    if obj is None:
+        args = getattr(call, "args", None)
+        if args is None:
+            args = _args_from_wrapper_frame()
+        if not args:
+            return {
+                "t": "unsupported",
+                "type": "?",
+                "why": "receiver not available to the recorder",
+            }
+        obj = args[0]
     if isinstance(obj, type):
         return {"t": "class", "type": _manifest.type_ref(obj)}
     hook = getattr(obj, "__otel_gpu_state__", None)

@@ -57,7 +57,10 @@ def resolve_type(ref: str, allow: Allow) -> Any:
     """The object named ``module:qualname``; the module must be allowed or already imported."""
     module, _, qualname = ref.partition(":")
     if module not in sys.modules and not allow(module):
-        raise Skip(f"type {ref} is from module {module!r}, which is not allowed (--allow-module)")
+        raise Skip(
+            f"type {ref} is from module {module!r}, which is not allowed "
+            f"(pass --allow-module {module})"
+        )
     obj: Any = importlib.import_module(module)
     for part in qualname.split("."):
         obj = getattr(obj, part)
@@ -68,7 +71,7 @@ def resolve_function(info: dict[str, Any], allow: Allow) -> tuple[Callable[..., 
     """The undecorated function recorded in ``info`` and the class that defines it, if any."""
     module, qualname = info.get("module") or "", info.get("qualname") or ""
     if not module or not qualname:
-        raise Skip("the manifest does not name an importable function")
+        raise Skip("the manifest names no function (its module or qualname is missing)")
     if not allow(module):
         raise Skip(f"module {module!r} is not allowed (pass --allow-module {module})")
     owner: Any = None
@@ -149,14 +152,15 @@ class _Decoder:
         if tag in ("pytree", "object"):
             what = "a pytree container" if tag == "pytree" else "an object holding tensors"
             raise Skip(
-                f"argument {path} is {what} of type {enc.get('type')}: recorded for comparison, "
-                "but replay cannot rebuild it"
+                f"argument {path} is {what} of type {enc.get('type')}: "
+                "replay cannot rebuild such an argument"
             )
         if tag == "redacted":
             raise Skip(f"argument {path} was redacted when recorded (OTEL_GPU_REDACT)")
         if tag == "unsupported":
             raise Skip(
-                f"argument {path} is a {enc.get('type')}, which the flight recorder cannot record"
+                f"argument {path} (a {enc.get('type')}) was not recorded: "
+                f"{enc.get('why') or 'type not supported by the flight recorder'}"
             )
         raise ValueError(f"{path}: unknown value tag {tag!r}")
 
@@ -187,7 +191,8 @@ class _Decoder:
         device = self.map_device(meta["device"])
         if device.startswith("cuda") and not torch.cuda.is_available():
             raise Skip(
-                f"{path} was recorded on {meta['device']}, which this machine lacks (try --device cuda=cpu)"
+                f"argument {path} would be placed on {device} (recorded on {meta['device']}), "
+                "but this machine has no CUDA device; map it with --device, e.g. --device cuda=cpu"
             )
         t = _manifest.restore_layout(self.tensors[key], meta, device)
         if meta.get("requires_grad") and (t.is_floating_point() or t.is_complex()):

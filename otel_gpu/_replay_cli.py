@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
 import sys
+from collections.abc import Iterator
 from dataclasses import asdict
 from typing import Any
 
@@ -113,14 +115,22 @@ def _split(values: list[str]) -> tuple[str, ...]:
 
 
 def _device_map(values: list[str]) -> dict[str, str]:
+    """``FROM=TO`` pairs (or ``TO`` alone); ValueError naming the malformed item."""
     import torch
 
     mapping: dict[str, str] = {}
     for item in _split(values):
         src, sep, dst = item.partition("=")
-        src, dst = (src, dst) if sep else ("*", src)
-        torch.device(dst)  # raises for a malformed device
-        mapping[src.strip()] = dst.strip()
+        src, dst = (src.strip(), dst.strip()) if sep else ("*", src.strip())
+        for device in (src, dst) if src != "*" else (dst,):
+            try:
+                torch.device(device)
+            except (RuntimeError, ValueError) as exc:
+                raise ValueError(
+                    f"{item!r}: {exc} (expected FROM=TO such as cuda=cpu or cuda:1=cuda:0, "
+                    "or TO alone)"
+                ) from None
+        mapping[src] = dst
     return mapping
 
 
@@ -139,11 +149,11 @@ def _recorded_modules(dirs: list[str]) -> list[str]:
 def _allow(args: argparse.Namespace, dirs: list[str]) -> Allow | None:
     """The modules replay may import; None when the user has not allowed any."""
     prefixes = list(_split(args.allow_module))
-    if args.trust_dump:
-        prefixes += _recorded_modules(dirs)
-    if prefixes or args._child:
-        return Allow(prefixes)
     modules = _recorded_modules(dirs)
+    if args.trust_dump:
+        prefixes += modules
+    if prefixes or args._child or not modules:  # no module named: nothing to allow
+        return Allow(prefixes)
     if modules and sys.stdin.isatty() and sys.stderr.isatty():
         print("The dump asks replay to import and run code from these modules:", file=sys.stderr)
         for m in modules:
@@ -157,7 +167,7 @@ def _allow(args: argparse.Namespace, dirs: list[str]) -> Allow | None:
     print(
         "otel-gpu replay: not importing any module. A dump names the modules replay imports and "
         "runs; allow them with --allow-module PREFIX (or --trust-dump for dumps you made). "
-        f"Recorded modules: {', '.join(modules) or 'none'}",
+        f"Recorded modules: {', '.join(modules)}",
         file=sys.stderr,
     )
     return None
@@ -243,6 +253,28 @@ def _finite(obj: Any) -> Any:
     return obj
 
 
+@contextlib.contextmanager
+def _report_only_on_stdout(child: bool) -> Iterator[None]:
+    """In an isolated child, what the replayed code prints (Python or native) goes to stderr.
+
+    The parent reads the child's stdout as the JSON report: a library that prints must not
+    turn its call into an unreadable report.
+    """
+    if not child:
+        yield
+        return
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
 def main(args: argparse.Namespace) -> int:
     """Run ``otel-gpu replay``; returns the exit code."""
     if not os.path.isdir(args.dir):
@@ -258,8 +290,8 @@ def main(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     try:
         device_map = _device_map(args.device)
-    except (RuntimeError, ValueError) as exc:
-        print(f"otel-gpu replay: bad --device: {exc}", file=sys.stderr)
+    except ValueError as exc:
+        print(f"otel-gpu replay: bad --device {exc}", file=sys.stderr)
         return EXIT_USAGE
     allow = _allow(args, dirs)
     if allow is None:
@@ -289,14 +321,15 @@ def main(args: argparse.Namespace) -> int:
         print(f"otel-gpu replay: {exc}", file=sys.stderr)
         return EXIT_USAGE
     progress = _Progress(args)
-    try:
-        results = replay(args.dir, opts, provider, progress)
-    finally:
-        progress.stop()
-        import otel_gpu
+    with _report_only_on_stdout(args._child):
+        try:
+            results = replay(args.dir, opts, provider, progress)
+        finally:
+            progress.stop()
+            import otel_gpu
 
-        otel_gpu.flush()
-        provider.shutdown()
+            otel_gpu.flush()
+            provider.shutdown()
     code = exit_code(results, args.allow_unverified)
     summary = summarize(results)
     if args.json:

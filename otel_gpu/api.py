@@ -13,6 +13,7 @@ import inspect
 import os
 import random
 import time
+import types
 from collections.abc import Callable
 from typing import Any, TypeVar, overload
 
@@ -51,16 +52,28 @@ class _Plan:
         "attributes",
         "binder",
         "capture_stats",
+        "instrumented",
         "level",
         "max_items",
         "module",
         "name",
         "qualname",
+        "receiver",
+        "receiver_passed",
         "redact",
         "redacted",
+        "replay_note",
     )
 
-    def __init__(self, fn: Callable[..., Any], name: str, settings: config.Settings) -> None:
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        name: str,
+        settings: config.Settings,
+        shape: _Shape | None = None,
+        attributes: dict[str, Any] | None = None,
+    ) -> None:
+        shape = shape or _Shape(fn, fn, True, None)
         self.name = name
         self.level = settings.level
         self.max_items = settings.max_items
@@ -71,10 +84,23 @@ class _Plan:
         if code is not None:
             self.attributes["code.file.path"] = code.co_filename
             self.attributes["code.line.number"] = code.co_firstlineno
-        self.binder = metadata.make_binder(fn, skip_self=True) if self.level >= 3 else None
+        if attributes:
+            self.attributes.update(attributes)
+        # Calls pass the receiver as args[0] only for functions decorated in a class body (or taken
+        # from the class); a bound method or a callable object carries its receiver itself.
+        self.receiver_passed = shape.receiver_passed
+        self.receiver = shape.receiver
+        self.replay_note = shape.replay_note
+        self.instrumented: str | None = None  # the otel_gpu.instrument() target that made this
+        signed = shape.signature_source
+        self.binder = (
+            metadata.make_binder(signed, skip_self=shape.receiver_passed)
+            if self.level >= 3
+            else None
+        )
         self.redact = settings.redact
         try:
-            names = list(inspect.signature(fn).parameters)
+            names = list(inspect.signature(signed).parameters)
         except (TypeError, ValueError):
             names = []
         # top-level parameter names that look like secrets (the flight recorder uses this)
@@ -83,6 +109,53 @@ class _Plan:
         self.capture_stats: Callable[[], bool] | None = None
         if self.level >= 5:
             self.capture_stats = _gpu.is_capturing if _gpu.cuda_available() else None
+
+
+class _Shape:
+    """How a callable is called: where its signature comes from and where its receiver is."""
+
+    __slots__ = ("receiver", "receiver_passed", "replay_note", "signature_source", "target")
+
+    def __init__(
+        self,
+        target: Any,
+        signature_source: Any,
+        receiver_passed: bool,
+        receiver: Any,
+        replay_note: str | None = None,
+    ) -> None:
+        self.target = target  # the innermost function: name and code.* come from it
+        self.signature_source = signature_source  # what inspect.signature() binds the call to
+        self.receiver_passed = receiver_passed  # args[0] is self/cls
+        self.receiver = receiver  # a bound method's __self__, or a callable object itself
+        self.replay_note = replay_note
+
+
+def _innermost(fn: Any) -> Any:
+    try:
+        return inspect.unwrap(fn) if hasattr(fn, "__wrapped__") else fn
+    except ValueError:  # a __wrapped__ cycle
+        return fn
+
+
+def _shape_of(fn: Any) -> _Shape:
+    """Decide, once, how calls of ``fn`` bind: every callable shape gets the right names and receiver.
+
+    A bound method whose function carries ``__wrapped__`` (``functools.wraps``, ``torch.no_grad``)
+    unwraps to a plain function with ``self`` first, yet its calls never pass ``self``: binding
+    must follow the bound method's own signature, or every argument shifts by one.
+    """
+    if isinstance(fn, types.MethodType):
+        return _Shape(_innermost(fn.__func__), fn, False, fn.__self__)
+    if isinstance(fn, functools.partial):
+        note = "a functools.partial: replay cannot rebuild the arguments it binds"
+        return _Shape(_innermost(fn.func), fn, False, None, note)
+    if inspect.isfunction(fn) or hasattr(fn, "__wrapped__"):
+        return _Shape(_innermost(fn), fn, True, None)
+    if inspect.isbuiltin(fn) or inspect.isroutine(fn) or isinstance(fn, type):
+        return _Shape(fn, fn, False, None)
+    # a callable object: its __call__ is bound to it; the object is the receiver
+    return _Shape(fn, fn, False, fn, None)
 
 
 def _capture_inputs(plan: _Plan, bound: list[tuple[str, Any, bool]], tensors: Any) -> tuple:
@@ -269,18 +342,24 @@ def _make_wrapper(
     return wrapper
 
 
-def _decorate(fn: Any, name: str | None) -> Any:
+def _decorate(
+    fn: Any,
+    name: str | None,
+    attributes: dict[str, Any] | None = None,
+    instrumented: str | None = None,
+) -> Any:
     # staticmethod/classmethod objects: wrap the function inside and re-wrap.
     if isinstance(fn, (staticmethod, classmethod)):
-        return type(fn)(_decorate(fn.__func__, name))
+        return type(fn)(_decorate(fn.__func__, name, attributes, instrumented))
     settings = config.current()
     if settings.level == 0:
         return fn  # level 0: the function itself, no wrapper, no per-call check
     if settings.strict:
         _guard.set_strict(True)
-    target = inspect.unwrap(fn) if hasattr(fn, "__wrapped__") else fn
-    span_name = name or _qualified_name(target)
-    plan = _Plan(target, span_name, settings)
+    shape = _shape_of(fn)
+    span_name = name or _qualified_name(shape.target)
+    plan = _Plan(shape.target, span_name, settings, shape, attributes)
+    plan.instrumented = instrumented
     wrapper = _make_wrapper(fn, plan, settings)
     wrapper.__otel_gpu_plan__ = plan  # type: ignore[attr-defined]
     return wrapper

@@ -252,6 +252,26 @@ SETTINGS: tuple[Setting, ...] = (
         "String arguments whose parameter name contains one of these are recorded as "
         "'<redacted>' at level 3 and above.",
     ),
+    Setting(
+        "instrument",
+        "OTEL_GPU_INSTRUMENT",
+        (),
+        "comma-separated targets: module, pkg.mod.Class, pkg.mod.function, glob on module names "
+        "(pkg.*), flashinfer",
+        _patterns,
+        "Code to instrument without editing it, applied by `otel-gpu run` and the "
+        "`opentelemetry-instrument` entry point (or `otel_gpu.instrument_from_settings()`): "
+        "modules not yet imported are instrumented when first imported.",
+    ),
+    Setting(
+        "module_param_stats",
+        "OTEL_GPU_MODULE_PARAM_STATS",
+        False,
+        "true, false",
+        _bool,
+        "At level >= 5, instrument_module() adds statistics of each module's own parameters "
+        "to its first call's span (event otel_gpu.param_stats), so a weight that turned NaN shows.",
+    ),
     # ---- flight recorder (level 10)
     Setting(
         "dump_dir",
@@ -355,6 +375,8 @@ class Settings:
     color: str = "auto"
     strict: bool = False
     redact: tuple[str, ...] = ("token", "key", "password", "secret", "auth")
+    instrument: tuple[str, ...] = ()
+    module_param_stats: bool = False
     dump_dir: str = "otel_gpu_dumps"
     dump_max_size_gb: float = 20.0
     dump_max_count: int = 1000

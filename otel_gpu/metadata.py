@@ -34,7 +34,7 @@ OBJECT = 3  # payload: (type qualname, repr or None, id), taken at call time (se
 DEFAULT = 4  # payload: True, marks a parameter whose default was used
 REDACTED = 5  # payload: None
 
-MAX_DEPTH = 3
+MAX_DEPTH = 4
 MAX_VALUE_BYTES = 2048  # Tempo's default cut for attribute values
 
 _SCALARS = (type(None), bool, int, float, str)
@@ -161,8 +161,80 @@ def capture(
                 if i >= max_items:
                     break
                 capture(out, f"{key}.{_key_part(k, i)}", item, max_items, tensors, depth + 1)
-    else:
+    elif not _capture_structure(out, key, value, max_items, tensors, depth):
         out.append((key, OBJECT, _describe_object(value)))
+
+
+def _capture_structure(
+    out: _Raw,
+    key: str,
+    value: Any,
+    max_items: int,
+    tensors: list[tuple[str, torch.Tensor]] | None,
+    depth: int,
+) -> bool:
+    """Containers torch's pytree knows (ModelOutput…), and objects holding tensors in public
+    attributes (a KV cache's ``layers[i].keys``), walked into their leaves with their keys.
+
+    Returns False, recording nothing, for an object with no tensor inside: it is then described
+    as an object (type and id).
+    """
+    tp = type(value)
+    children = _pytree_children(value, tp)
+    if children is not None:
+        out.append((key, CONTAINER, (tp.__name__, len(children))))
+        if depth < MAX_DEPTH:
+            for name, item in children[:max_items]:
+                capture(out, f"{key}.{name}", item, max_items, tensors, depth + 1)
+        return True
+    if depth >= MAX_DEPTH or isinstance(value, _NOT_WALKED):
+        return False
+    try:
+        fields = vars(value)
+    except TypeError:
+        return False
+    mark = len(out)
+    out.append((key, CONTAINER, (tp.__name__, len(fields))))
+    walked = 0
+    for name, item in fields.items():
+        if name.startswith("_") or type(item) in _SCALARS or callable(item):
+            continue  # a cache's flags and settings are not what its span is about
+        walked += 1
+        if walked > max_items:
+            break
+        capture(out, f"{key}.{name}", item, max_items, tensors, depth + 1)
+    if not any(kind == TENSOR for _, kind, _ in out[mark:]):
+        del out[mark:]
+        return False
+    return True
+
+
+_NOT_WALKED = (torch.nn.Module, type, enum.Enum)
+
+
+def _pytree_children(value: Any, tp: type) -> list[tuple[str, Any]] | None:
+    node = _pytree_nodes().get(tp)
+    if node is None:
+        return None
+    if node.flatten_with_keys_fn is not None:
+        pairs, _ = node.flatten_with_keys_fn(value)
+        return [(_pytree_key(k, i), child) for i, (k, child) in enumerate(pairs)]
+    items, _ = node.flatten_fn(value)
+    return [(str(i), child) for i, child in enumerate(items)]
+
+
+def _pytree_key(entry: Any, index: int) -> str:
+    for attr in ("key", "name", "idx"):
+        part = getattr(entry, attr, None)
+        if part is not None:
+            return _key_part(part, index)
+    return str(index)
+
+
+def _pytree_nodes() -> dict[type, Any]:
+    from torch.utils import _pytree
+
+    return _pytree.SUPPORTED_NODES
 
 
 # Types whose instances cannot change after the call, so a repr taken now stays true. The repr of

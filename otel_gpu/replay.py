@@ -155,10 +155,13 @@ def replay_one(directory: str, opts: Options, tracer: Any = None) -> Result:
         manifest = _manifest.read_manifest(directory)
     except FileNotFoundError:
         return Result(
-            directory, "?", "skipped", "incomplete dump: the process ended while saving inputs"
+            directory,
+            _name_from_dir(directory),
+            "skipped",
+            "incomplete dump: the process ended while saving inputs",
         )
     except (OSError, ValueError) as exc:
-        return Result(directory, "?", "error", f"unreadable manifest: {exc}")
+        return Result(directory, _name_from_dir(directory), "error", f"unreadable manifest: {exc}")
     fn = manifest.get("function") or {}
     result = Result(
         directory,
@@ -177,11 +180,21 @@ def replay_one(directory: str, opts: Options, tracer: Any = None) -> Result:
     return result
 
 
+def _name_from_dir(directory: str) -> str:
+    """The span name as the directory name spells it, for a call whose manifest cannot be read."""
+    parts = os.path.basename(directory).split("-", 3)
+    return parts[3] if len(parts) == 4 and parts[3] else "?"
+
+
 def _judge(directory: str, manifest: dict[str, Any], opts: Options, result: Result) -> None:
     status = result.status
     crashed = status == "inputs_saved"
     if crashed and os.path.exists(os.path.join(directory, _manifest.RETURNED)):
-        result.detail = "the call returned, but the process ended before its outputs were written"
+        # the marker is made before outputs are queued: the process ended, or writing them failed
+        result.detail = (
+            "the call returned, but its outputs were never written "
+            "(the process ended or the recorder stopped writing first): nothing to compare"
+        )
         return
     if (crashed or opts.isolate) and not opts.in_process:
         _run_isolated(directory, opts, result)
@@ -209,6 +222,8 @@ def _judge(directory: str, manifest: dict[str, Any], opts: Options, result: Resu
         result.verdict = "crashed-originally"
         result.completes_now = raised is None
         result.now = "returns" if raised is None else "raises"
+        if raised is not None:
+            result.exception = {"type": _exc_type(raised), "message": str(raised)}
         result.detail = "the recorded call never completed; " + (
             "now it returns" if raised is None else f"now it raises {_exc_text(raised)}"
         )
@@ -225,13 +240,13 @@ def _judge(directory: str, manifest: dict[str, Any], opts: Options, result: Resu
         else:
             result.verdict, result.detail = (
                 "mismatch",
-                f"raised {_exc_text(raised)}; recorded {want}",
+                f"raised {_exc_type(raised)}: {raised}; the recorded call raised {want}",
             )
         return
     if raised is not None:
         result.verdict = "error"
         result.exception = {"type": _exc_type(raised), "message": str(raised)}
-        result.detail = _exc_text(raised)
+        result.detail = f"raised {_exc_text(raised)}; the recorded call returned"
         return
     if manifest.get("outputs_skipped"):
         result.verdict = "unverified"
@@ -296,7 +311,7 @@ def _run_isolated(directory: str, opts: Options, result: Result) -> None:
     result.completes_now = False
     if proc is None:
         result.now = "hangs"
-        how = f"does not complete within --timeout {opts.timeout:g} s"
+        how = f"does not complete within --timeout {opts.timeout:g} s (its process was killed)"
     elif proc.returncode < 0:
         result.now = "crashes"
         how = f"crashes{' again' if crashed else ''} (killed by {_signal_name(-proc.returncode)})"
@@ -304,7 +319,13 @@ def _run_isolated(directory: str, opts: Options, result: Result) -> None:
         result.now = None
         result.completes_now = None
         tail = (proc.stderr or "").strip().splitlines()[-1:] or [""]
-        how = f"was re-run in a child process that exited {proc.returncode} without a readable report {tail[0]}".strip()
+        result.verdict = "crashed-originally" if crashed else "error"
+        result.detail = (
+            ("the recorded call never completed; " if crashed else "")
+            + f"replay could not judge it: its child process exited {proc.returncode} "
+            + f"without a readable report {tail[0]}"
+        ).strip()
+        return
     else:
         result.now = "crashes"
         tail = (proc.stderr or "").strip().splitlines()[-1:] or [""]

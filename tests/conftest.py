@@ -44,6 +44,9 @@ def _clean_otel_gpu(monkeypatch: pytest.MonkeyPatch):
     _guard._reset()
     _guard.set_strict(True)
     yield
+    from otel_gpu import instrumentation
+
+    instrumentation._reset_for_tests()
     pipeline.reset(timeout=2.0)
     pipeline.set_tracer_provider(None)
     config._reset()

@@ -1,0 +1,223 @@
+"""``otel_gpu.instrument()``: spans for code nobody decorated, in any import order, idempotent,
+undoable, and free at level 0."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import sys
+import textwrap
+import uuid
+
+import pytest
+
+import otel_gpu
+from otel_gpu import config
+
+MOD = """
+import functools
+
+def attention(q, k, scale=1.0):
+    return q * scale
+
+def fails(x):
+    raise KeyError(x)
+
+def _private(x):
+    return x
+
+class Decoder:
+    def run(self, x, *, steps=1):
+        return x + steps
+
+    def _helper(self, x):
+        return x
+
+    @staticmethod
+    def pack(x):
+        return [x]
+
+    @classmethod
+    def make(cls, n):
+        return cls()
+"""
+
+
+@pytest.fixture
+def package(tmp_path, monkeypatch):
+    """A fresh package ``<name>`` with ``<name>.ops`` (the code) re-exported by ``<name>/__init__``;
+    not imported. Returns its name."""
+    name = f"instpkg_{uuid.uuid4().hex[:8]}"
+    root = tmp_path / name
+    root.mkdir()
+    (root / "__init__.py").write_text(f"from {name}.ops import attention, Decoder\n")
+    (root / "ops.py").write_text(textwrap.dedent(MOD))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield name
+    for mod in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
+        del sys.modules[mod]
+
+
+def _names(spans) -> list[str]:
+    return [s.name for s in spans.get()]
+
+
+def test_a_module_target_instruments_public_functions_and_methods(otel_gpu_spans, package):
+    """Public functions and public methods of public classes; private ones are left alone; span
+    names are the library's own module.qualname; the package re-export is patched too."""
+    spans = otel_gpu_spans(level=3)
+    ops = importlib.import_module(f"{package}.ops")
+    pkg = sys.modules[package]
+    done = otel_gpu.instrument(ops)
+    assert f"{package}.ops.attention" in done and f"{package}.ops.Decoder.run" in done
+    assert not any("_private" in d or "_helper" in d for d in done)
+    ops.attention(2.0, 1.0)
+    pkg.attention(2.0, 1.0)  # the same function, imported by the package before we patched
+    ops.Decoder().run(1, steps=2)
+    ops.Decoder.pack(1)
+    ops.Decoder.make(3)
+    ops._private(1)
+    assert _names(spans) == [
+        f"{package}.ops.attention",
+        f"{package}.ops.attention",
+        f"{package}.ops.Decoder.run",
+        f"{package}.ops.Decoder.pack",
+        f"{package}.ops.Decoder.make",
+    ]
+    run = spans.get()[2]
+    assert run.attributes["otel_gpu.input.x.value"] == 1
+    assert run.attributes["otel_gpu.input.steps.value"] == 2
+
+
+@pytest.mark.parametrize("order", ["instrument-then-import", "import-then-instrument"])
+@pytest.mark.parametrize("target", ["{p}.ops", "{p}.ops.attention", "{p}.ops.Decoder.run", "{p}.*"])
+def test_a_dotted_path_works_in_any_import_order(otel_gpu_spans, package, order, target):
+    """A string target is instrumented now if imported, else when first imported (post-import
+    hook), so the order of imports does not matter; globs match module names."""
+    spans = otel_gpu_spans(level=1)
+    spec = target.format(p=package)
+    if order == "import-then-instrument":
+        importlib.import_module(package)
+        otel_gpu.instrument(spec)
+    else:
+        assert otel_gpu.instrument(spec) == []  # nothing imported yet: pending
+        assert f"{package}.ops" not in sys.modules  # instrumenting never imports the target
+        importlib.import_module(package)
+    ops = sys.modules[f"{package}.ops"]
+    ops.attention(1.0, 1.0)
+    ops.Decoder().run(1)
+    names = _names(spans)
+    if spec.endswith("attention"):
+        assert names == [f"{package}.ops.attention"]
+    elif spec.endswith("run"):
+        assert names == [f"{package}.ops.Decoder.run"]
+    else:
+        assert names == [f"{package}.ops.attention", f"{package}.ops.Decoder.run"]
+
+
+def test_instrumenting_twice_makes_one_span_per_call(otel_gpu_spans, package):
+    """Idempotent: a second instrument() of the same or an overlapping target patches nothing."""
+    spans = otel_gpu_spans(level=1)
+    ops = importlib.import_module(f"{package}.ops")
+    first = otel_gpu.instrument(ops)
+    assert otel_gpu.instrument(ops) == [] and otel_gpu.instrument(f"{package}.ops.attention") == []
+    assert first
+    ops.attention(1.0, 1.0)
+    assert len(spans.get()) == 1
+
+
+def test_uninstrument_restores_the_very_same_objects(otel_gpu_spans, package):
+    """After uninstrument(), every attribute is the original object again, and calls make no span."""
+    spans = otel_gpu_spans(level=1)
+    ops = importlib.import_module(f"{package}.ops")
+    pkg = sys.modules[package]
+    before = (
+        ops.attention,
+        pkg.attention,
+        ops.Decoder.__dict__["run"],
+        ops.Decoder.__dict__["pack"],
+    )
+    otel_gpu.instrument(ops)
+    assert ops.attention is not before[0]
+    assert otel_gpu.uninstrument(ops) >= 5
+    after = (
+        ops.attention,
+        pkg.attention,
+        ops.Decoder.__dict__["run"],
+        ops.Decoder.__dict__["pack"],
+    )
+    assert all(a is b for a, b in zip(after, before))
+    ops.attention(1.0, 1.0)
+    assert spans.get() == []
+
+
+def test_level_0_patches_nothing(package):
+    """At level 0 instrument() returns at once: no attribute changes, no import hook."""
+    otel_gpu.configure(level=0)
+    ops = importlib.import_module(f"{package}.ops")
+    original = ops.attention
+    hooks = list(sys.meta_path)
+    assert otel_gpu.instrument(ops) == [] and otel_gpu.instrument("not_imported_pkg") == []
+    assert ops.attention is original and sys.meta_path == hooks
+
+
+def test_include_and_exclude_filter_by_qualified_name(otel_gpu_spans, package):
+    """include/exclude are fnmatch patterns on module.qualname."""
+    otel_gpu_spans(level=1)
+    ops = importlib.import_module(f"{package}.ops")
+    done = otel_gpu.instrument(ops, include=["*.Decoder.*"], exclude=["*.make"])
+    assert sorted(d.rsplit(".", 1)[1] for d in done) == ["pack", "run"]
+
+
+def test_the_users_exception_passes_through_as_the_same_object(otel_gpu_spans, package):
+    """An instrumented function that raises: the caller gets the very same exception object, and
+    the span records it."""
+    spans = otel_gpu_spans(level=3)
+    ops = importlib.import_module(f"{package}.ops")
+    otel_gpu.instrument(f"{package}.ops.fails")
+    marker = object()
+    with pytest.raises(KeyError) as info:
+        ops.fails(marker)
+    assert info.value.args[0] is marker
+    (span,) = spans.get()
+    assert span.status.status_code.name == "ERROR"
+
+
+def test_otel_gpu_instrument_setting_needs_no_code(otel_gpu_spans, package, monkeypatch):
+    """OTEL_GPU_INSTRUMENT lists targets (comma-separated, globs allowed) for
+    instrument_from_settings(), which the run command and the OTel entry point call."""
+    monkeypatch.setenv("OTEL_GPU_INSTRUMENT", f"{package}.ops.attention, {package}.ops.Decoder")
+    spans = otel_gpu_spans(level=1)
+    assert config.current().instrument == (f"{package}.ops.attention", f"{package}.ops.Decoder")
+    otel_gpu.instrument_from_settings()
+    ops = importlib.import_module(f"{package}.ops")
+    ops.attention(1.0, 1.0)
+    ops.Decoder().run(1)
+    assert _names(spans) == [f"{package}.ops.attention", f"{package}.ops.Decoder.run"]
+
+
+def test_a_bad_target_warns_once_and_the_program_runs_on(otel_gpu_spans, package, caplog):
+    """A target naming a missing attribute: one warning naming the target and the attribute; the
+    other targets are still instrumented; nothing raises into the program."""
+    spans = otel_gpu_spans(level=1, strict=False)
+    importlib.import_module(package)
+    settings = config.with_changes(
+        config.current(), instrument=(f"{package}.ops.nope", f"{package}.ops.attention")
+    )
+    with caplog.at_level(logging.WARNING, logger="otel_gpu"):
+        otel_gpu.instrument_from_settings(settings)
+    (record,) = [r for r in caplog.records if "nope" in r.getMessage()]
+    assert "has no attribute 'nope'" in record.getMessage()
+    sys.modules[f"{package}.ops"].attention(1.0, 1.0)
+    assert len(spans.get()) == 1
+
+
+def test_a_function_not_reachable_by_its_import_path_is_refused_clearly(otel_gpu_spans):
+    """A local function cannot be patched where it lives: the error says so and what to do."""
+    otel_gpu_spans(level=1)
+
+    def local(x):
+        return x
+
+    with pytest.raises(ValueError, match="not reachable by its import path"):
+        otel_gpu.instrument(local)
