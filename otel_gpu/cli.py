@@ -22,7 +22,9 @@ _COMMAND_MODULES = (
     "otel_gpu.replay",
     "otel_gpu.recover",
     "otel_gpu.ship",
+    "otel_gpu.show",
     "otel_gpu.bench",
+    "otel_gpu.run",
 )
 
 

@@ -11,9 +11,10 @@ variables that belong to other projects, such as ``RANK`` or ``K8S_POD_NAME``).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
@@ -40,6 +41,24 @@ class ConfigError(ValueError):
 def environ() -> Mapping[str, str]:
     """The process environment. The single accessor, so that tests and docs know where it is read."""
     return os.environ
+
+
+@contextlib.contextmanager
+def another_library_setting(name: str, value: str) -> Iterator[None]:
+    """Set another library's environment variable while it is imported, then restore it.
+
+    The one place otel-gpu writes the environment: FlashInfer reads ``FLASHINFER_LOGLEVEL`` once,
+    at import, and its own logger must not run beside ours (see ``otel_gpu._flashinfer``).
+    """
+    old = os.environ.get(name)
+    if old is None or old.strip() in ("", value):
+        yield
+        return
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        os.environ[name] = old
 
 
 # --------------------------------------------------------------------------- parsers
