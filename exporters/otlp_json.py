@@ -1,0 +1,434 @@
+"""OTLP/JSON Lines for otel-gpu's own destinations, written as text directly.
+
+The official encoder (``opentelemetry-exporter-otlp-json-common``) builds a dataclass
+per message, then a dict per message, then runs ``json.dumps``: 23–109 µs a span. Here
+a span is one format string and a join: the resource, scope and span name are encoded
+once, the attributes a ``fixed`` hint marks constant once per key, and repeating
+attribute fragments (dtype, device, shapes, flags) once per value. The output decodes
+to the same ``ExportTraceServiceRequest`` as the official one, with the same keys in
+the same order (hex ids, int64 as strings, NaN/Infinity as strings); see
+tests/test_encoder_equivalence.py.
+
+One deliberate difference: an int outside int64 drops its attribute, as the official
+*protobuf* encoder does; the official JSON one writes a number no OTLP parser accepts.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import os
+import sys
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from itertools import islice
+from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
+from typing import IO, Any
+
+from opentelemetry.attributes import BoundedAttributes
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.trace import SpanKind, StatusCode
+
+__all__ = ["JsonEncoder", "JsonLinesSpanExporter", "encode_json"]
+
+_logger = logging.getLogger(__name__)
+
+_INT64_MIN = -(1 << 63)
+_INT64_MAX = (1 << 63) - 1
+_CACHE_MAX = 4096  # attribute fragments kept per encoder; cleared wholesale when full
+_SMALL_CACHE_MAX = 256  # resources, scopes, names
+_quote = encode_basestring_ascii  # the C escaper json.dumps uses: same text, no dict walk
+_INTERNAL = SpanKind.INTERNAL
+_UNSET = StatusCode.UNSET
+
+
+class _Unencodable(Exception):
+    """A value the OTLP encoders refuse (an int outside int64, an unknown type)."""
+
+
+def _special_float(v: float) -> str:
+    if v != v:
+        return '{"doubleValue":"NaN"}'
+    return '{"doubleValue":"Infinity"}' if v > 0 else '{"doubleValue":"-Infinity"}'
+
+
+def _value(v: Any) -> str:
+    """One AnyValue. Exact types first: the common case costs one ``type()`` and a compare."""
+    t = type(v)
+    if t is str:
+        return '{"stringValue":' + _quote(v) + "}"
+    if t is bool:
+        return '{"boolValue":true}' if v else '{"boolValue":false}'
+    if t is int:
+        if _INT64_MIN <= v <= _INT64_MAX:
+            return f'{{"intValue":"{v}"}}'
+        raise _Unencodable(f"int {v} is outside int64")
+    if t is float:
+        return f'{{"doubleValue":{v!r}}}' if v - v == 0 else _special_float(v)
+    if t is list or t is tuple:
+        if not v:
+            return '{"arrayValue":{}}'
+        return '{"arrayValue":{"values":[' + ",".join([_value(x) for x in v]) + "]}}"
+    return _value_slow(v)
+
+
+def _value_slow(v: Any) -> str:
+    """Subclasses and the types otel-gpu never produces, in the official encoder's order."""
+    if v is None:
+        return "{}"
+    if isinstance(v, bool):
+        return _value(bool(v))
+    if isinstance(v, str):
+        return _value(str(v))
+    if isinstance(v, int):
+        return _value(int(v))
+    if isinstance(v, float):
+        return _value(float(v))
+    if isinstance(v, bytes):
+        return '{"bytesValue":"' + base64.b64encode(v).decode("ascii") + '"}'
+    if isinstance(v, Sequence):
+        return _value(list(v))
+    if isinstance(v, Mapping):
+        kvs = ",".join(
+            ['{"key":' + _quote(str(k)) + ',"value":' + _value(x) + "}" for k, x in v.items()]
+        )
+        return '{"kvlistValue":{"values":[' + kvs + "]}}" if kvs else '{"kvlistValue":{}}'
+    raise _Unencodable(f"invalid attribute type {type(v).__name__}")
+
+
+def _items(attributes: Any) -> Iterable[tuple[str, Any]]:
+    if type(attributes) is BoundedAttributes:
+        # its Mapping-ABC items() costs a Python-level __getitem__ per key
+        return attributes._dict.items()
+    return attributes.items()
+
+
+def _status(status: Any) -> str:
+    if status is None:
+        return ""
+    code = status.status_code
+    description = status.description
+    if code is _UNSET and not description:
+        return ',"status":{}'
+    parts = []
+    if description:
+        parts.append('"message":' + _quote(description))
+    if code.value:
+        parts.append(f'"code":{code.value}')
+    return ',"status":{' + ",".join(parts) + "}"
+
+
+class JsonEncoder:
+    """Encodes spans to OTLP/JSON text, caching what repeats. Safe to share between threads.
+
+    Fragment cache keys assume valid OTel values: a sequence holds one element type.
+    """
+
+    def __init__(self) -> None:
+        self._fragments: dict[Any, str] = {}
+        self._fixed: dict[Any, str] = {}
+        self._names: dict[str, str] = {}
+        self._quoted: dict[str, str] = {}
+        self._keys: dict[str, str] = {}
+        self._resources: dict[int, tuple[Any, str]] = {}
+        self._scopes: dict[int, tuple[Any, str]] = {}
+        self._warned: set[str] = set()
+
+    # ------------------------------------------------------------------ attributes
+
+    def _attributes(self, items: Iterable[tuple[str, Any]], out: list[str]) -> None:
+        """Append one ``{"key":..,"value":..}`` per attribute; floats are never cached (-0.0 == 0.0)."""
+        cache = self._fragments
+        keys = self._keys
+        for k, v in items:
+            t = type(v)
+            if t is float:  # statistics: never repeat, so skip the cache and the dispatch
+                prefix = keys.get(k) or self._key_prefix(k)
+                if v - v == 0:
+                    out.append(f'{prefix}{{"doubleValue":{v!r}}}}}')
+                else:
+                    out.append(prefix + _special_float(v) + "}")
+                continue
+            if t is str:
+                ck: Any = (k, v)
+            elif t is int or t is bool:
+                ck = (k, v, t)
+            elif (t is list or t is tuple) and v and type(v[0]) is not float:
+                ck = (k, tuple(v), type(v[0]))
+            else:
+                ck = None
+            if ck is not None:
+                fragment = cache.get(ck)
+                if fragment is not None:  # hit: a dict lookup instead of escaping and formatting
+                    out.append(fragment)
+                    continue
+            try:
+                fragment = (keys.get(k) or self._key_prefix(k)) + _value(v) + "}"
+            except Exception as exc:
+                self._skip(k, exc)
+                continue
+            if ck is not None:
+                if len(cache) >= _CACHE_MAX:
+                    cache.clear()
+                cache[ck] = fragment
+            out.append(fragment)
+
+    def _key_prefix(self, key: str) -> str:
+        prefix = '{"key":' + _quote(key) + ',"value":'
+        if len(self._keys) < _CACHE_MAX:
+            self._keys[key] = prefix
+        return prefix
+
+    def _skip(self, key: str, exc: Exception) -> None:
+        if key not in self._warned and len(self._warned) < _SMALL_CACHE_MAX:
+            self._warned.add(key)
+            _logger.warning("attribute %r not exported: %s", key, exc)
+
+    def _attribute_list(self, attributes: Any) -> str:
+        if not attributes:
+            return ""
+        out: list[str] = []
+        self._attributes(_items(attributes), out)
+        return ",".join(out)
+
+    # ------------------------------------------------------------------ spans
+
+    def _span(self, span: Any) -> str:
+        ctx = span.context
+        parent = span.parent
+        state = ctx.trace_state
+        name = self._names.get(span.name)
+        if name is None:
+            name = ',"name":' + _quote(span.name) if span.name else ""
+            if len(self._names) >= _SMALL_CACHE_MAX:
+                self._names.clear()
+            self._names[span.name] = name
+        head = f'{{"traceId":"{ctx.trace_id:032x}","spanId":"{ctx.span_id:016x}"'
+        if state:
+            head += ',"traceState":' + _quote(",".join([f"{k}={v}" for k, v in state.items()]))
+        if parent:
+            flags = 768 if parent.is_remote else 256
+            head += f',"parentSpanId":"{parent.span_id:016x}","flags":{flags}'
+        else:
+            head += ',"flags":256'
+        kind = span.kind
+        head += name + (',"kind":1' if kind is _INTERNAL else f',"kind":{kind.value + 1}')
+        start, end = span.start_time, span.end_time
+        if start and end:  # one format instead of two conditional concatenations
+            head += f',"startTimeUnixNano":"{start}","endTimeUnixNano":"{end}"'
+        else:
+            head += f',"startTimeUnixNano":"{start}"' if start else ""
+            head += f',"endTimeUnixNano":"{end}"' if end else ""
+        parts = [head]
+        attributes = span.attributes
+        if attributes:
+            out: list[str] = []
+            fixed = getattr(span, "fixed", None)
+            items = _items(attributes)
+            if fixed is not None and fixed[1] > 0:
+                constant = self._fixed.get(fixed)
+                if constant is None:  # first span of this key: encode its constant head once
+                    self._attributes(islice(items, fixed[1]), out)
+                    constant = ",".join(out)
+                    if len(self._fixed) >= _CACHE_MAX:
+                        self._fixed.clear()
+                    self._fixed[fixed] = constant
+                    out = []
+                    items = _items(attributes)
+                if constant:
+                    out.append(constant)
+                items = islice(items, fixed[1], None)
+            self._attributes(items, out)
+            parts.append(',"attributes":[' + ",".join(out) + "]")
+        if span.dropped_attributes:
+            parts.append(f',"droppedAttributesCount":{span.dropped_attributes}')
+        if span.events:
+            parts.append(',"events":[' + ",".join([self._event(e) for e in span.events]) + "]")
+        if span.dropped_events:
+            parts.append(f',"droppedEventsCount":{span.dropped_events}')
+        if span.links:
+            parts.append(',"links":[' + ",".join([self._link(x) for x in span.links]) + "]")
+        if span.dropped_links:
+            parts.append(f',"droppedLinksCount":{span.dropped_links}')
+        parts.append(_status(span.status))
+        parts.append("}")
+        return "".join(parts)
+
+    def _event(self, event: Any) -> str:
+        fields = [f'"timeUnixNano":"{event.timestamp}"'] if event.timestamp else []
+        if event.name:
+            quoted = self._quoted.get(event.name)
+            if quoted is None:
+                quoted = _quote(event.name)
+                if len(self._quoted) >= _SMALL_CACHE_MAX:
+                    self._quoted.clear()
+                self._quoted[event.name] = quoted
+            fields.append('"name":' + quoted)
+        attributes = self._attribute_list(event.attributes)
+        if attributes:
+            fields.append('"attributes":[' + attributes + "]")
+        dropped = getattr(event, "dropped_attributes", 0)
+        if dropped:
+            fields.append(f'"droppedAttributesCount":{dropped}')
+        return "{" + ",".join(fields) + "}"
+
+    def _link(self, link: Any) -> str:
+        ctx = link.context
+        text = f'{{"traceId":"{ctx.trace_id:032x}","spanId":"{ctx.span_id:016x}"'
+        attributes = self._attribute_list(link.attributes)
+        if attributes:
+            text += ',"attributes":[' + attributes + "]"
+        dropped = getattr(link, "dropped_attributes", 0)
+        if dropped:
+            text += f',"droppedAttributesCount":{dropped}'
+        return text + (',"flags":768}' if ctx.is_remote else ',"flags":256}')
+
+    # ------------------------------------------------------------------ resource and scope
+
+    def _resource(self, resource: Any) -> str:
+        hit = self._resources.get(id(resource))
+        if hit is not None and hit[0] is resource:  # the entry holds the object: no id reuse
+            return hit[1]
+        attributes = self._attribute_list(getattr(resource, "attributes", None))
+        text = '{"resource":{' + ('"attributes":[' + attributes + "]" if attributes else "") + "}"
+        if len(self._resources) >= _SMALL_CACHE_MAX:
+            self._resources.clear()
+        self._resources[id(resource)] = (resource, text)
+        return text
+
+    def _scope(self, scope: Any) -> str:
+        hit = self._scopes.get(id(scope))
+        if hit is not None and hit[0] is scope:
+            return hit[1]
+        fields = []
+        if scope is not None:
+            if scope.name:
+                fields.append('"name":' + _quote(scope.name))
+            if scope.version:
+                fields.append('"version":' + _quote(scope.version))
+            attributes = self._attribute_list(scope.attributes)
+            if attributes:
+                fields.append('"attributes":[' + attributes + "]")
+        text = '{"scope":{' + ",".join(fields) + "}"
+        if len(self._scopes) >= _SMALL_CACHE_MAX:
+            self._scopes.clear()
+        self._scopes[id(scope)] = (scope, text)
+        return text
+
+    # ------------------------------------------------------------------ request
+
+    def encode(self, spans: Iterable[Any]) -> str:
+        """The ``ExportTraceServiceRequest`` of ``spans`` as one line of OTLP/JSON (no newline).
+
+        Spans are grouped by resource, then scope, in first-seen order, as the official encoder does.
+        """
+        groups: dict[Any, dict[Any, list[str]]] = {}
+        last_resource: Any = groups  # a sentinel no span carries
+        last_scope: Any = groups
+        bucket: list[str] = []
+        for span in spans:
+            resource = span.resource
+            scope = span.instrumentation_scope or None
+            if resource is not last_resource or scope is not last_scope:
+                # a batch mostly shares one resource and scope: hash them (Resource's hash
+                # dumps its attributes as JSON) only when they change
+                by_scope = groups.setdefault(resource, {})
+                bucket = by_scope.setdefault(scope, [])
+                last_resource, last_scope = resource, scope
+            bucket.append(self._span(span))
+        if not groups:
+            return "{}"
+        blocks = []
+        for resource, by_scope in groups.items():
+            scopes = []
+            for scope, texts in by_scope.items():
+                schema = getattr(scope, "schema_url", None) if scope is not None else None
+                scopes.append(
+                    self._scope(scope)
+                    + ',"spans":['
+                    + ",".join(texts)
+                    + "]"
+                    + (',"schemaUrl":' + _quote(schema) if schema else "")
+                    + "}"
+                )
+            schema = getattr(resource, "schema_url", None)
+            blocks.append(
+                self._resource(resource)
+                + ',"scopeSpans":['
+                + ",".join(scopes)
+                + "]"
+                + (',"schemaUrl":' + _quote(schema) if schema else "")
+                + "}"
+            )
+        return '{"resourceSpans":[' + ",".join(blocks) + "]}"
+
+
+_DEFAULT = JsonEncoder()
+
+
+def encode_json(
+    spans: Sequence[ReadableSpan] | Iterable[Any], encoder: JsonEncoder | None = None
+) -> str:
+    """``spans`` as one OTLP/JSON ``ExportTraceServiceRequest`` (no newline); ``"{}"`` for none."""
+    return (encoder or _DEFAULT).encode(spans)
+
+
+class JsonLinesSpanExporter(SpanExporter):
+    """Appends one OTLP/JSON line per ``export()`` call, as the official ``FileSpanExporter`` does.
+
+    ``path`` is opened for line-buffered append (UTF-8); otherwise ``stream``, otherwise stdout.
+    Encoding runs outside the lock; only the write is serialised.
+    """
+
+    def __init__(
+        self, path: str | os.PathLike[str] | None = None, stream: IO[str] | None = None
+    ) -> None:
+        if path is not None and stream is not None:
+            raise ValueError("Cannot specify both 'path' and 'stream'")
+        self._owns_stream = path is not None
+        if path is not None:
+            self._stream: IO[str] = open(path, "a", encoding="utf-8", buffering=1)
+        else:
+            self._stream = stream if stream is not None else sys.stdout
+        self._encoder = JsonEncoder()
+        self._lock = threading.Lock()
+        self._shutdown = False
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        if self._shutdown:
+            _logger.warning("Exporter already shutdown, ignoring call")
+            return SpanExportResult.FAILURE
+        try:
+            line = self._encoder.encode(spans) + "\n" if spans else ""
+            with self._lock:
+                if self._stream.closed:
+                    _logger.warning("Stream is closed, ignoring spans export call")
+                    return SpanExportResult.FAILURE
+                if line:
+                    self._stream.write(line)
+                self._stream.flush()
+        except Exception as exc:
+            _logger.exception(
+                "Failed to write spans batch to stream: %s: %s", type(exc).__name__, exc
+            )
+            return SpanExportResult.FAILURE
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        if self._shutdown:
+            _logger.warning("Exporter already shutdown, ignoring call")
+            return
+        self._shutdown = True
+        if self._owns_stream:
+            with self._lock:
+                self._stream.close()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        try:
+            with self._lock:
+                if not self._stream.closed:
+                    self._stream.flush()
+        except Exception:
+            return False
+        return True
