@@ -74,6 +74,11 @@ def resolve_function(info: dict[str, Any], allow: Allow) -> tuple[Callable[..., 
         raise Skip("the manifest names no function (its module or qualname is missing)")
     if not allow(module):
         raise Skip(f"module {module!r} is not allowed (pass --allow-module {module})")
+    spec = info.get("instrumented")
+    if spec:  # recorded through otel_gpu.instrument(): instrument it again, the same way
+        import otel_gpu
+
+        otel_gpu.instrument(str(spec))
     owner: Any = None
     obj: Any = importlib.import_module(module)
     for part in qualname.split("."):

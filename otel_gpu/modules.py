@@ -22,11 +22,14 @@ import types
 from collections.abc import Sequence
 from typing import Any
 
+import torch
+
 from otel_gpu import _guard, config
 
 __all__ = ["instrument_module", "uninstrument_module"]
 
 _ORIGINAL = "__otel_gpu_original__"
+_UNIMPLEMENTED = torch.nn.Module.forward
 _NO_FORWARD = object()  # the module had no instance-level forward: restore by deleting ours
 
 
@@ -39,7 +42,8 @@ def instrument_module(
 ) -> int:
     """Wrap ``forward`` of ``model`` and its submodules; returns how many were wrapped.
 
-    ``depth``: how deep below the root (0 = the root only). ``include``: fnmatch patterns on the
+    ``depth``: how many dotted path components below the root (0 = the root only;
+    ``layers.3`` is 2 deep). ``include``: fnmatch patterns on the
     path (``layers.*.self_attn``) or the class name (``*Attention``). ``name``: the root's span
     name (default: its class name). Idempotent; nothing is wrapped at level 0.
     """
@@ -61,6 +65,8 @@ def instrument_module(
         current = module.__dict__.get("forward")
         if current is not None and hasattr(getattr(current, "__func__", None), _ORIGINAL):
             continue  # idempotent
+        if current is None and type(module).forward is _UNIMPLEMENTED:
+            continue  # a container (ModuleList, ModuleDict): never called, no span to make
         _wrap_module(module, path or root, path, settings)
         count += 1
     return count

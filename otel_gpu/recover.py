@@ -17,6 +17,7 @@ by a new process is told apart by the process start time and the boot id.
 from __future__ import annotations
 
 import argparse
+import errno
 import io
 import json
 import mmap
@@ -77,11 +78,18 @@ class Outcome:
 
     path: str
     state: str
-    """recovered, empty (died with no call in flight), dead (dry run), alive, other-host,
-    clean (closed normally), taken (another recoverer has it), invalid."""
+    """recovered (every destination confirmed the spans), unconfirmed (handed to the exporters,
+    not confirmed by all of them; journal removed all the same), failed (not exported, journal
+    kept), empty (died with no call in flight), dead (dry run), alive, other-host, clean (closed
+    normally), taken (another recoverer has it, or it is gone), invalid (not a journal we read),
+    unreadable (``path`` is a directory that could not be listed)."""
     pid: int = 0
     spans: int = 0
     detail: str = ""
+    """Why, for unconfirmed, failed, taken, invalid, unreadable, and clean when the file could
+    not be removed; the host for other-host."""
+    to: str = ""
+    """Where the spans were handed: the destinations, or this process's span processor."""
 
 
 # --------------------------------------------------------------------------- reading journals
@@ -123,7 +131,12 @@ class JournalFile:
 
 def read(path: str) -> JournalFile:
     """Parse a journal file. Raises ``ValueError`` when it is not one, ``OSError`` when unreadable."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        if exc.errno == errno.ELOOP and os.path.islink(path):
+            raise ValueError("a symbolic link, not followed") from None
+        raise
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
@@ -419,32 +432,63 @@ def _end_torn_line(settings: Settings) -> None:
             pass
 
 
-def _export(spans: list[Any], settings: Settings, processor: Any, timeout: float) -> bool:
-    if processor is not None:  # in-process: where this process's own spans go
-        for span in spans:
-            processor.on_end(span)
-        done, ok = _bounded(lambda: processor.force_flush(int(timeout * 1000)), timeout)
-        return done and ok is not False and not isinstance(ok, Exception)
-    from otel_gpu.exporters.destinations import build_provider
+def _why(exc: BaseException, path: str = "") -> str:
+    """An error as a user reads it: the OS reason and the file, unless the file is ``path``
+    (the line names it already), else the exception's own text."""
+    if isinstance(exc, OSError) and exc.strerror:
+        other = exc.filename is not None and str(exc.filename) != path
+        return f"{exc.strerror}: {exc.filename}" if other else exc.strerror
+    return str(exc) or type(exc).__name__
 
-    _end_torn_line(settings)
-    own = build_provider(settings)
-    provider, hooks = own.provider, own.after_drain
+
+def _flush(fn: Callable[[], Any], timeout: float) -> str:
+    """Run a flush for at most ``timeout`` s: "" when it finished and said so, else why not."""
+    done, result = _bounded(fn, timeout)
+    if not done:
+        return f"no answer within {timeout:g} s"
+    if isinstance(result, Exception):
+        return f"{type(result).__name__}: {result}"
+    return "the flush reported a failure" if result is False else ""
+
+
+def _to_processor(spans: list[Any], processor: Any, timeout: float) -> str:
+    """In-process: where this process's own spans go. "" when the flush confirmed them."""
+    for span in spans:
+        processor.on_end(span)
+    why = _flush(lambda: processor.force_flush(int(timeout * 1000)), timeout)
+    return f"the span processor did not confirm them: {why}" if why else ""
+
+
+def _to_destinations(spans: list[Any], own: Any, timeout: float) -> str:
+    """Empty when every destination's exporter confirmed every span, else which did not, and why.
+
+    The exporters' own counts decide: a flush that returns in time says nothing about delivery
+    (the SDK's batch processor reports a refused export as a finished flush).
+    """
+    provider = own.provider
+
+    def flush() -> Any:
+        for hook in own.after_drain:
+            hook()
+        return provider.force_flush(int(timeout * 1000))
+
     try:
         for span in spans:
             provider._active_span_processor.on_end(span)
-        for hook in hooks:
-            hook()
-        done, ok = _bounded(lambda: provider.force_flush(int(timeout * 1000)), timeout)
-        return done and ok is not False and not isinstance(ok, Exception)
+        why = _flush(flush, timeout)
     finally:
         _bounded(provider.shutdown, min(timeout, 2.0))
+    short = [c.name for c in own.exporters if c.confirmed < len(spans)]
+    if not short:
+        return ""
+    return f"{', '.join(short)} did not confirm them" + (f": {why}" if why else "")
 
 
 # --------------------------------------------------------------------------- recovery
 
 
 def _candidates(path: str) -> list[str]:
+    """The journals at ``path`` (none when it does not exist); OSError when it cannot be listed."""
     if os.path.isfile(path):
         return [path]
     try:
@@ -466,46 +510,73 @@ def _recover_one(
     if claim:  # a recoverer claimed it; recover it only if that recoverer died
         owner = claimer.partition("-")[0]
         if not owner.isdigit():
-            return Outcome(path, "invalid", detail="unexpected file name")
+            return Outcome(path, "invalid", detail="unexpected file name for a claimed journal")
         if int(owner) == os.getpid() or _pid_state(int(owner)) == "alive":
-            return Outcome(path, "taken", detail=f"being recovered by pid {owner}")
+            return Outcome(path, "taken", detail=f"claimed by pid {owner}, which is running")
     try:
         journal = read(path)
     except FileNotFoundError:
-        return Outcome(path, "taken")
+        return Outcome(path, "taken", detail="gone before it could be read")
     except (OSError, ValueError) as exc:
-        return Outcome(path, "invalid", detail=str(exc))
+        return Outcome(path, "invalid", detail=_why(exc, path))
     if journal.closed:  # closed normally, but the file could not be deleted then
         if not dry_run:
-            _unlink(path)
+            try:
+                _unlink(path)
+            except OSError as exc:
+                return Outcome(
+                    path, "clean", journal.pid, detail=f"cannot remove it: {_why(exc, path)}"
+                )
         return Outcome(path, "clean", journal.pid)
     verdict = judge(journal)
     if verdict != "dead":
-        return Outcome(path, verdict, journal.pid)
+        host = (journal.host or "") if verdict == "other-host" else ""
+        return Outcome(path, verdict, journal.pid, detail=host)
     if dry_run:
         return Outcome(path, "dead", journal.pid, len(journal.records))
+    own = None
+    to = "this process's span processor"
+    if journal.records and processor is None:
+        # Opened before the claim: a destination that cannot be opened keeps the journal.
+        target = _dead_process_settings(settings, journal)
+        to = ", ".join(target.dest)
+        try:
+            from otel_gpu.exporters.destinations import build_provider
+
+            _end_torn_line(target)
+            own = build_provider(target)
+        except Exception as exc:
+            detail = f"cannot open the destinations: {_why(exc)}"
+            return Outcome(path, "failed", journal.pid, len(journal.records), detail, to)
     # Unique per recoverer, threads included; the pid lets others tell a dead recoverer's claim.
     claimed = f"{base}{_CLAIM}{os.getpid()}-{os.urandom(4).hex()}"
     try:
         os.rename(path, claimed)  # atomic: exactly one recoverer wins
         journal = read(claimed)
-    except FileNotFoundError:
-        return Outcome(path, "taken")
     except (OSError, ValueError) as exc:
-        return Outcome(path, "invalid", journal.pid, detail=str(exc))
+        if own is not None:
+            _bounded(own.provider.shutdown, min(timeout, 2.0))
+        if isinstance(exc, FileNotFoundError):
+            return Outcome(path, "taken", journal.pid, detail="another recoverer claimed it first")
+        if os.path.exists(claimed):
+            return Outcome(claimed, "invalid", journal.pid, detail=_why(exc, claimed))
+        detail = f"cannot claim it: {_why(exc, path)}"
+        return Outcome(path, "failed", journal.pid, len(journal.records), detail, to)
     spans = spans_of(journal, settings.repr_limit)
     detail = ""
     try:
-        if spans:
-            target = (
-                settings if processor is not None else _dead_process_settings(settings, journal)
-            )
-            if not _export(spans, target, processor, timeout):
-                detail = f"the exporters did not confirm within {timeout:g} s"
+        if own is not None:
+            detail = _to_destinations(spans, own, timeout)
+        elif spans:
+            detail = _to_processor(spans, processor, timeout)
     finally:
         # Handed to the exporters: never again, even if delivery failed (at most once).
         _unlink(claimed)
-    return Outcome(path, "recovered" if spans else "empty", journal.pid, len(spans), detail)
+    if not spans:
+        return Outcome(path, "empty", journal.pid)
+    return Outcome(
+        path, "unconfirmed" if detail else "recovered", journal.pid, len(spans), detail, to
+    )
 
 
 def recover(
@@ -518,6 +589,9 @@ def recover(
 ) -> list[Outcome]:
     """Recover the journals in ``path`` (a directory or one file; default: the journal directory).
 
+    One :class:`Outcome` per journal found; a directory that cannot be listed is one outcome
+    with state ``unreadable``.
+
     With ``processor`` (an SDK span processor), spans go there; otherwise to otel-gpu's own
     provider for ``settings.dest``, with ``%i``/``%r`` naming the dead process's files.
     """
@@ -526,10 +600,76 @@ def recover(
     settings = config.current() if settings is None else settings
     timeout = settings.flush_timeout if timeout is None else timeout
     where = path if path is not None else _journal.journal_dir(settings)
-    return [_recover_one(p, settings, processor, timeout, dry_run) for p in _candidates(where)]
+    try:
+        paths = _candidates(where)
+    except OSError as exc:  # not "no journals": there may well be some
+        return [Outcome(where, "unreadable", detail=_why(exc, where))]
+    return [_recover_one(p, settings, processor, timeout, dry_run) for p in paths]
 
 
 # --------------------------------------------------------------------------- command line
+
+
+def _line(o: Outcome, dry_run: bool) -> str:
+    """What happened to one journal, in words that claim only what was checked."""
+    calls = f"pid {o.pid} died with {o.spans} call(s) in flight"
+    kept = "journal kept" if dry_run else "journal removed"
+    if o.state == "recovered":
+        return f"{calls}: exported as ERROR spans to {o.to}"
+    if o.state == "unconfirmed":
+        return (
+            f"{calls}: handed as ERROR spans to {o.to}, but {o.detail}; journal removed all "
+            "the same (delivery is at most once)"
+        )
+    if o.state == "failed":
+        return f"{calls}: not exported ({o.detail}); journal kept for another run"
+    if o.state == "dead":
+        return f"{calls} (dry run: not exported, journal kept)"
+    if o.state == "empty":
+        return f"pid {o.pid} died with no call in flight: nothing to export, journal removed"
+    if o.state == "alive":
+        return f"pid {o.pid} is still running: left alone"
+    if o.state == "other-host":
+        return f"pid {o.pid} ran on host {o.detail}: left alone, run otel-gpu recover there"
+    if o.state == "clean":
+        if o.detail:
+            return f"pid {o.pid} exited normally, but its journal remains ({o.detail})"
+        return f"pid {o.pid} exited normally: nothing to export, {kept}"
+    if o.state == "taken":
+        return f"not recovered here: {o.detail}"
+    if o.state == "invalid":
+        return f"not a journal this otel-gpu can recover ({o.detail}): left alone"
+    if o.state == "unreadable":
+        return f"cannot list the directory ({o.detail})"
+    return f"{o.state} ({o.detail})" if o.detail else o.state
+
+
+def _summary(outcomes: list[Outcome], where: str, dry_run: bool) -> str:
+    if not outcomes:
+        missing = "" if os.path.lexists(where) else " (it does not exist)"
+        return f"no journals in {where}{missing}"
+    if [o.state for o in outcomes] == ["unreadable"]:
+        return f"nothing recovered: cannot list {where}"
+
+    def calls(*states: str) -> tuple[int, int]:
+        chosen = [o for o in outcomes if o.state in states]
+        return sum(o.spans for o in chosen), len(chosen)
+
+    if dry_run:
+        found, dead = calls("dead")
+        return (
+            f"dry run: {found} call(s) in flight in {dead} dead process(es); "
+            "nothing exported or removed"
+        )
+    dead = calls("recovered", "unconfirmed", "failed", "empty")[1]
+    text = f"{calls('recovered')[0]} call(s) recovered from {dead} dead process(es)"
+    lost, lost_in = calls("unconfirmed")
+    if lost:
+        text += f"; {lost} call(s) of {lost_in} process(es) not confirmed by the exporters"
+    kept, kept_in = calls("failed")
+    if kept:
+        text += f"; {kept} call(s) of {kept_in} process(es) not exported, journal(s) kept"
+    return text
 
 
 def _main(args: argparse.Namespace) -> int:
@@ -543,34 +683,22 @@ def _main(args: argparse.Namespace) -> int:
     except config.ConfigError as exc:
         print(f"otel-gpu recover: {exc}", file=sys.stderr)
         return 2
-    err = sys.stderr
-    status = 0
     for o in outcomes:
-        if o.state == "recovered":
-            line = f"pid {o.pid} died with {o.spans} call(s) in flight: exported as ERROR spans"
-        elif o.state == "dead":
-            line = f"pid {o.pid} died with {o.spans} call(s) in flight (dry run: not exported)"
-        elif o.state == "empty":
-            line = f"pid {o.pid} died with no call in flight: journal removed"
-        elif o.state == "alive":
-            line = f"pid {o.pid} is still running: left alone"
-        elif o.state == "other-host":
-            line = "written on another host: run otel-gpu recover there"
-        elif o.state == "clean":
-            line = f"pid {o.pid} exited normally: journal removed"
-        else:
-            line = o.state
-        if o.detail:
-            line += f" ({o.detail})"
-            status = 1 if o.state == "recovered" else status
-        print(f"{o.path}: {line}", file=err)
-    total = sum(o.spans for o in outcomes if o.state == "recovered")
-    dead = sum(1 for o in outcomes if o.state in ("recovered", "empty", "dead"))
-    if not outcomes:
-        print(f"otel-gpu recover: no journals in {where}", file=err)
-    else:
-        print(f"otel-gpu recover: {total} call(s) recovered from {dead} dead process(es)", file=err)
-    return status
+        print(f"{o.path}: {_line(o, args.dry_run)}", file=sys.stderr)
+    print(f"otel-gpu recover: {_summary(outcomes, where, args.dry_run)}", file=sys.stderr)
+    failures = ("unconfirmed", "failed", "unreadable")
+    return 1 if any(o.state in failures for o in outcomes) else 0
+
+
+def _seconds(raw: str) -> float:
+    # ArgumentTypeError, not ValueError: argparse would name this function in the message.
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not value >= 0:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"must be a number of seconds >= 0, not {raw!r}")
+    return value
 
 
 def register(sub: Any) -> None:
@@ -580,7 +708,10 @@ def register(sub: Any) -> None:
         description="Turn the crash journals of dead processes into ERROR spans "
         "('process died during call') with their original ids, start times and inputs, "
         "exported to the destinations OTEL_GPU_LOGDEST names. Journals of running processes "
-        "are left alone; a journal is exported once.",
+        "are left alone; a journal is exported at most once. Exit codes: 0 every dead process's calls "
+        "were confirmed by the destinations (or there was nothing to export); 1 some calls were "
+        "not confirmed or not exported, or the directory could not be listed; 2 invalid "
+        "configuration.",
     )
     p.add_argument(
         "path",
@@ -594,7 +725,7 @@ def register(sub: Any) -> None:
     )
     p.add_argument(
         "--timeout",
-        type=float,
+        type=_seconds,
         default=None,
         help="seconds to wait for the exporters (default: OTEL_GPU_FLUSH_TIMEOUT, at least 10)",
     )

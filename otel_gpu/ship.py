@@ -17,9 +17,10 @@ link ``trace_state``, resource and scope ``dropped_attributes_count`` and resour
 ``entity_refs``; a status message is kept for ERROR status only. Files written by otel-gpu
 round-trip exactly (tested).
 
-Exit codes: 0 every span was sent; 1 some spans were not sent (export failures, or invalid
-lines skipped with ``--skip-invalid``); 2 nothing was sent (a file is missing or has invalid
-lines, or the OTLP configuration is invalid), as for command-line usage errors.
+Exit codes: 0 every span was sent (with ``--check``: every line is valid); 1 some or all spans
+were not sent (export failures, or invalid lines or unreadable files skipped with
+``--skip-invalid``); 2 nothing was sent because the input is invalid (a file is missing,
+unreadable or has invalid lines) or the OTLP configuration is, as for command-line usage errors.
 """
 
 from __future__ import annotations
@@ -49,6 +50,11 @@ __all__ = [
 _BATCH_SIZE = 512  # spans per request, as the SDK's BatchSpanProcessor; keeps requests < 4 MiB
 _PROGRESS_EVERY = 2.0  # seconds between progress lines inside one large file
 _SHOWN_PROBLEMS = 20  # invalid lines listed one by one; the rest are counted
+
+
+def _n(count: int, noun: str) -> str:
+    """``1 span``, ``2 spans``: counts read as sentences, not as ``span(s)``."""
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
 
 
 class ShipError(ValueError):
@@ -84,19 +90,20 @@ def _convert_ids(node: dict[str, Any], where: str, with_parent: bool) -> None:
         key = camel if camel in node else snake
         if key not in node:
             raise ShipError(f"{where}: no {camel}")
-        node[key] = _b64_id(node[key], camel, width, where)
+        node[key] = _b64_id(node[key], key, width, where)  # named as the file spells it
     if with_parent:
         for key in _PARENT_KEYS:
             if key in node:
-                node[key] = _b64_id(node[key], "parentSpanId", 16, where, optional=True)
+                node[key] = _b64_id(node[key], key, 16, where, optional=True)
 
 
 def _items(node: Any, camel: str, snake: str, where: str) -> list[Any]:
     if not isinstance(node, dict):
-        raise ShipError(f"{where}: expected an object holding {camel}")
-    value = node.get(camel, node.get(snake, []))
+        raise ShipError(f"{where} is not an object (expected one holding {camel})")
+    key = camel if camel in node else snake
+    value = node.get(key, [])
     if not isinstance(value, list):
-        raise ShipError(f"{where}: {camel} is not a list")
+        raise ShipError(f"{where}: {key} is not a list")
     return value
 
 
@@ -108,7 +115,9 @@ def parse_line(text: str, where: str) -> Any:
     try:
         payload = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ShipError(f"{where}: not JSON ({exc.msg} at column {exc.colno})") from None
+        # some messages end in "at" already ("Unterminated string starting at")
+        at = "" if exc.msg.endswith(" at") else " at"
+        raise ShipError(f"{where}: not JSON ({exc.msg}{at} column {exc.colno})") from None
     if not isinstance(payload, dict):
         raise ShipError(f"{where}: expected a JSON object (OTLP TracesData)")
     if "resourceSpans" not in payload and "resource_spans" not in payload:
@@ -118,8 +127,10 @@ def parse_line(text: str, where: str) -> Any:
         )
         raise ShipError(f"{where}: not OTLP trace data ({what})")
     for r, rs in enumerate(_items(payload, "resourceSpans", "resource_spans", where)):
-        for s, ss in enumerate(_items(rs, "scopeSpans", "scope_spans", where)):
-            for i, span in enumerate(_items(ss, "spans", "spans", where)):
+        at_r = f"{where}: resourceSpans[{r}]"
+        for s, ss in enumerate(_items(rs, "scopeSpans", "scope_spans", at_r)):
+            at_s = f"{at_r}.scopeSpans[{s}]"
+            for i, span in enumerate(_items(ss, "spans", "spans", at_s)):
                 path = f"resourceSpans[{r}].scopeSpans[{s}].spans[{i}]"
                 if not isinstance(span, dict):
                     raise ShipError(f"{where}: {path} is not an object")
@@ -141,38 +152,47 @@ def read_traces(path: str) -> Iterator[tuple[int, Any]]:
     Raises :class:`ShipError` for an unreadable file or at the first invalid line.
     """
 
-    def strict(message: str) -> None:
+    def strict(message: str, whole_file: bool) -> None:
         raise ShipError(message)
 
     return _parsed(path, strict)
 
 
-def _parsed(path: str, problem: Callable[[str], None]) -> Iterator[tuple[int, Any]]:
-    """The parsed lines of ``path``; an invalid line is reported to ``problem`` and skipped,
-    an unreadable file is reported and ends the iteration."""
+def _parsed(path: str, problem: Callable[[str, bool], None]) -> Iterator[tuple[int, Any]]:
+    """The parsed lines of ``path``; an invalid line is reported to ``problem(message, False)``
+    and skipped, an unreadable file is reported (``True``) and ends the iteration."""
     lineno = 0
     try:
-        with (
-            gzip.open(path, "rt", encoding="utf-8")
-            if path.endswith(".gz")
-            else open(path, encoding="utf-8")
-        ) as stream:
-            for lineno, line in enumerate(stream, 1):
+        # Bytes, decoded line by line: a text stream decodes ahead in chunks, so its
+        # UnicodeDecodeError would name the wrong line and end the whole file.
+        with gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb") as stream:
+            for lineno, raw in enumerate(stream, 1):
+                where = f"{path}:{lineno}"
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    byte = raw[exc.start]
+                    problem(
+                        f"{where}: not UTF-8 text (byte {byte:#04x} at offset {exc.start})", False
+                    )
+                    continue
                 if not line.strip():
                     continue
                 try:
-                    traces = parse_line(line, f"{path}:{lineno}")
+                    # without its newline, a line cut short reads as cut short
+                    traces = parse_line(line.rstrip("\r\n"), where)
                 except ShipError as exc:
-                    problem(str(exc))
+                    problem(str(exc), False)
                     continue
                 yield lineno, traces
     except FileNotFoundError:
-        problem(f"{path}: no such file")
+        problem(f"{path}: no such file", True)
     except IsADirectoryError:
-        problem(f"{path}: is a directory, not a file")
-    except (OSError, UnicodeDecodeError, EOFError) as exc:
-        where = f"{path}:{lineno + 1}" if lineno else path
-        problem(f"{where}: cannot read: {exc}")
+        problem(f"{path}: is a directory, not a file", True)
+    except (OSError, EOFError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        after = f" after line {lineno}" if lineno else ""
+        problem(f"{path}: cannot read{after}: {why}", True)
 
 
 # --------------------------------------------------------------------------- proto -> SDK spans
@@ -352,8 +372,15 @@ class ShipResult:
     requests: int = 0
     invalid: list[str] = field(default_factory=list)
     """Messages for invalid lines or unreadable files (``FILE:LINE: why``)."""
+    unreadable: int = 0
+    """How many of ``invalid`` are files that could not be read (to the end), not lines."""
     aborted: bool = False
     """True when shipping stopped after too many consecutive failed requests."""
+    not_attempted: int = 0
+    """Spans counted in ``failed`` that were never sent, because shipping stopped."""
+    summary: str = ""
+    """The last line ``ship`` printed: what was sent, failed and skipped (to ``err`` when
+    the exit code is not 0, so ``--quiet`` still shows it)."""
 
     @property
     def exit_code(self) -> int:
@@ -362,20 +389,28 @@ class ShipResult:
         return 0 if not self.failed and not self.invalid else 1
 
 
-def _scan(paths: Sequence[str]) -> tuple[list[int], list[str]]:
-    """Validate every file before sending anything: spans per file, and every problem found."""
+def _scan(paths: Sequence[str]) -> tuple[list[int], list[str], int]:
+    """Validate every file before sending anything: spans per file, every problem found, and
+    how many files could not be read (to the end)."""
     counts: list[int] = []
     problems: list[str] = []
+    unreadable = 0
+
+    def problem(message: str, whole_file: bool) -> None:
+        nonlocal unreadable
+        problems.append(message)
+        unreadable += whole_file
+
     for path in paths:
         counts.append(
             sum(
                 len(ss.spans)
-                for _, traces in _parsed(path, problems.append)
+                for _, traces in _parsed(path, problem)
                 for rs in traces.resource_spans
                 for ss in rs.scope_spans
             )
         )
-    return counts, problems
+    return counts, problems, unreadable
 
 
 def ship(
@@ -394,43 +429,43 @@ def ship(
 
     All files are validated first; with invalid lines nothing is sent unless ``skip_invalid``.
     After ``max_failures`` consecutive failed requests (0: never) the rest is counted as failed.
-    Progress and the summary go to ``out``, problems in the input to ``err`` (both: stderr).
+    Progress goes to ``out``, problems in the input to ``err`` (both: stderr), and the summary
+    to ``out``, or to ``err`` when not everything was sent. Raises ``ConfigError`` when the
+    standard OTLP variables cannot build the default exporter.
     """
 
     out = sys.stderr if out is None else out  # progress and summary
     err = out if err is None else err  # problems in the input
     result = ShipResult(files=len(paths))
-    counts, result.invalid = _scan(paths)
+    counts, result.invalid, result.unreadable = _scan(paths)
     result.spans = sum(counts)
     for message in result.invalid[:_SHOWN_PROBLEMS]:
         print(f"otel-gpu ship: {message}", file=err)
     if len(result.invalid) > _SHOWN_PROBLEMS:
-        print(f"otel-gpu ship: ... and {len(result.invalid) - _SHOWN_PROBLEMS} more", file=err)
-    if result.invalid and not skip_invalid:
-        print(
-            f"otel-gpu ship: nothing sent: {len(result.invalid)} problem(s) in the input "
-            "(--skip-invalid ships the valid lines)",
-            file=err,
-        )
-        return result
+        more = len(result.invalid) - _SHOWN_PROBLEMS
+        print(f"otel-gpu ship: ... and {_n(more, 'more problem')}", file=err)
+    files = _n(len(paths), "file")
     if check_only:
-        print(f"otel-gpu ship: {result.spans} spans in {len(paths)} file(s) look valid", file=out)
+        result.summary = f"otel-gpu ship: {_n(result.spans, 'valid span')} in {files}"
+        if result.invalid:
+            result.summary += f", {_problems(result)}; nothing sent (--check)"
+        print(result.summary, file=err if result.invalid else out)
         return result
-    if exporter_factory is None:
-        from otel_gpu.exporters.destinations import otlp_exporter
-
-        exporter_factory = otlp_exporter
-    exporter = exporter_factory()
-    print(
-        f"otel-gpu ship: {result.spans} spans in {len(paths)} file(s) -> {target or 'OTLP'}",
-        file=out,
-    )
+    if result.invalid and not skip_invalid:
+        result.summary = (
+            f"otel-gpu ship: nothing sent: {_problems(result)} (--skip-invalid sends the rest)"
+        )
+        print(result.summary, file=err)
+        return result
+    exporter = (_otlp_exporter if exporter_factory is None else exporter_factory)()
+    print(f"otel-gpu ship: {_n(result.spans, 'span')} in {files} -> {target or 'OTLP'}", file=out)
     consecutive = 0
     try:
         for path, total in zip(paths, counts):
             if result.aborted:
                 result.failed += total
-                print(f"  {path}: not sent ({total} spans)", file=out)
+                result.not_attempted += total
+                print(f"  {path}: not sent ({_n(total, 'span')})", file=out)
                 continue
             sent_before, failed_before = result.sent, result.failed
             before = sent_before + failed_before
@@ -451,24 +486,39 @@ def ship(
                 chunk, batch = batch[:batch_size], batch[batch_size:]
                 consecutive = _send(exporter, chunk, result, consecutive, max_failures)
             # after an abort, what was not attempted counts as failed
-            result.failed += total - (result.sent + result.failed - before)
+            skipped = total - (result.sent + result.failed - before)
+            result.failed += skipped
+            result.not_attempted += skipped
             sent, failed = result.sent - sent_before, result.failed - failed_before
-            print(f"  {path}: {sent} sent, {failed} failed", file=out)
+            line = f"  {path}: {sent} sent, {failed} failed"
+            print(line + (f" ({skipped} not attempted)" if skipped else ""), file=out)
     finally:
         try:
             exporter.shutdown()
         except Exception:
             pass
-    summary = f"otel-gpu ship: {result.sent} spans sent, {result.failed} failed"
+    result.summary = f"otel-gpu ship: {_n(result.sent, 'span')} sent, {result.failed} failed"
     if result.invalid:
-        summary += f", {len(result.invalid)} invalid line(s) skipped"
+        result.summary += f", {_problems(result)} skipped"
     if result.aborted:
-        summary += f" (stopped after {max_failures} failed requests in a row)"
-    print(summary, file=out)
+        result.summary += (
+            f" (stopped after {_n(max_failures, 'failed request')} in a row: "
+            f"{result.not_attempted} not attempted)"
+        )
+    print(result.summary, file=err if result.exit_code else out)  # -q shows it when not 0
     return result
 
 
-def _ignore(_message: str) -> None:
+def _problems(result: ShipResult) -> str:
+    """``2 invalid lines and 1 unreadable file``: what ``result.invalid`` holds, by kind."""
+    lines = len(result.invalid) - result.unreadable
+    parts = [_n(lines, "invalid line")] if lines else []
+    if result.unreadable:
+        parts.append(_n(result.unreadable, "unreadable file"))
+    return " and ".join(parts)
+
+
+def _ignore(_message: str, _whole_file: bool) -> None:
     """Invalid lines were reported by the scan; the send pass skips them silently."""
 
 
@@ -494,22 +544,58 @@ def _send(exporter: Any, chunk: list[Any], result: ShipResult, consecutive: int,
 # --------------------------------------------------------------------------- CLI
 
 
+_PROTOCOL_VARS = ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL")
+_PROTOCOLS = ("grpc", "http/protobuf")
+
+
+def _protocol(env: Mapping[str, str]) -> tuple[str, str]:
+    """(variable, protocol) as the exporters choose it: the first variable set, else grpc."""
+    for name in _PROTOCOL_VARS:
+        value = env.get(name, "").strip()
+        if value:
+            return name, value
+    return "", "grpc"
+
+
+def _check_environment(env: Mapping[str, str]) -> None:
+    """ConfigError naming the standard OTLP variable ``ship`` cannot send with."""
+    from otel_gpu.config import ConfigError
+    from otel_gpu.exporters.destinations import check_otlp_environment
+
+    name, protocol = _protocol(env)
+    if protocol not in _PROTOCOLS:
+        raise ConfigError(
+            f"{name}={protocol!r} is not supported by otel-gpu ship. "
+            f"Allowed: {', '.join(_PROTOCOLS)}."
+        )
+    check_otlp_environment(env)  # the timeouts
+
+
+def _otlp_exporter() -> Any:
+    """The official OTLP exporter; ConfigError when the standard variables cannot build one."""
+    from otel_gpu.config import ConfigError, environ
+    from otel_gpu.exporters.destinations import otlp_exporter
+
+    _check_environment(environ())
+    try:
+        return otlp_exporter()
+    except Exception as exc:  # e.g. OTEL_EXPORTER_OTLP_COMPRESSION=zip
+        raise ConfigError(
+            f"the OTEL_EXPORTER_OTLP_* variables do not make an exporter: "
+            f"{type(exc).__name__}: {exc}"
+        ) from None
+
+
 def describe_target(env: Mapping[str, str]) -> str:
     """``PROTOCOL ENDPOINT`` as the standard OTLP variables resolve them (for messages)."""
-    protocol = (
-        env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
-        or env.get("OTEL_EXPORTER_OTLP_PROTOCOL")
-        or "grpc"
-    ).strip()
+    protocol = _protocol(env)[1]
     endpoint = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
     if not endpoint:
         base = env.get("OTEL_EXPORTER_OTLP_ENDPOINT")
         if protocol == "grpc":
             endpoint = base or "http://localhost:4317"
-        else:
-            endpoint = (
-                (base.rstrip("/") + "/v1/traces") if base else "http://localhost:4318/v1/traces"
-            )
+        else:  # as the HTTP exporter joins them: one trailing slash dropped
+            endpoint = f"{(base or 'http://localhost:4318/').removesuffix('/')}/v1/traces"
     return f"{protocol} {endpoint}"
 
 
@@ -518,6 +604,8 @@ def _main(args: argparse.Namespace) -> int:
 
     env = environ()
     try:
+        if not args.check:  # before reading the files: a bad variable fails at once
+            _check_environment(env)
         result = ship(
             args.files,
             batch_size=args.batch_size,
@@ -531,23 +619,26 @@ def _main(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"otel-gpu ship: {exc}", file=sys.stderr)
         return 2
-    if args.quiet and result.exit_code:
-        print(f"otel-gpu ship: {result.sent} spans sent, {result.failed} failed", file=sys.stderr)
     return result.exit_code
 
 
-def _positive(raw: str) -> int:
-    value = int(raw)
-    if value <= 0:
-        raise argparse.ArgumentTypeError("must be > 0")
+def _whole(raw: str, least: int) -> int:
+    # ArgumentTypeError, not ValueError: argparse would name this function in the message.
+    try:
+        value = int(raw)
+    except ValueError:
+        value = least - 1
+    if value < least:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= {least}, not {raw!r}")
     return value
+
+
+def _positive(raw: str) -> int:
+    return _whole(raw, 1)
 
 
 def _non_negative(raw: str) -> int:
-    value = int(raw)
-    if value < 0:
-        raise argparse.ArgumentTypeError("must be >= 0")
-    return value
+    return _whole(raw, 0)
 
 
 def register(sub: Any) -> None:
@@ -557,8 +648,9 @@ def register(sub: Any) -> None:
         description="Send the spans of OTLP JSON Lines files (as OTEL_GPU_LOGDEST=FILE.jsonl "
         "writes them; .jsonl.gz too) to the endpoint the standard OTEL_EXPORTER_OTLP_* variables "
         "name (protocol grpc or http/protobuf), keeping trace and span ids. Every file is "
-        "validated before anything is sent. Exit codes: 0 all spans sent; 1 some spans not sent; "
-        "2 nothing sent (invalid input or configuration).",
+        "validated before anything is sent. Exit codes: 0 every span sent (with --check: every "
+        "line valid); 1 some or all spans not sent (export failures, or invalid input skipped "
+        "with --skip-invalid); 2 nothing sent because of invalid input or configuration.",
     )
     p.add_argument("files", nargs="+", metavar="FILE.jsonl", help="OTLP JSON Lines files")
     p.add_argument(
@@ -570,7 +662,8 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--skip-invalid",
         action="store_true",
-        help="ship the valid lines even if some lines are invalid (e.g. a truncated last line)",
+        help="ship the valid lines even if some lines are invalid (e.g. a truncated last line) "
+        "or some files cannot be read",
     )
     p.add_argument(
         "--max-failures",

@@ -366,7 +366,7 @@ def test_skip_invalid_ships_the_valid_lines(tmp_path: Path, demo_file: Path) -> 
     )
     assert (result.sent, result.failed, result.exit_code) == (5, 0, 1)
     assert [msg.split(": ")[0] for msg in result.invalid] == [f"{bad}:2"]
-    assert "1 invalid line(s) skipped" in out.getvalue()
+    assert "1 invalid line skipped" in out.getvalue()
 
 
 def test_missing_file_and_directory_are_problems_before_sending(tmp_path: Path) -> None:
