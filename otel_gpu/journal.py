@@ -93,6 +93,7 @@ _TENSOR, _VALUE, _CONTAINER, _OBJECT = (
 )
 _M64 = (1 << 64) - 1
 _KEY_LIMIT = 256
+_CACHE_ENTRIES = 512  # distinct input layouts remembered; cleared when full
 
 
 # --------------------------------------------------------------------------- location
@@ -281,6 +282,7 @@ class Journal:
         self.overflow = 0
         """Calls not journaled because every slot was in flight."""
         self._plans: dict[Any, int] = {}
+        self._cache: dict[Any, tuple[tuple[type, ...], tuple[bytes, bool]]] = {}
         self._plan_end = HEADER_SIZE
         self._plan_count = 0
         self._lock = threading.Lock()
@@ -366,7 +368,7 @@ class Journal:
         inputs = call.inputs
         if inputs and self.capacity:
             try:
-                blob, truncated = _encode(inputs, self.limit, self.capacity)
+                blob, truncated = self._encoded(inputs)
                 size = len(blob)
                 mm[offset + _INPUTS_AT : offset + _INPUTS_AT + size] = blob
                 flags |= F_INPUTS | F_TRUNCATED if truncated else F_INPUTS
@@ -393,6 +395,25 @@ class Journal:
         call.token = offset
         if failure is not None:
             _guard.internal_error("journal", failure)
+
+    def _encoded(self, inputs: Any) -> tuple[bytes, bool]:
+        """The encoded inputs, from a cache of recent calls' (a serving loop repeats its shapes).
+
+        Encoding costs ~3 µs a call (half of level 3's caller cost); a hit costs ~0.6 µs.
+        Tuples compare 1 == 1.0 == True equal, so a hit also checks the scalar types.
+        """
+        try:
+            hit = self._cache.get(inputs)
+        except TypeError:  # an unhashable payload: encode it every time
+            return _encode(inputs, self.limit, self.capacity)
+        kinds = tuple(type(p) for _, kind, p in inputs if kind == _VALUE)
+        if hit is not None and hit[0] == kinds:
+            return hit[1]
+        encoded = _encode(inputs, self.limit, self.capacity)
+        if len(self._cache) >= _CACHE_ENTRIES:
+            self._cache.clear()
+        self._cache[inputs] = (kinds, encoded)
+        return encoded
 
     def end(self, call: Any) -> None:
         offset = call.token

@@ -578,3 +578,26 @@ def test_a_full_plan_table_never_mislabels_a_record(tmp_path, monkeypatch):
         assert got == ["a" * 40, "unknown", "c", "unknown"]
     finally:
         j.close()
+
+
+def test_the_encoding_cache_keeps_scalar_types_apart(tmp_path):
+    """Cached encodings are keyed by the inputs, which compare 1 == 1.0 == True: a call with True
+    after one with 1 (same layout) is journaled as True, not as the cached 1."""
+    import pickle
+
+    from otel_gpu import config, journal
+
+    settings = config.load({"level": 3, "journal_dir": str(tmp_path)})
+    j = journal.Journal(str(tmp_path), settings, None)
+    try:
+        decoded = []
+        for value in (1, True, 1.0, 1):
+            blob, truncated = j._encoded((("flag", metadata.VALUE, value),))
+            assert not truncated
+            decoded.append(pickle.loads(blob)[0][2])
+        assert [type(v) for v in decoded] == [int, bool, float, int]
+        assert j._encoded((("flag", metadata.VALUE, 1),)) is j._encoded(
+            (("flag", metadata.VALUE, 1),)
+        )
+    finally:
+        j.close()
