@@ -1,10 +1,18 @@
-"""``otel-gpu bench`` report: medians, ratios, the budgets of issue #6, and the text table."""
+"""``otel-gpu bench`` report: medians, ratios, the budgets, and the text table.
+
+The budgets are those of the performance issues: per call against FlashInfer's logger
+(issue #6, revised), and per forward pass of the tiny GPT2 against the same forward at
+level 0. The issue states the GPT2 budgets as forward time; the stricter reading, the
+total time until every span is in the file, is the budget here, and the caller-visible
+ratio is reported beside it.
+"""
 
 from __future__ import annotations
 
 import math
 import os
 import platform
+import statistics
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -14,9 +22,18 @@ if TYPE_CHECKING:
 __all__ = ["BUDGETS", "Budget", "build", "evaluate", "machine", "render"]
 
 # Which FlashInfer row a configuration is compared with, and whether it is compared with the floor.
-_PEER = {"ours1": "fi1", "ours3": "fi3", "ours5": "fi5", "ours10": "fi5", "otel": "fi1"}
+_PEER = {
+    "ours1": "fi1",
+    "ours3": "fi3",
+    "ours5": "fi5",
+    "ours10": "fi5",
+    "otel": "fi1",
+    "gpt2_1": "gpt2_0",
+    "gpt2_3": "gpt2_0",
+    "gpt2_5": "gpt2_0",
+}
 _FLOORED = ("ours5", "ours10", "fi5")
-_SPAN_WRITERS = ("ours1", "ours3", "ours5", "ours10", "otel")
+_SPAN_WRITERS = ("ours1", "ours3", "ours5", "ours10", "otel", "gpt2_1", "gpt2_3", "gpt2_5")
 
 
 @dataclass(frozen=True)
@@ -43,7 +60,26 @@ BUDGETS: tuple[Budget, ...] = (
     Budget("level 5 ≤ 3× the torch.sum floor (caller-visible)", "ours5", "floor", "caller", 3.0),
     Budget("level 5 on CUDA: ≤ 1 host sync per call", "ours5", "ours5", "caller", 1.0, "syncs"),
     Budget(
-        "level 10 dump throughput ≥ 0.7× torch.save", "ours10", "save", "total", 0.7, "throughput"
+        "level 10 recorder throughput ≥ 0.7× torch.save",
+        "ours10",
+        "save",
+        "total",
+        0.7,
+        "throughput",
+    ),
+    Budget(
+        "tiny GPT2 forward, level 1 ≤ 1.3× level 0 (total: every span on disk)",
+        "gpt2_1",
+        "gpt2_0",
+        "total",
+        1.3,
+    ),
+    Budget(
+        "tiny GPT2 forward, level 3 ≤ 2× level 0 (total: every span on disk)",
+        "gpt2_3",
+        "gpt2_0",
+        "total",
+        2.0,
     ),
 )
 
@@ -65,6 +101,19 @@ def _missing(configs: dict[str, Any], *names: str) -> str:
         elif row.get("status") != "ready":
             parts.append(f"{name} {row.get('status')}: {row.get('reason')}")
     return "; ".join(parts) or "not measured"
+
+
+def _paired(configs: dict[str, Any], name: str, other: str, cost: str) -> float | None:
+    """Median over rounds of name÷other within the same round (None unless both have every round).
+
+    On a shared machine the load drifts between rounds; a round visits every configuration
+    within a second or two, so per-round ratios cancel the drift that medians of each row do not.
+    """
+    mine = (configs.get(name) or {}).get(f"{cost}_samples_us") or []
+    theirs = (configs.get(other) or {}).get(f"{cost}_samples_us") or []
+    if not mine or len(mine) != len(theirs) or not all(theirs):
+        return None
+    return statistics.median(a / b for a, b in zip(mine, theirs))
 
 
 def evaluate(configs: dict[str, Any], device: str) -> list[dict[str, Any]]:
@@ -114,10 +163,26 @@ def evaluate(configs: dict[str, Any], device: str) -> list[dict[str, Any]]:
                 status="met" if ratio <= b.limit else "missed",
                 detail=f"{ours:.3g} µs vs {other:.3g} µs",
             )
+            paired = _paired(configs, b.ours, b.other, b.cost)
+            if paired is not None:
+                entry["detail"] += f" (per-round ratio {paired:.2f}×)"
             if b.ours == "ours5":
                 t_ours, t_other = _cost(configs, "ours5", "total"), _cost(configs, b.other, "total")
                 if t_ours and t_other:
                     entry["detail"] += f"; total incl. export {t_ours / t_other:.2f}×"
+            elif b.ours.startswith("gpt2"):  # the issue's reading (forward time), beside the budget
+                c_ours, c_other = (
+                    _cost(configs, b.ours, "caller"),
+                    _cost(configs, b.other, "caller"),
+                )
+                if c_ours and c_other:
+                    entry["detail"] += (
+                        f"; caller-visible {c_ours / c_other:.2f}× "
+                        f"({c_ours:.3g} µs vs {c_other:.3g} µs)"
+                    )
+                    paired = _paired(configs, b.ours, b.other, "caller")
+                    if paired is not None:
+                        entry["detail"] += f" (per-round ratio {paired:.2f}×)"
         out.append(entry)
     return out
 
@@ -150,14 +215,16 @@ def build(
     for name, row in configs.items():
         if row["status"] == "error":
             problems.append(f"{name}: {row['reason']}")
-        elif (
-            row["status"] == "ready"
-            and (name in _SPAN_WRITERS or name.startswith("fi"))
-            and row["spans_written"] != row["calls"]
-        ):
-            problems.append(
-                f"{name}: {row['calls']} calls but {row['spans_written']} records in the file"
-            )
+        elif row["status"] == "ready" and (name in _SPAN_WRITERS or name.startswith("fi")):
+            # A gpt2 call is a forward: one span per submodule call it makes.
+            per_call = row.get("spans_per_call") or 1
+            expected = None if row["calls"] is None else row["calls"] * per_call
+            if row["spans_written"] != expected:
+                each = f", expected {expected} ({per_call} per call)" if per_call != 1 else ""
+                problems.append(
+                    f"{name}: {row['calls']} calls but {row['spans_written']} records in the "
+                    f"file{each}"
+                )
         if row.get("dumps_written") is not None and row["dumps_written"] != row["calls"]:
             problems.append(
                 f"{name}: {row['calls']} calls but {row['dumps_written']} dump directories"
@@ -170,20 +237,28 @@ def build(
         row["peer"] = peer
         row["caller_vs_peer"] = c / c_peer if c is not None and c_peer else None
         row["total_vs_peer"] = t / t_peer if t is not None and t_peer else None
+        if peer is not None:
+            row["caller_vs_peer_per_round"] = _paired(configs, name, peer, "caller")
+            row["total_vs_peer_per_round"] = _paired(configs, name, peer, "total")
         row["caller_vs_floor"] = c / floor if name in _FLOORED and c is not None and floor else None
     versions = next((r.info for r in results.values() if r.status == "ready"), {})
+    transformers = next(
+        (r.info["transformers"] for r in results.values() if r.info.get("transformers")), None
+    )
     observers = next(
         (
             row["observers"]
             for n, row in configs.items()
-            if n in ("ours1", "ours3", "ours5") and row.get("observers") is not None
+            if n in ("ours1", "ours3", "ours5", "gpt2_1", "gpt2_3", "gpt2_5")
+            and row.get("observers") is not None
         ),
         None,
     )
     return {
         "machine": machine(),
         "versions": {
-            k: versions.get(k) for k in ("python", "torch", "opentelemetry_sdk", "flashinfer")
+            **{k: versions.get(k) for k in ("python", "torch", "opentelemetry_sdk", "flashinfer")},
+            "transformers": transformers,
         },
         "device": device,
         "torch_threads": versions.get("torch_threads", threads),
@@ -213,17 +288,19 @@ def render(report: dict[str, Any]) -> str:
         f"otel-gpu bench on {m['cpu']} ({m['cores']} cores), device {report['device']}, "
         f"{report['torch_threads']} torch thread(s); "
         f"Python {v['python']}, torch {v['torch']}, opentelemetry-sdk {v['opentelemetry_sdk']}, "
-        f"flashinfer {v['flashinfer'] or 'not installed'}",
+        f"flashinfer {v['flashinfer'] or 'not installed'}"
+        + (f", transformers {v['transformers']}" if v.get("transformers") else ""),
         "otel-gpu observers on every call: "
         + (", ".join(report.get("observers") or []) or "none")
         + ("" if report.get("journal", True) else " (run with --no-journal)"),
         f"medians of {report['rounds']} interleaved rounds (~{report['target_ms']:.0f} ms each); "
-        "µs per call; ratios are caller-visible÷caller-visible and total÷total",
+        "µs per call (a gpt2 call is one forward pass); ratios are caller-visible÷caller-visible "
+        "and total÷total",
         "",
     ]
     head = (
         f"{'configuration':30} {'calls/rd':>8} {'caller µs':>10} {'total µs':>10} "
-        f"{'vs':>4} {'caller×':>8} {'total×':>8} {'÷floor':>7} {'kept/call':>9} {'GC µs':>6}"
+        f"{'vs':>6} {'caller×':>8} {'total×':>8} {'÷floor':>7} {'kept/call':>9} {'GC µs':>6}"
     )
     cuda = report["device"] == "cuda"
     if cuda:
@@ -236,7 +313,7 @@ def render(report: dict[str, Any]) -> str:
             continue
         line = (
             f"{label:30} {row['calls_per_round']:>8} {_fmt(row['caller_us']):>10} "
-            f"{_fmt(row['total_us']):>10} {row['peer'] or '':>4} "
+            f"{_fmt(row['total_us']):>10} {row['peer'] or '':>6} "
             f"{_fmt(row['caller_vs_peer'], '.2f', '×'):>8} {_fmt(row['total_vs_peer'], '.2f', '×'):>8} "
             f"{_fmt(row['caller_vs_floor'], '.2f', '×'):>7}"
         )
@@ -249,7 +326,19 @@ def render(report: dict[str, Any]) -> str:
             syncs = row.get("host_syncs_per_call") or {}
             line += f" {_fmt(syncs.get('torch_syncs'), '.2f'):>10}"
         lines.append(line)
-    lines += ["", "budgets (issue #6):"]
+    gpt2 = [r for n, r in report["configs"].items() if n.startswith("gpt2") and r["calls"]]
+    if gpt2:
+        lines += [
+            "",
+            "gpt2: one call is a forward pass with input ids [2, 8]; "
+            f"{gpt2[0]['spans_per_call']} spans per forward expected (submodule calls counted "
+            "with forward hooks), modules instrumented: "
+            + ", ".join(
+                f"{r['label'].rsplit(' ', 1)[-1]}→{r['modules_instrumented']}" for r in gpt2
+            )
+            + "; caller×/total× compare with level 0",
+        ]
+    lines += ["", "budgets:"]
     for b in report["budgets"]:
         mark = {"met": "MET   ", "missed": "MISSED", "n/a": "n/a   "}[b["status"]]
         value = "" if b["value"] is None else f" {_fmt(b['value'], '.3f')}× (limit {b['limit']}×);"

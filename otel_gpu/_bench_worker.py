@@ -3,7 +3,8 @@
 Run as ``python -m otel_gpu._bench_worker '<json spec>'``. Every worker imports the
 same modules (torch, the OTel SDK and JSON file exporter, otel_gpu, and flashinfer
 when installed), so the garbage collector walks heaps of the same size in every
-configuration. A worker then waits on stdin for JSON commands and answers each with
+configuration. The tiny-GPT2 workers also import transformers and hold the model; they
+are compared only with each other. A worker then waits on stdin for JSON commands and answers each with
 one JSON line on the original stdout; anything a library prints goes to stderr.
 
 Commands: ``calibrate`` (pick the loop length for a target duration), ``run`` (one
@@ -166,6 +167,85 @@ class Ours(Config):
         return [type(o).__name__ for o in pipe.observers] if pipe is not None else []
 
 
+GPT2_CONFIG = {"n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 1000, "n_positions": 128}
+GPT2_IDS = (2, 8)  # batch, sequence
+
+
+def _import_transformers() -> Any:
+    """transformers, or Unavailable with the reason (it is a test dependency, not a runtime one)."""
+    if importlib.util.find_spec("transformers") is None:
+        raise Unavailable("transformers is not installed (pip install transformers)")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            transformers = importlib.import_module("transformers")
+    except Exception as exc:
+        raise Unavailable(f"import transformers failed: {type(exc).__name__}: {exc}") from exc
+    transformers.logging.set_verbosity_error()  # the tiny config's token-id warnings
+    return transformers
+
+
+def tiny_gpt2(device: Any = "cpu") -> tuple[Any, Any]:
+    """The tiny GPT2 of the bench, built from a config (no download), and its [2, 8] input ids."""
+    import torch
+
+    transformers = _import_transformers()
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(**GPT2_CONFIG)).eval()
+    ids = torch.randint(0, GPT2_CONFIG["vocab_size"], GPT2_IDS)
+    return model.to(device), ids.to(device)
+
+
+def module_calls(model: Any, *args: Any) -> int:
+    """Submodule calls one forward makes, counted with forward hooks (independently of otel-gpu).
+
+    Not every module runs: a ``ModuleList`` is only iterated, and attention implementations
+    other than eager never call ``attn_dropout``. This is the spans-per-forward to expect.
+    """
+    import torch
+
+    seen = [0]
+
+    def hook(module: Any, inputs: Any, output: Any) -> None:
+        seen[0] += 1
+
+    handles = [m.register_forward_hook(hook) for m in model.modules()]
+    try:
+        with torch.no_grad():
+            model(*args)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return seen[0]
+
+
+class Gpt2(Ours):
+    """One forward of the tiny GPT2 per call, every module wrapped by ``instrument_module``."""
+
+    def __init__(self, spec: dict[str, Any], q: Any, k: Any) -> None:
+        self.transformers = _import_transformers()
+        super().__init__(spec, q, k)  # configures the pipeline at this level, export deferred
+        import torch
+
+        import otel_gpu
+
+        self.model, self.ids = tiny_gpt2(q.device)
+        self.spans_per_call = module_calls(self.model, self.ids)
+        # Level 0: instrument_module wraps nothing and returns 0 (the baseline of these rows).
+        self.instrumented = otel_gpu.instrument_module(self.model)
+        self.identity = self.instrumented == 0
+        self.no_grad = torch.no_grad
+
+    def loop(self, n: int) -> None:
+        model, ids = self.model, self.ids
+        with self.no_grad():
+            for _ in range(n):
+                model(ids)
+
+    def count_dumps(self) -> int | None:
+        return None
+
+
 class OtelSdk(Config):
     """A plain SDK span around the call, BatchSpanProcessor → the same JSON Lines exporter."""
 
@@ -254,6 +334,7 @@ KINDS: dict[str, type[Config]] = {
     "bare": Bare,
     "floor": Floor,
     "ours": Ours,
+    "gpt2": Gpt2,
     "otel": OtelSdk,
     "flashinfer": FlashInfer,
     "save": TorchSave,
@@ -415,6 +496,10 @@ def _info(cfg: Config) -> dict[str, Any]:
         info["flashinfer"] = getattr(fi, "__version__", "?")
     if isinstance(cfg, Ours):
         info["observers"] = cfg.observers()
+    if isinstance(cfg, Gpt2):
+        info["transformers"] = cfg.transformers.__version__
+        info["spans_per_call"] = cfg.spans_per_call
+        info["modules_instrumented"] = cfg.instrumented
     return info
 
 

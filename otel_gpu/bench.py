@@ -13,7 +13,11 @@ For each configuration two costs per call are reported:
 * total: the loop plus the flush that puts every span into an OTLP JSON Lines file
   (FlashInfer writes its own log file synchronously, so its two costs coincide).
 
-Report formatting and the budgets of issue #6 live in :mod:`otel_gpu._bench_report`.
+The ``gpt2_*`` rows are a second workload: one forward pass of a tiny transformers GPT2
+per call, every module instrumented with :func:`otel_gpu.instrument_module` (about 30
+spans per forward), compared with the same forward at level 0.
+
+Report formatting and the budgets live in :mod:`otel_gpu._bench_report`.
 """
 
 from __future__ import annotations
@@ -59,11 +63,15 @@ CONFIGS: tuple[ConfigSpec, ...] = (
     ConfigSpec("fi3", "FlashInfer level 3", "flashinfer", 3),
     ConfigSpec("fi5", "FlashInfer level 5", "flashinfer", 5),
     ConfigSpec("save", "torch.save of the call", "save"),
+    ConfigSpec("gpt2_0", "tiny GPT2 forward, level 0", "gpt2", 0),
+    ConfigSpec("gpt2_1", "tiny GPT2 forward, level 1", "gpt2", 1),
+    ConfigSpec("gpt2_3", "tiny GPT2 forward, level 3", "gpt2", 3),
+    ConfigSpec("gpt2_5", "tiny GPT2 forward, level 5", "gpt2", 5),
 )
 _BY_NAME = {c.name: c for c in CONFIGS}
 
 _MAX_QUEUED = 1024  # otel_gpu.pipeline._WAKE_AT: production never defers more calls than this
-_READY_TIMEOUT = 600.0  # seconds; 12 workers importing torch at once on 2 cores take a while
+_READY_TIMEOUT = 600.0  # seconds; 16 workers importing torch at once on 2 cores take a while
 _REPLY_TIMEOUT = 900.0
 
 
@@ -79,7 +87,7 @@ class Result:
     total: list[float] = field(default_factory=list)
     syncs: dict[str, float] = field(default_factory=dict)
     gc: dict[str, float] = field(default_factory=dict)
-    calls: int | None = None
+    calls: int | None = None  # calls made: forwards, for the gpt2 rows
     spans: int | None = None
     dumps: int | None = None
     info: dict[str, Any] = field(default_factory=dict)
@@ -110,6 +118,8 @@ class Result:
             "gc": self.gc or None,
             "calls": self.calls,
             "spans_written": self.spans,
+            "spans_per_call": self.info.get("spans_per_call"),
+            "modules_instrumented": self.info.get("modules_instrumented"),
             "dumps_written": self.dumps,
             "identity": self.info.get("identity"),
             "observers": self.info.get("observers"),
@@ -261,6 +271,8 @@ def run(
             # keep more records alive, for the garbage collector to walk, than a real run does.
             kind = _BY_NAME[name].kind
             max_n = _MAX_QUEUED if kind in ("ours", "otel") else 200_000
+            if kind == "gpt2":  # ~30 spans per forward: as many queued spans as the rows above
+                max_n = max(1, _MAX_QUEUED // (results[name].info.get("spans_per_call") or 1))
             answer = ask(name, cmd="calibrate", target_s=target_s, max_n=max_n)
             if answer is not None:
                 results[name].n = answer["n"]
@@ -351,8 +363,10 @@ def register(sub: Any) -> None:
         description=(
             "Per-call cost of a decorated function with two [32,128,128] float32 tensors and a "
             "scalar kwarg: bare, otel-gpu levels 0/1/3/5/10, a plain OTel SDK span and "
-            "FlashInfer's @flashinfer_api (when installed), each in its own worker process, "
-            "measured in interleaved rounds; medians and ratios against the budgets."
+            "FlashInfer's @flashinfer_api (when installed); and one forward pass of a tiny GPT2 "
+            "with every module instrumented (otel_gpu.instrument_module) at levels 0/1/3/5 "
+            "(when transformers is installed). Each configuration runs in its own worker "
+            "process, measured in interleaved rounds; medians and ratios against the budgets."
         ),
     )
     p.add_argument("--json", action="store_true", help="machine-readable report on stdout")

@@ -8,10 +8,12 @@ runs once, for correctness); nothing here asserts a time. Figures come from
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
 import sys
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -20,6 +22,10 @@ import otel_gpu
 from otel_gpu import _bench_report, _bench_worker, bench, cli, pipeline
 
 SHAPE = _bench_worker.SHAPE
+
+needs_transformers = pytest.mark.skipif(
+    importlib.util.find_spec("transformers") is None, reason="transformers is not installed"
+)
 
 
 @pytest.fixture
@@ -35,7 +41,7 @@ def deferred_export(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(pipeline, "_WAKE_AT", pipeline._WAKE_AT)
 
 
-def _counted() -> tuple[list[int], object]:
+def _counted() -> tuple[list[int], Callable[..., torch.Tensor]]:
     calls = [0]
 
     def attention(q: torch.Tensor, k: torch.Tensor, *, scale: float = 1.0) -> torch.Tensor:
@@ -114,6 +120,31 @@ def test_benchmark_otel_sdk_span(benchmark, tensors, tmp_path) -> None:
     provider.shutdown()
 
 
+@pytest.mark.transformers
+@needs_transformers
+@pytest.mark.parametrize("level", [0, 1, 3])
+def test_benchmark_gpt2_forward(benchmark, tmp_path, level: int) -> None:
+    """Benchmark: one tiny-GPT2 forward with every module instrumented; every submodule call it
+    makes becomes one span on disk (none at level 0, where nothing is wrapped)."""
+    path = str(tmp_path / "spans.jsonl")
+    otel_gpu.configure(level=level, dest=path, provider="own")
+    model, ids = _bench_worker.tiny_gpt2()
+    per_forward = _bench_worker.module_calls(model, ids)
+    wrapped = otel_gpu.instrument_module(model)
+    assert (wrapped == 0) == (level == 0)
+    forwards = [0]
+
+    def forward() -> None:
+        forwards[0] += 1
+        with torch.no_grad():
+            model(ids)
+
+    benchmark(forward)
+    assert otel_gpu.flush(30.0)
+    expected = 0 if level == 0 else per_forward * forwards[0]
+    assert _bench_worker.count_spans(path) == expected
+
+
 # ---------------------------------------------------------------------------- worker configurations
 
 
@@ -148,6 +179,40 @@ def test_worker_level_10_unavailable_without_flight_recorder(
     q, k = tensors
     with pytest.raises(_bench_worker.Unavailable, match=r"otel_gpu\.dump"):
         _bench_worker.Ours({"level": 10, "dir": str(tmp_path)}, q, k)
+
+
+@pytest.mark.transformers
+@needs_transformers
+@pytest.mark.parametrize("level", [0, 1, 3])
+def test_worker_gpt2_round_writes_a_span_per_submodule_call(
+    tensors, tmp_path, deferred_export, level: int
+):
+    """The gpt2 worker runs whole forwards; at level 1/3 every submodule call of every forward
+    reaches the file (about 30 per forward), at level 0 nothing is wrapped and nothing is written."""
+    q, k = tensors
+    cfg = _bench_worker.Gpt2({"level": level, "dir": str(tmp_path)}, q, k)
+    assert cfg.spans_per_call >= 30  # root, transformer, embeddings, 2 blocks of ~13, ln_f, head
+    assert cfg.identity == (level == 0)
+    sample = _bench_worker._timed_round(cfg, 3, "cpu")
+    assert sample["n"] == 3 and 0 < sample["caller_ns"] <= sample["total_ns"]
+    if level == 0:
+        assert cfg.count() is None and cfg.instrumented == 0
+    else:
+        assert cfg.instrumented > 0
+        assert cfg.count() == 3 * cfg.spans_per_call
+
+
+def test_worker_gpt2_unavailable_without_transformers(tensors, tmp_path, monkeypatch):
+    """Without transformers the gpt2 rows are unavailable, with the reason, as FlashInfer's are."""
+    real = _bench_worker.importlib.util.find_spec
+    monkeypatch.setattr(
+        _bench_worker.importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "transformers" else real(name, *a),
+    )
+    q, k = tensors
+    with pytest.raises(_bench_worker.Unavailable, match="transformers is not installed"):
+        _bench_worker.Gpt2({"level": 1, "dir": str(tmp_path)}, q, k)
 
 
 def test_worker_flashinfer_unavailable_names_the_reason(tensors, monkeypatch):
@@ -208,6 +273,9 @@ def _configs() -> dict[str, dict]:
         "fi3": _row(90.0),
         "fi5": _row(7000.0),
         "save": _row(2000.0),
+        "gpt2_0": _row(1000.0, 1010.0, identity=True),
+        "gpt2_1": _row(1100.0, 1500.0),
+        "gpt2_3": _row(1500.0, 1900.0),
     }
 
 
@@ -227,9 +295,36 @@ def test_budgets_compare_the_issue_ratios():
 def test_budget_level_10_uses_the_recorders_marginal_cost():
     """Dump throughput compares torch.save with level 10's cost above level 5 (the recorder's own)."""
     budgets = {b["name"]: b for b in _bench_report.evaluate(_configs(), "cpu")}
-    dump = budgets["level 10 dump throughput ≥ 0.7× torch.save"]
+    dump = budgets["level 10 recorder throughput ≥ 0.7× torch.save"]
     assert math.isclose(dump["value"], 2000.0 / (1400.0 - 400.0))
     assert dump["status"] == "met"
+
+
+def test_gpt2_budgets_take_total_and_report_caller_visible_beside():
+    """The GPT2 budgets compare a forward with level 0's on total cost (every span on disk),
+    the stricter reading; the caller-visible ratio is reported in the detail."""
+    budgets = {b["name"]: b for b in _bench_report.evaluate(_configs(), "cpu")}
+    l1 = budgets["tiny GPT2 forward, level 1 ≤ 1.3× level 0 (total: every span on disk)"]
+    assert l1["status"] == "missed" and math.isclose(l1["value"], 1500.0 / 1010.0)
+    assert "caller-visible 1.10×" in l1["detail"]
+    l3 = budgets["tiny GPT2 forward, level 3 ≤ 2× level 0 (total: every span on disk)"]
+    assert l3["status"] == "met" and math.isclose(l3["value"], 1900.0 / 1010.0)
+    assert "caller-visible 1.50×" in l3["detail"]
+
+
+def test_budgets_report_the_per_round_ratio_beside_the_ratio_of_medians():
+    """Beside the ratio of medians, a budget shows the median of same-round ratios, which
+    cancels load drift between rounds; it is left out when the rows' rounds do not pair up."""
+    configs = _configs()
+    configs["gpt2_0"]["total_samples_us"] = [1000.0, 3000.0, 1000.0]
+    configs["gpt2_1"]["total_samples_us"] = [1400.0, 1500.0, 1400.0]  # rounds 1 and 3 pair: 1.4×
+    budgets = {b["name"]: b for b in _bench_report.evaluate(configs, "cpu")}
+    l1 = budgets["tiny GPT2 forward, level 1 ≤ 1.3× level 0 (total: every span on disk)"]
+    assert "(per-round ratio 1.40×)" in l1["detail"]
+    configs["gpt2_1"]["total_samples_us"] = [1400.0, 1500.0]
+    budgets = {b["name"]: b for b in _bench_report.evaluate(configs, "cpu")}
+    l1 = budgets["tiny GPT2 forward, level 1 ≤ 1.3× level 0 (total: every span on disk)"]
+    assert "per-round" not in l1["detail"]
 
 
 def test_budgets_not_applicable_when_a_row_is_missing_or_not_cuda():
@@ -272,6 +367,24 @@ def test_report_takes_medians_and_flags_lost_spans():
     assert report["problems"] == ["ours1: 9 calls but 8 records in the file"]
 
 
+def test_report_checks_gpt2_spans_per_forward_exactly():
+    """A gpt2 row must write exactly spans-per-forward × forwards spans; one short is a problem."""
+    info = {"spans_per_call": 31, "modules_instrumented": 33}
+    ok = _result("gpt2_1", [1e6], [2e6], calls=4, spans=124, info=info)
+    short = _result("gpt2_3", [1e6], [2e6], calls=4, spans=123, info=info)
+    base = _result("gpt2_0", [1e6], [1e6], calls=4, spans=None, info={"spans_per_call": 31})
+    report = _bench_report.build(
+        {"gpt2_0": base, "gpt2_1": ok, "gpt2_3": short}, device="cpu", rounds=1, target_s=0.01
+    )
+    assert report["problems"] == [
+        "gpt2_3: 4 calls but 123 records in the file, expected 124 (31 per call)"
+    ]
+    assert report["configs"]["gpt2_1"]["peer"] == "gpt2_0"
+    assert math.isclose(report["configs"]["gpt2_1"]["total_vs_peer"], 2.0)
+    text = _bench_report.render(report)
+    assert "31 spans per forward" in text and "gpt2_0" in text
+
+
 def test_render_shows_every_row_and_budget():
     """The text report has a row per configuration (unavailable ones with their reason) and every budget."""
     results = {
@@ -308,7 +421,7 @@ def test_cli_quick_json_end_to_end(capsys, tmp_path):
             "--rounds",
             "2",
             "--only",
-            "bare,ours0,ours1,fi1",
+            "bare,ours0,ours1,fi1,gpt2_0,gpt2_1",
             "--dir",
             str(tmp_path),
         ]
@@ -316,12 +429,19 @@ def test_cli_quick_json_end_to_end(capsys, tmp_path):
     report = json.loads(capsys.readouterr().out)
     assert code == 0, report["problems"]
     configs = report["configs"]
-    assert set(configs) == {"bare", "ours0", "ours1", "fi1"}
+    assert set(configs) == {"bare", "ours0", "ours1", "fi1", "gpt2_0", "gpt2_1"}
     assert configs["ours0"]["identity"] is True
     ours1 = configs["ours1"]
     assert ours1["status"] == "ready" and len(ours1["caller_samples_us"]) == 2
     assert ours1["spans_written"] == ours1["calls"] > 0
     assert configs["fi1"]["status"] in ("ready", "unavailable")
+    for name in ("gpt2_0", "gpt2_1"):  # unavailable (with the reason) without transformers
+        row = configs[name]
+        assert row["status"] in ("ready", "unavailable"), row["reason"]
+        if row["status"] == "ready":
+            assert row["calls"] > 0 and row["spans_per_call"] >= 30
+            expected = None if name == "gpt2_0" else row["calls"] * row["spans_per_call"]
+            assert row["spans_written"] == expected
     assert report["machine"]["cores"] == os.cpu_count()
 
 
