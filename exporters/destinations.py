@@ -1,12 +1,16 @@
 """``OTEL_GPU_LOGDEST`` → otel-gpu's own TracerProvider with one span processor per destination.
 
 * ``stdout`` / ``stderr``: the console renderer.
-* a path ending in ``.jsonl``: OTLP JSON Lines through the official
-  ``opentelemetry-exporter-otlp-json-file`` exporter.
+* a path ending in ``.jsonl``: OTLP JSON Lines.
 * any other path: the console renderer's text, without colour.
-* ``otlp``: the official OTLP exporter; gRPC unless ``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL``
+* ``otlp``: OTLP under a ``BatchSpanProcessor``; gRPC unless ``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL``
   (or ``OTEL_EXPORTER_OTLP_PROTOCOL``) says ``http/protobuf``, as in the OTel Python SDK.
   Endpoint, headers, timeout and TLS come from the standard ``OTEL_EXPORTER_OTLP_*`` variables.
+
+``OTEL_GPU_ENCODER=native`` (default) writes ``.jsonl`` and ``otlp`` with otel-gpu's own
+encoders (``otlp_json``, ``otlp_transport``), which also accept the pipeline's ``SpanData``;
+``official`` uses ``opentelemetry-exporter-otlp-json-file`` and the official OTLP exporters,
+which need SDK ``ReadableSpan`` objects.
 
 Paths expand ``%i`` to the pid and ``%r`` to the rank.
 """
@@ -69,6 +73,8 @@ class OwnProvider(NamedTuple):
     after_drain: list[Callable[[], Any]]
     observers: tuple[Any, ...]
     exporters: list[CountingExporter]
+    spandata: bool = False
+    """True when every processor and exporter also accepts ``SpanData`` (the native encoders)."""
 
 
 class DrainBatchProcessor(SpanProcessor):
@@ -162,6 +168,16 @@ def otlp_exporter() -> SpanExporter:
     return HttpExporter()
 
 
+def _jsonl_exporter(path: str, native: bool) -> SpanExporter:
+    if native:
+        from otel_gpu.exporters.otlp_json import JsonLinesSpanExporter
+
+        return JsonLinesSpanExporter(path)
+    from opentelemetry.exporter.otlp.json.file import FileSpanExporter
+
+    return FileSpanExporter(path)
+
+
 def _open_text(path: str) -> IO[str]:
     return open(path, "a", encoding="utf-8", buffering=1)
 
@@ -178,14 +194,22 @@ def build_provider(settings: Settings) -> OwnProvider:
     observers: list[Any] = []
     counters: list[CountingExporter] = []
     precall = settings.level >= 3
+    native = settings.encoder == "native"
     for item in settings.dest:
         key = item.lower()
         processor: SpanProcessor
         if key == "otlp":
-            counted = CountingExporter(otlp_exporter(), item)
+            if native:
+                from otel_gpu.exporters.otlp_transport import OtlpSpanExporter
+
+                exporter: SpanExporter = OtlpSpanExporter(otlp_protocol())
+            else:
+                exporter = otlp_exporter()
+            counted = CountingExporter(exporter, item)
             counters.append(counted)
-            # The SDK's default 2048-span queue would silently drop bursts otel-gpu's own
-            # queue accepted: give it the same bound.
+            # Sending must never hold the export thread: the SDK's batch processor (it reads only
+            # span.context, so SpanData passes) sends from its own thread. Its default 2048-span
+            # queue would silently drop bursts otel-gpu's own queue accepted: same bound as ours.
             processor = BatchSpanProcessor(counted, max_queue_size=settings.queue_size)
         else:
             if key in ("stdout", "stderr"):
@@ -196,9 +220,7 @@ def build_provider(settings: Settings) -> OwnProvider:
             else:
                 path = expand_path(item)
                 if path.endswith(".jsonl"):
-                    from opentelemetry.exporter.otlp.json.file import FileSpanExporter
-
-                    counted = CountingExporter(FileSpanExporter(path), item)
+                    counted = CountingExporter(_jsonl_exporter(path, native), item)
                     counters.append(counted)
                     drain = DrainBatchProcessor(counted)
                     hooks.append(drain.force_flush)
@@ -220,4 +242,4 @@ def build_provider(settings: Settings) -> OwnProvider:
             processor = DrainBatchProcessor(counted)
             hooks.append(processor.force_flush)
         provider.add_span_processor(processor)
-    return OwnProvider(provider, hooks, tuple(observers), counters)
+    return OwnProvider(provider, hooks, tuple(observers), counters, spandata=native)

@@ -134,6 +134,7 @@ class JsonEncoder:
         self._resources: dict[int, tuple[Any, str]] = {}
         self._scopes: dict[int, tuple[Any, str]] = {}
         self._warned: set[str] = set()
+        self._last_status: tuple[Any, str] = (self, "")  # (status object, its text + "}")
 
     # ------------------------------------------------------------------ attributes
 
@@ -238,8 +239,10 @@ class JsonEncoder:
                     items = _items(attributes)
                 if constant:
                     out.append(constant)
-                items = islice(items, fixed[1], None)
-            self._attributes(items, out)
+                if len(attributes) > fixed[1]:
+                    self._attributes(islice(items, fixed[1], None), out)
+            else:
+                self._attributes(items, out)
             parts.append(',"attributes":[' + ",".join(out) + "]")
         if span.dropped_attributes:
             parts.append(f',"droppedAttributesCount":{span.dropped_attributes}')
@@ -251,8 +254,11 @@ class JsonEncoder:
             parts.append(',"links":[' + ",".join([self._link(x) for x in span.links]) + "]")
         if span.dropped_links:
             parts.append(f',"droppedLinksCount":{span.dropped_links}')
-        parts.append(_status(span.status))
-        parts.append("}")
+        status = span.status
+        last = self._last_status  # one tuple, so a concurrent update never pairs it wrongly
+        if last[0] is not status:  # most spans share the pipeline's one UNSET status object
+            last = self._last_status = (status, _status(status) + "}")
+        parts.append(last[1])
         return "".join(parts)
 
     def _event(self, event: Any) -> str:

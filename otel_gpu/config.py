@@ -87,6 +87,16 @@ def _positive_int(raw: str) -> int:
     return value
 
 
+def _non_negative_int(raw: str) -> int:
+    try:
+        value = int(str(raw).strip())
+    except ValueError:
+        raise ValueError("not an integer") from None
+    if value < 0:
+        raise ValueError("must be 0 or greater")
+    return value
+
+
 def _non_negative_float(raw: str) -> float:
     try:
         value = float(str(raw).strip())
@@ -246,6 +256,17 @@ SETTINGS: tuple[Setting, ...] = (
         "large torch heap. Turn off if the application toggles gc.disable()/gc.enable() itself.",
     ),
     Setting(
+        "encoder",
+        "OTEL_GPU_ENCODER",
+        "native",
+        "native, official",
+        _str_choice(("native", "official")),
+        "How otel-gpu's own destinations (OTEL_GPU_LOGDEST) encode spans. native: otel-gpu's "
+        "OTLP JSON and protobuf encoders, fed plain span records (a few µs a span); official: "
+        "the OpenTelemetry exporters fed SDK ReadableSpans (~10× the cost). An application's "
+        "provider always gets ReadableSpans.",
+    ),
+    Setting(
         "color",
         "OTEL_GPU_COLOR",
         "auto",
@@ -281,6 +302,65 @@ SETTINGS: tuple[Setting, ...] = (
         "Code to instrument without editing it, applied by `otel-gpu run` and the "
         "`opentelemetry-instrument` entry point (or `otel_gpu.instrument_from_settings()`): "
         "modules not yet imported are instrumented when first imported.",
+    ),
+    Setting(
+        "on_nonfinite",
+        "OTEL_GPU_ON_NONFINITE",
+        "mark",
+        "mark, error, dump, raise",
+        _str_choice(("mark", "error", "dump", "raise")),
+        "At level >= 5, what a call with NaN/Inf in its tensors does: mark (the otel_gpu.nonfinite "
+        "attribute and the statistics events), error (also span status ERROR naming the tensors), "
+        "dump (also a flight-recorder dump of the call and of the OTEL_GPU_RING calls before it), "
+        "raise (also otel_gpu.NonFiniteError raised after the call: for debugging runs).",
+    ),
+    Setting(
+        "stuck_after",
+        "OTEL_GPU_STUCK_AFTER",
+        0.0,
+        "seconds >= 0; 0 turns it off",
+        _non_negative_float,
+        "Report a call still running after this many seconds, once, at once (not at exit): a span "
+        "otel_gpu.stuck <name> with every thread's Python stack and the call's inputs, and a ring "
+        "dump when OTEL_GPU_RING is on. Checked by the export thread every 100 ms.",
+    ),
+    Setting(
+        "ring",
+        "OTEL_GPU_RING",
+        0,
+        "integer >= 0; 0 turns it off",
+        _non_negative_int,
+        "At level >= 3, keep the inputs of the last N calls in host memory, and write them with "
+        "the triggering call as flight-recorder dumps when a call raises, when "
+        "OTEL_GPU_ON_NONFINITE=dump sees NaN/Inf, when a call is stuck, or on SIGTERM.",
+    ),
+    Setting(
+        "ring_max_mb",
+        "OTEL_GPU_RING_MAX_MB",
+        256.0,
+        "number >= 0 (MiB)",
+        _non_negative_float,
+        "Host memory the ring may hold; the oldest calls are dropped first. A call larger than "
+        "this is kept without its tensors (its dump says so).",
+    ),
+    Setting(
+        "dump_modules",
+        "OTEL_GPU_DUMP_MODULES",
+        False,
+        "true, false",
+        _bool,
+        "At level 10, save the state_dict of each torch.nn.Module whose method is recorded (once "
+        "per module instance, below OTEL_GPU_DUMP_DIR/modules, named by a content hash), so "
+        "replay can construct the module again and re-run the call.",
+    ),
+    Setting(
+        "dump_modules_max_mb",
+        "OTEL_GPU_DUMP_MODULES_MAX_MB",
+        1024.0,
+        "number >= 0 (MiB)",
+        _non_negative_float,
+        "Total size of module states OTEL_GPU_DUMP_MODULES may write; beyond it calls are recorded "
+        "without their module (replay skips them, saying so).",
     ),
     Setting(
         "module_param_stats",
@@ -341,6 +421,17 @@ SETTINGS: tuple[Setting, ...] = (
         "torch keeps dense layouts in the file; safetensors stores contiguous copies; replay restores "
         "the recorded strides for both.",
     ),
+    Setting(
+        "dump_durability",
+        "OTEL_GPU_DUMP_DURABILITY",
+        "fsync",
+        "fsync, process, async",
+        _str_choice(("fsync", "process", "async")),
+        "fsync: inputs and manifest are written and fsync'd before the call runs (survive a machine "
+        "crash); process: written before the call, no fsync (survive the process dying, not the "
+        "machine); async: copied before the call, written by a background thread (fastest; a "
+        "process that dies inside the call may lose them).",
+    ),
     # ---- crash journal
     Setting(
         "journal",
@@ -391,10 +482,17 @@ class Settings:
     queue_size: int = 65536
     flush_timeout: float = 3.0
     export_gc_pause: bool = True
+    encoder: str = "native"
     color: str = "auto"
     strict: bool = False
     redact: tuple[str, ...] = ("token", "key", "password", "secret", "auth")
     instrument: tuple[str, ...] = ()
+    on_nonfinite: str = "mark"
+    stuck_after: float = 0.0
+    ring: int = 0
+    ring_max_mb: float = 256.0
+    dump_modules: bool = False
+    dump_modules_max_mb: float = 1024.0
     module_param_stats: bool = False
     dump_dir: str = "otel_gpu_dumps"
     dump_max_size_gb: float = 20.0
@@ -402,6 +500,7 @@ class Settings:
     dump_include: tuple[str, ...] = ()
     dump_exclude: tuple[str, ...] = ()
     dump_format: str = "torch"
+    dump_durability: str = "fsync"
     journal: bool = True
     journal_dir: str | None = None
     recover_on_start: bool = False

@@ -1,10 +1,12 @@
-"""Deferred materialisation: call records in, standard SDK spans out, off the caller's thread.
+"""Deferred materialisation: call records in, finished spans out, off the caller's thread.
 
 The caller's thread appends a :class:`~otel_gpu._span.Call` to a bounded deque and
 returns. An export thread wakes every 100 ms (or sooner when the queue fills),
-turns each record into an SDK ``ReadableSpan`` and hands it to the target
-TracerProvider's span processors (``on_end``), so every standard processor and
-exporter works unchanged.
+turns each record into a finished span and hands it to the target TracerProvider's
+span processors (``on_end``). An application's provider gets SDK ``ReadableSpan`` objects,
+so every standard processor and exporter works unchanged; otel-gpu's own provider
+with the native encoders (``OTEL_GPU_ENCODER=native``) gets ``SpanData``, the same
+span without the SDK's per-attribute validation, which only its own exporters read.
 
 The target provider is resolved on the first call (see ``OTEL_GPU_PROVIDER``):
 the application's global SDK provider, one given to :func:`otel_gpu.configure`,
@@ -19,6 +21,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from itertools import islice
 from typing import Any
 
 from opentelemetry import trace
@@ -33,12 +36,21 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from otel_gpu import _guard, metadata, stats
 from otel_gpu._span import Call, exception_attributes
 from otel_gpu.config import LEVELS, Settings
+from otel_gpu.exporters.spandata import SpanData
 
 __all__ = ["Pipeline", "get", "reset", "shutdown"]
 
 _WAKE_EVERY = 0.1  # seconds; batching amortises the export thread's wake-ups and GIL grabs
 _WAKE_AT = 1024  # queued calls that wake the export thread early, to bound memory
 _EXPORT_CHUNK = 64  # spans per export; bounds how long drain() keeps the collector paused
+# keys (and prefixes) whose values the export thread writes per call
+_PER_CALL_KEYS = (
+    "otel_gpu.input.",
+    "otel_gpu.output.",
+    "otel_gpu.nonfinite",
+    "otel_gpu.events.omitted",
+    "otel_gpu.attributes.omitted",
+)
 
 try:
     from importlib.metadata import version as _pkg_version
@@ -64,6 +76,7 @@ class Pipeline:
         self.pid = os.getpid()
         self.observers: tuple[Any, ...] = ()
         self.root_sampler: Callable[[int, str], bool] | None = None
+        self.ring: Any = None  # the in-memory ring (otel_gpu.ring), when OTEL_GPU_RING is on
         self.errors: list[BaseException] = []
         self._wake = threading.Event()
         self._drain_lock = threading.Lock()
@@ -71,6 +84,8 @@ class Pipeline:
         self._own_provider: SdkTracerProvider | None = None
         self._after_drain: list[Any] = []
         self._counters: list[Any] = []  # own destinations' exporters, counting confirmed spans
+        self.native = False  # the processors take SpanData (own provider, native encoders)
+        self._heads: dict[Any, int] = {}  # plan -> leading attributes shared by its spans
         self._resolve(tracer_provider)
         self._thread = threading.Thread(target=self._run, name="otel-gpu-export", daemon=True)
         self._thread.start()
@@ -110,6 +125,7 @@ class Pipeline:
             )
             self._counters = own.exporters
             self._own_provider = provider
+            self.native = own.spandata
         self.observers = self.observers + _extension_observers(self.settings, self)
         # A function keeps the level it was decorated at; observers run only for levels they serve.
         self.observers_at = {
@@ -129,6 +145,16 @@ class Pipeline:
     def add_after_drain(self, hook: Callable[[], Any]) -> None:
         """Run ``hook`` on the export thread after each drain (every ~100 ms), e.g. a heartbeat."""
         self._after_drain.append(hook)
+
+    def export_now(self, call: Call, timeout: float | None = None) -> None:
+        """Build and export one record immediately, flushed (the stuck-call report: a watchdog
+        may kill the process right after, so it must not wait in a batch)."""
+        build = self.materialise_native if self.native else self.materialise
+        self.processor.on_end(build(call))
+        self.exported += 1
+        self.taken += 1
+        wait = self.settings.flush_timeout if timeout is None else timeout
+        self.processor.force_flush(int(wait * 1000))
 
     # ------------------------------------------------------------------ hot path
 
@@ -159,6 +185,7 @@ class Pipeline:
         try:
             queue = self.queue
             on_end = self.processor.on_end
+            build = self.materialise_native if self.native else self.materialise
             late = False
             while True:
                 # Spans and the SDK encoders' objects (~100 GC-tracked per span) live only for a
@@ -178,8 +205,7 @@ class Pipeline:
                         call = queue.popleft()
                         self.taken += 1
                         try:
-                            span = self.materialise(call)
-                            on_end(span)
+                            on_end(build(call))
                             self.exported += 1
                         except Exception as exc:
                             self._internal("export", exc)
@@ -204,6 +230,90 @@ class Pipeline:
 
     def materialise(self, call: Call) -> ReadableSpan:
         """Build the SDK span of one call record."""
+        span = call.span
+        attrs, events, status = self._contents(call)
+        return ReadableSpan(
+            name=span.name,
+            context=span.get_span_context(),
+            parent=call.parent,
+            resource=self.resource,
+            attributes=self._bounded(attrs),
+            events=events,
+            links=span.links or (),
+            kind=SpanKind.INTERNAL,
+            status=status,
+            start_time=call.start_ns,
+            end_time=call.end_ns,
+            instrumentation_scope=SCOPE,
+        )
+
+    def materialise_native(self, call: Call) -> SpanData:
+        """The same span as :meth:`materialise`, as ``SpanData`` for otel-gpu's own encoders.
+
+        ``BoundedAttributes`` validates every value through ABC ``isinstance`` checks
+        (15–40 µs a span); here one exact-type pass proves the values need no cleaning,
+        and only spans that do (long strings, unusual types, bad keys) take the SDK's path.
+        """
+        plan = call.plan
+        span = call.span
+        attrs, events, status = self._contents(call)
+        n = self._heads.get(plan)
+        if n is None:
+            n = self._head_of(plan)
+        limit = self.max_attributes
+        # The plan's attributes lead every span of the plan unchanged unless something was put
+        # before them (the events-omitted count) or a user attribute overwrote one of them.
+        head = (
+            n > 0
+            and next(iter(attrs)) == next(iter(plan.attributes))
+            and not (span.attributes and not span.attributes.keys().isdisjoint(plan.attributes))
+        )
+        if limit is not None and len(attrs) > limit:
+            attrs = self._summarised(attrs, limit)
+        dropped = 0
+        # the plan's own attributes, when they lead unchanged, were checked once per plan
+        if limit == 0 or _needs_cleaning(attrs, self.max_value_len, n if head else 0):
+            bounded = BoundedAttributes(
+                limit, attrs, immutable=True, max_value_len=self.max_value_len
+            )
+            attrs, dropped, head = bounded._dict, bounded.dropped, False
+        return SpanData(
+            span.name,
+            span.get_span_context(),
+            call.parent,
+            call.start_ns,
+            call.end_ns,
+            attrs,
+            events,
+            span.links or (),
+            status,
+            self.resource,
+            SCOPE,
+            fixed=(plan, n) if head else None,
+            dropped_attributes=dropped,
+        )
+
+    def _head_of(self, plan: Any) -> int:
+        """How many leading attributes every span of ``plan`` shares (the ``fixed`` hint), or 0.
+
+        0 when a count limit could cut them, the SDK would clean them, or a key is one the
+        pipeline writes per call (a decorator's ``attributes=`` may name any key).
+        """
+        n = len(plan.attributes)
+        limit = self.max_attributes
+        if (
+            (limit is not None and limit <= n)
+            or any(type(k) is not str or k.startswith(_PER_CALL_KEYS) for k in plan.attributes)
+            or _needs_cleaning(plan.attributes, self.max_value_len)
+        ):
+            n = 0
+        if len(self._heads) >= 4096:  # decorating in a loop must not grow this without bound
+            self._heads.clear()
+        self._heads[plan] = n
+        return n
+
+    def _contents(self, call: Call) -> tuple[dict[str, Any], list[Event], Status]:
+        """A call's attributes (before limits), events (event limit applied) and status."""
         plan = call.plan
         span = call.span
         limit = self.settings.repr_limit
@@ -240,37 +350,27 @@ class Pipeline:
             keep = self.max_events - len(tail)
             attrs = {"otel_gpu.events.omitted": len(body) - keep, **attrs}
             events = body[:keep] + tail
-        return ReadableSpan(
-            name=span.name,
-            context=span.get_span_context(),
-            parent=call.parent,
-            resource=self.resource,
-            attributes=self._bounded(attrs),
-            events=events,
-            links=span.links or (),
-            kind=SpanKind.INTERNAL,
-            status=status,
-            start_time=call.start_ns,
-            end_time=call.end_ns,
-            instrumentation_scope=SCOPE,
-        )
+        return attrs, events, status
 
     def _bounded(self, attrs: dict[str, Any]) -> BoundedAttributes:
         """Stay within the provider's attribute count limit: summarise, never drop silently."""
         limit = self.max_attributes
         if limit is not None and len(attrs) > limit:
-            items = list(attrs.items())
-            kept = dict(items[: limit - 1])
-            omitted = [k for k, _ in items[limit - 1 :]]
-            summary = (
-                f"{len(omitted)} attributes omitted (attribute count limit {limit}): "
-                + ", ".join(omitted)
-            )
-            kept["otel_gpu.attributes.omitted"] = metadata._truncate(
-                summary, metadata.MAX_VALUE_BYTES
-            )
-            attrs = kept
+            attrs = self._summarised(attrs, limit)
         return BoundedAttributes(limit, attrs, immutable=True, max_value_len=self.max_value_len)
+
+    @staticmethod
+    def _summarised(attrs: dict[str, Any], limit: int) -> dict[str, Any]:
+        """The first ``limit - 1`` attributes and one naming the keys the count limit cut."""
+        items = list(attrs.items())
+        kept = dict(items[: limit - 1])
+        omitted = [k for k, _ in items[limit - 1 :]]
+        summary = (
+            f"{len(omitted)} attributes omitted (attribute count limit {limit}): "
+            + ", ".join(omitted)
+        )
+        kept["otel_gpu.attributes.omitted"] = metadata._truncate(summary, metadata.MAX_VALUE_BYTES)
+        return kept
 
     # ------------------------------------------------------------------ flush and exit
 
@@ -341,6 +441,41 @@ class Pipeline:
             )
 
 
+def _needs_cleaning(attrs: dict[str, Any], max_len: int | None, skip: int = 0) -> bool:
+    """Whether ``BoundedAttributes`` might change ``attrs`` after the first ``skip`` (known clean):
+    a key that is not a non-empty str, a string longer than ``max_len``, or a value other than a
+    str/bool/int/float or a list or tuple of one of them. Exact types: a subclass takes the SDK's
+    path, which knows what to do."""
+    if skip >= len(attrs):
+        return False
+    for k, v in islice(attrs.items(), skip, None) if skip else attrs.items():
+        if type(k) is not str or not k:
+            return True
+        t = type(v)
+        if t is str:
+            if max_len is not None and len(v) > max_len:
+                return True
+        elif t is int or t is float or t is bool:
+            continue
+        elif t is list or t is tuple:
+            if not v:
+                continue
+            t0 = type(v[0])  # one element type: older SDKs drop mixed sequences
+            if t0 is str:
+                for x in v:
+                    if type(x) is not str or (max_len is not None and len(x) > max_len):
+                        return True
+            elif t0 is int or t0 is float or t0 is bool:
+                for x in v:
+                    if type(x) is not t0:
+                        return True
+            else:
+                return True
+        else:
+            return True
+    return False
+
+
 class _HashedResource(Resource):
     """The provider's resource, hashed once.
 
@@ -381,6 +516,10 @@ def _extension_observers(settings: Settings, pipe: Pipeline) -> tuple[Any, ...]:
     wanted = []  # (module, lowest level it serves)
     if settings.journal:
         wanted.append(("otel_gpu.journal", 1))
+    if settings.stuck_after:
+        wanted.append(("otel_gpu.watchdog", 1))
+    if settings.ring and settings.level >= 3:
+        wanted.append(("otel_gpu.ring", 3))
     if settings.level >= 10:
         wanted.append(("otel_gpu.dump", 10))
     for name, min_level in wanted:
