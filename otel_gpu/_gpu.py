@@ -8,10 +8,20 @@ Behaviour behind them is unverified on real GPUs unless docs/gpu.md says otherwi
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
-__all__ = ["cuda_available", "host_reads", "is_capturing", "read_scalars"]
+__all__ = [
+    "copy_to_host",
+    "cuda_available",
+    "host_reads",
+    "is_capturing",
+    "is_cuda_tensor",
+    "pinned_empty",
+    "read_scalars",
+    "wait_copy",
+]
 
 host_reads = 0
 """How many device-to-host reads :func:`read_scalars` made (one per device per batch); tests read it."""
@@ -55,3 +65,34 @@ def read_scalars(vectors: Sequence[torch.Tensor]) -> list[list[float]]:
         for i, row in zip(indices, rows):
             out[i] = row
     return out  # type: ignore[return-value]
+
+
+# --------------------------------------------------------------------------- flight recorder copies
+
+
+def is_cuda_tensor(t: torch.Tensor) -> bool:
+    """Whether the flight recorder copies ``t`` with :func:`copy_to_host` (asynchronously)."""
+    return t.device.type == "cuda"
+
+
+def pinned_empty(nbytes: int) -> torch.Tensor:
+    """A page-locked host buffer of ``nbytes`` bytes: device-to-host copies into it can be asynchronous."""
+    return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+
+
+def copy_to_host(dst: torch.Tensor, src: torch.Tensor) -> Any:
+    """Start copying device tensor ``src`` into pinned ``dst``; returns what :func:`wait_copy` waits on.
+
+    The copy is queued on ``src``'s device's current stream, after the kernels that produced
+    ``src`` and before any the program launches later on that stream; the caller does not wait.
+    """
+    stream = torch.cuda.current_stream(src.device)
+    dst.copy_(src, non_blocking=True)
+    event = torch.cuda.Event()
+    event.record(stream)
+    return event
+
+
+def wait_copy(event: Any) -> None:
+    """Block until a copy started by :func:`copy_to_host` has finished (on the recorder's writer thread)."""
+    event.synchronize()

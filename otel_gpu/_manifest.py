@@ -14,6 +14,7 @@ import math
 import os
 import pickle
 import re
+import threading
 import types
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -25,7 +26,10 @@ __all__ = [
     "RETURNED",
     "SCHEMA_VERSION",
     "Encoder",
+    "HostBuffers",
+    "HostCopies",
     "call_dir_name",
+    "encode_json",
     "host_copy",
     "load_tensors",
     "public_fields",
@@ -35,6 +39,7 @@ __all__ = [
     "save_tensors",
     "stored_nbytes",
     "type_ref",
+    "write_bytes",
     "write_json",
 ]
 
@@ -82,6 +87,19 @@ def pytree_children(value: Any) -> list[tuple[str, Any]] | None:
         return [(str(i), child) for i, child in enumerate(children)]
     except Exception:
         return None
+
+
+def _from_dict(value: Any, tp: type) -> dict[str, Any] | None:
+    """``value.to_dict()`` when ``tp.from_dict`` exists and the dict is plain JSON, else None."""
+    to_dict = getattr(value, "to_dict", None)
+    if not callable(to_dict) or not callable(getattr(tp, "from_dict", None)):
+        return None
+    try:
+        data = to_dict()
+        json.dumps(data, allow_nan=False)
+    except Exception:
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def _key_name(key: Any, index: int) -> str:
@@ -217,6 +235,9 @@ class Encoder:
         if children is not None:
             named = [[k, self.encode(v, f"{path}.{k}", depth + 1)] for k, v in children]
             return {"t": "pytree", "type": type_ref(tp), "items": named}
+        rebuilt = _from_dict(value, tp)
+        if rebuilt is not None:  # a transformers config: rebuilt by Type.from_dict(v)
+            return {"t": "from_dict", "type": type_ref(tp), "v": rebuilt}
         fields = public_fields(value)
         if fields is not None:
             refs, noted = self._tensor_refs, len(self.unsupported)
@@ -279,8 +300,109 @@ def host_copy(t: torch.Tensor, always_copy: bool) -> torch.Tensor:
     return t  # torch.save would write exactly this tensor's bytes: no copy needed
 
 
-def save_tensors(path_base: str, tensors: dict[str, torch.Tensor], fmt: str) -> str:
-    """Write ``tensors`` to ``<path_base>.pt`` or ``.safetensors``, fsync'd; returns the file name.
+class HostCopies:
+    """Host copies of one call's tensors, written later by the recorder's writer thread.
+
+    ``tensors`` may still be filling from a device (asynchronous copies into pinned
+    buffers): :meth:`wait` before reading them. ``buffers`` go back to the pool once written.
+    """
+
+    __slots__ = ("buffers", "events", "nbytes", "tensors")
+
+    def __init__(self) -> None:
+        self.tensors: dict[str, torch.Tensor] = {}
+        self.buffers: list[tuple[torch.Tensor, bool]] = []  # (buffer, pinned)
+        self.events: list[Any] = []
+        self.nbytes = 0
+
+    def wait(self) -> None:
+        """Block until every asynchronous device-to-host copy has landed."""
+        from otel_gpu import _gpu
+
+        events, self.events = self.events, []
+        for event in events:
+            _gpu.wait_copy(event)
+
+
+_POOL_BYTES = 256 << 20  # host buffers kept for reuse between calls, all sizes together
+
+
+class HostBuffers:
+    """Reused host buffers for the copies the recorder writes later (page-locked for CUDA tensors).
+
+    A fresh CPU allocation of a few MB page-faults on every call, and pinned memory is
+    expensive to allocate; a reused buffer costs the copy only. Buffers are kept by exact
+    size, so a tensor file never holds more bytes than the tensor (``torch.save`` writes
+    a tensor's whole storage).
+    """
+
+    def __init__(self, max_bytes: int = _POOL_BYTES) -> None:
+        self.max_bytes = max_bytes
+        self._free: dict[tuple[int, bool], list[torch.Tensor]] = {}
+        self._kept = 0
+        self._lock = threading.Lock()
+
+    def copy(self, tensors: dict[str, torch.Tensor]) -> HostCopies:
+        """Copies of ``tensors`` that the program cannot change any more (device copies may be in flight)."""
+        from otel_gpu import _gpu
+
+        out = HostCopies()
+        for key, t in tensors.items():
+            t = t.detach()
+            for d in _broadcast_dims(t):
+                t = t.narrow(d, 0, 1)
+            nbytes = t.numel() * t.element_size()
+            out.nbytes += nbytes
+            plain = nbytes > 0 and not (t.is_quantized or t.is_conj() or t.is_neg())
+            pinned = plain and _gpu.is_cuda_tensor(t)
+            if pinned:
+                buf = self._take(nbytes, True)
+                dst = buf.view(t.dtype).view(t.shape)  # contiguous: replay restores the strides
+                out.events.append(_gpu.copy_to_host(dst, t))
+            elif plain and t.device.type == "cpu" and t.is_contiguous():
+                buf = self._take(nbytes, False)
+                dst = buf.view(t.dtype).view(t.shape)
+                dst.copy_(t)
+            else:  # other layouts and devices: a fresh copy, as host_copy makes it
+                out.tensors[key] = host_copy(t, always_copy=True)
+                continue
+            out.buffers.append((buf, pinned))
+            out.tensors[key] = dst
+        return out
+
+    def release(self, copies: HostCopies) -> None:
+        """Give ``copies``' buffers back once they are written (or dropped)."""
+        buffers, copies.buffers = copies.buffers, []
+        copies.tensors = {}
+        with self._lock:
+            for buf, pinned in buffers:
+                n = buf.numel()
+                if self._kept + n <= self.max_bytes:
+                    self._free.setdefault((n, pinned), []).append(buf)
+                    self._kept += n
+
+    def clear(self) -> None:
+        with self._lock:
+            self._free.clear()
+            self._kept = 0
+
+    def _take(self, nbytes: int, pinned: bool) -> torch.Tensor:
+        with self._lock:
+            free = self._free.get((nbytes, pinned))
+            if free:
+                self._kept -= nbytes
+                return free.pop()
+        if pinned:
+            from otel_gpu import _gpu
+
+            return _gpu.pinned_empty(nbytes)
+        return torch.empty(nbytes, dtype=torch.uint8)
+
+
+def save_tensors(
+    path_base: str, tensors: dict[str, torch.Tensor], fmt: str, fsync: bool = True
+) -> str:
+    """Write ``tensors`` to ``<path_base>.pt`` or ``.safetensors`` (fsync'd if asked); returns the file name.
 
     Falls back to the torch format when safetensors cannot represent a tensor
     (complex128, shared storage).
@@ -306,28 +428,43 @@ def save_tensors(path_base: str, tensors: dict[str, torch.Tensor], fmt: str) -> 
                 os.remove(path)
         else:
             os.chmod(path, 0o600)
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            if fsync:
+                fd = os.open(path, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
             return os.path.basename(path)
-    return _write_file(path_base + ".pt", lambda f: torch.save(tensors, f))
+    return _write_file(path_base + ".pt", lambda f: torch.save(tensors, f), fsync)
 
 
-def _write_file(path: str, write: Any) -> str:
+def _write_file(path: str, write: Any, fsync: bool) -> str:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "wb") as f:
         write(f)
         f.flush()
-        os.fsync(f.fileno())
+        if fsync:
+            os.fsync(f.fileno())
     return os.path.basename(path)
 
 
 def write_json(directory: str, name: str, obj: Any, fsync: bool = True) -> None:
     """Replace ``directory/name`` atomically: readers see the old or the new file, never half of one."""
+    write_bytes(directory, name, encode_json(obj), fsync)
+
+
+def encode_json(obj: Any) -> bytes:
+    """The bytes :func:`write_json` writes for ``obj``."""
+    return json.dumps(obj, indent=1, allow_nan=False).encode("utf-8")
+
+
+def write_bytes(directory: str, name: str, data: bytes, fsync: bool = True) -> None:
+    """Replace ``directory/name`` with ``data`` atomically (temporary file, then rename).
+
+    With ``fsync``, the file and then the directory are fsync'd: one directory fsync makes
+    both the rename and any file created before it in this directory durable.
+    """
     tmp = os.path.join(directory, f".{name}.tmp")
-    data = json.dumps(obj, indent=1, allow_nan=False).encode("utf-8")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
         view = memoryview(data)

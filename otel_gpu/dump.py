@@ -1,11 +1,14 @@
 """The flight recorder (level 10): every decorated call's tensors on disk, linked to its span.
 
 For each call that passes the filters and limits, :class:`Recorder` creates one
-directory below ``OTEL_GPU_DUMP_DIR`` and, on the caller's thread *before the call
-runs*, writes the inputs and a manifest with status ``inputs_saved`` (both fsync'd),
-so a process that dies inside the call leaves a loadable case. After the call the
-outputs are copied to the host on the caller's thread and written by a background
-thread through a bounded queue; a raised exception is recorded synchronously.
+directory below ``OTEL_GPU_DUMP_DIR``. How the inputs reach the disk follows
+``OTEL_GPU_DUMP_DURABILITY``: ``fsync`` (default) and ``process`` write the inputs and
+a manifest with status ``inputs_saved`` on the caller's thread *before the call runs*
+(fsync'd, or left to the kernel's page cache), so a process that dies inside the call
+leaves a loadable case; ``async`` copies them before the call and lets the writer
+thread write them. After the call the outputs are copied to reused host buffers
+(pinned, and copied without waiting, for CUDA tensors) on the caller's thread and
+written by a background thread through a bounded queue.
 
 The span of a dumped call carries ``otel_gpu.dump.dir``; any other call carries
 ``otel_gpu.dump.skipped`` with the reason. The format is in ``docs/flight-recorder.md``;
@@ -58,11 +61,12 @@ SKIP_REASONS = (
     "closed",  # the recorder was shut down (exit or reconfiguration)
 )
 
-_QUEUE_ITEMS = 32  # queued output writes; beyond this (or _QUEUE_BYTES) the caller writes itself
+_QUEUE_ITEMS = 32  # queued calls; beyond this (or _QUEUE_BYTES) the caller writes itself
 _QUEUE_BYTES = 1 << 30
 _CLOSE_TIMEOUT = 60.0  # seconds close() waits for queued outputs: they are the point of level 10
 _SEQ = itertools.count(1)  # process-wide, so directory names keep sorting across reconfiguration
 _STOP = object()
+_INPUTS, _FINAL = 0, 1  # writer jobs: a call's inputs (async mode), its outputs or exception
 
 
 def make_observer(settings: Settings, pipeline: Any) -> Recorder | None:
@@ -71,12 +75,16 @@ def make_observer(settings: Settings, pipeline: Any) -> Recorder | None:
 
 
 class _Pending:
-    __slots__ = ("dir", "inputs", "manifest")
+    __slots__ = ("dir", "ended", "inputs", "manifest", "saved", "written")
 
     def __init__(self, directory: str, manifest: dict[str, Any], inputs: list[Any]) -> None:
         self.dir = directory
         self.manifest = manifest
         self.inputs = inputs  # (key, tensor, version at start): in-place changes become outputs
+        self.ended = False  # the call returned or raised (set under the recorder's lock)
+        # an inputs_saved manifest is (being) written: a call that returns needs its marker
+        self.saved = True
+        self.written: threading.Event | None = None  # async mode: set once the inputs are saved
 
 
 class Recorder:
@@ -89,6 +97,10 @@ class Recorder:
         self.pipeline = pipeline
         self.root = os.path.abspath(os.path.expanduser(expand_path(settings.dump_dir)))
         self.format = settings.dump_format
+        durability = settings.dump_durability
+        self._fsync = durability == "fsync"  # decided once: the call path only reads a flag
+        self._async_inputs = durability == "async"
+        self._buffers = _manifest.HostBuffers()
         self.max_bytes = int(settings.dump_max_size_gb * (1 << 30))
         self.max_count = settings.dump_max_count
         self.count = 0
@@ -98,12 +110,11 @@ class Recorder:
         self._active: dict[Any, _Pending] = {}
         self._selected: dict[str, bool] = {}
         self._targets: dict[Any, _dump_target.Target] = {}
-        self._resource: dict[str, Any] | None = None
-        self._proc: dict[str, Any] | None = None
         words = tuple(settings.redact)
         # the same rule as the span attributes (OTEL_GPU_REDACT): parameter, dict key or kwarg name
         self._secret = (lambda name: metadata.is_secret(name, words)) if words else None
-        self._queue: queue.Queue[Any] = queue.Queue(_QUEUE_ITEMS)
+        # async mode queues two jobs a call (inputs, then outputs): still _QUEUE_ITEMS calls
+        self._queue: queue.Queue[Any] = queue.Queue(_QUEUE_ITEMS * (1 + self._async_inputs))
         self._queued_bytes = 0
         self._closing = False
         self._errors: list[BaseException] = []
@@ -132,11 +143,14 @@ class Recorder:
         pending = self._active.pop(call, None)
         if pending is None:
             return
+        with self._lock:  # from here on the writer no longer writes an inputs_saved manifest
+            pending.ended = True
+            saved = pending.saved
         try:
             if call.exc is not None:
-                self._record_raised(call, pending)
+                self._record_raised(call, pending, saved)
             else:
-                self._record_outputs(call, pending)
+                self._record_outputs(call, pending, saved)
         except OSError as exc:
             self._fail(exc)
 
@@ -166,6 +180,7 @@ class Recorder:
                     self._queue.qsize(),
                     _CLOSE_TIMEOUT,
                 )
+        self._buffers.clear()
         if self._errors:
             errors, self._errors = self._errors, []
             _guard.internal_error("dump", errors[0])
@@ -254,58 +269,38 @@ class Recorder:
         if reason is not None:
             return reason
         seq = next(_SEQ)
-        ctx = call.span.get_span_context()
+        manifest = new_manifest(call, target, params, receiver, meta, why_not, seq, self.pipeline)
         directory = os.path.join(
-            self.root, _manifest.call_dir_name(seq, call.start_ns, ctx.span_id, plan.name)
+            self.root,
+            _manifest.call_dir_name(
+                seq, call.start_ns, call.span.get_span_context().span_id, plan.name
+            ),
         )
-        os.mkdir(directory, 0o700)
-        host = {k: _manifest.host_copy(t, always_copy=False) for k, t in tensors.items()}
-        inputs_file = _manifest.save_tensors(os.path.join(directory, "inputs"), host, self.format)
-        del host
-        manifest: dict[str, Any] = {
-            "schema_version": _manifest.SCHEMA_VERSION,
-            "status": "inputs_saved",
-            "function": {
-                "span_name": plan.name,
-                "module": target.module,
-                "qualname": target.qualname,
-                "file": target.file,
-                "receiver": receiver is not None,
-            },
-            "replayable": why_not is None,
-            "why_not_replayable": why_not,
-            "trace_id": f"{ctx.trace_id:032x}",
-            "span_id": f"{ctx.span_id:016x}",
-            "parent_span_id": f"{call.parent.span_id:016x}" if call.parent else None,
-            "sequence": seq,
-            "process": self._process(),
-            "time": {"start_unix_nano": call.start_ns, "end_unix_nano": None},
-            "torch_state": {
-                "grad_enabled": torch.is_grad_enabled(),
-                "inference_mode": torch.is_inference_mode_enabled(),
-                "default_dtype": str(torch.get_default_dtype()).removeprefix("torch."),
-            },
-            "files": {"inputs": inputs_file, "outputs": None},
-            "tensors": meta,
-            "params": params,
-            "receiver": receiver,
-            "result": None,
-            "mutated": {},
-            "outputs_skipped": None,
-            "outputs_unsupported": [],
-            "exception": None,
-            "resource": self._resource_summary(),
-        }
-        _manifest.write_json(directory, _manifest.MANIFEST, manifest)
         # inference tensors have no version counter: their in-place changes go unnoticed
         versions = [
             (k, tensors[k], tensors[k]._version) for k in arg_keys if not tensors[k].is_inference()
         ]
-        self._active[call] = _Pending(directory, manifest, versions)
+        pending = _Pending(directory, manifest, versions)
+        if self._async_inputs:
+            # the call may change its inputs in place: copying them is the one thing done here
+            copies = self._buffers.copy(tensors)
+            pending.saved = False
+            pending.written = threading.Event()
+            if not self._enqueue((_INPUTS, pending, copies, copies.nbytes), copies.nbytes):
+                self._write_inputs(pending, copies)  # back-pressure: the caller writes
+        else:
+            os.mkdir(directory, 0o700)
+            host = {k: _manifest.host_copy(t, always_copy=False) for k, t in tensors.items()}
+            manifest["files"]["inputs"] = _manifest.save_tensors(
+                os.path.join(directory, "inputs"), host, self.format, self._fsync
+            )
+            del host
+            _manifest.write_json(directory, _manifest.MANIFEST, manifest, self._fsync)
+        self._active[call] = pending
         call.span.set_attribute(ATTR_DIR, directory)
         return None
 
-    def _record_raised(self, call: Any, pending: _Pending) -> None:
+    def _record_raised(self, call: Any, pending: _Pending, saved: bool) -> None:
         exc = call.exc
         cls = type(exc)
         manifest = pending.manifest
@@ -316,9 +311,14 @@ class Recorder:
             "message": _str(exc),
             "traceback": "".join(traceback.format_exception(cls, exc, call.tb)),
         }
-        _manifest.write_json(pending.dir, _manifest.MANIFEST, manifest)
+        if pending.written is None:  # inputs already on disk: record it now
+            _manifest.write_json(pending.dir, _manifest.MANIFEST, manifest, self._fsync)
+            return
+        if saved:  # async mode: if the process ends before the writer gets here, it is no crash
+            _touch(os.path.join(pending.dir, _manifest.RETURNED))
+        self._submit(pending, _manifest.HostCopies())
 
-    def _record_outputs(self, call: Any, pending: _Pending) -> None:
+    def _record_outputs(self, call: Any, pending: _Pending, saved: bool) -> None:
         manifest = pending.manifest
         manifest["time"]["end_unix_nano"] = call.end_ns
         tensors: dict[str, torch.Tensor] = {}
@@ -335,10 +335,8 @@ class Recorder:
             call.span.set_attribute(
                 ATTR_OUTPUTS_UNSUPPORTED, [u[:256] for u in enc.unsupported[:16]]
             )
-        # marker first: if the process dies before the writer runs, replay knows the call returned
-        os.close(
-            os.open(os.path.join(pending.dir, _manifest.RETURNED), os.O_CREAT | os.O_WRONLY, 0o600)
-        )
+        if saved:  # marker first: if the process dies before the writer runs, replay knows
+            _touch(os.path.join(pending.dir, _manifest.RETURNED))
         nbytes = sum(m["nbytes"] for m in meta.values())
         capturing = call.plan.capture_stats
         if capturing is not None and capturing():
@@ -349,29 +347,65 @@ class Recorder:
             manifest["outputs_skipped"] = reason
             call.span.set_attribute(ATTR_OUTPUTS_SKIPPED, reason)
             tensors = {}
-        # the program may modify outputs after the call returns: copy them now
-        host = {k: _manifest.host_copy(t, always_copy=True) for k, t in tensors.items()}
-        job = (pending.dir, host, manifest, nbytes if host else 0)
+        # the program may modify outputs after the call returns: copy them now (a reused
+        # buffer costs the copy, a fresh one page faults too; CUDA copies are not waited for)
+        self._submit(pending, self._buffers.copy(tensors))
+
+    def _submit(self, pending: _Pending, copies: _manifest.HostCopies) -> None:
+        if self._enqueue((_FINAL, pending, copies, copies.nbytes), copies.nbytes):
+            return
+        # back-pressure: the caller writes, memory stays bounded (after its queued inputs)
+        if pending.written is not None and not pending.written.wait(_CLOSE_TIMEOUT):
+            self._buffers.release(copies)
+            return
+        self._write_outputs(pending, copies)
+
+    def _enqueue(self, job: tuple[Any, ...], nbytes: int) -> bool:
         with self._lock:
-            queued = not self._closing and self._queued_bytes + job[3] <= _QUEUE_BYTES
-            if queued:
-                try:
-                    self._queue.put_nowait(job)
-                    self._queued_bytes += job[3]
-                except queue.Full:
-                    queued = False
-        if not queued:
-            self._write_outputs(*job[:3])  # back-pressure: the caller writes, memory stays bounded
+            if self._closing or self._queued_bytes + nbytes > _QUEUE_BYTES:
+                return False
+            try:
+                self._queue.put_nowait(job)
+            except queue.Full:
+                return False
+            self._queued_bytes += nbytes
+        return True
 
     # ------------------------------------------------------------------ writer thread
 
-    def _write_outputs(self, directory: str, host: dict[str, torch.Tensor], manifest: dict) -> None:
-        if host:
-            manifest["files"]["outputs"] = _manifest.save_tensors(
-                os.path.join(directory, "outputs"), host, self.format
+    def _write_inputs(self, pending: _Pending, copies: _manifest.HostCopies) -> None:
+        """Async mode: the inputs copied before the call, then the inputs_saved manifest unless
+        the call has already ended (its final manifest follows in the queue: written once)."""
+        try:
+            os.mkdir(pending.dir, 0o700)
+            copies.wait()
+            name = _manifest.save_tensors(
+                os.path.join(pending.dir, "inputs"), copies.tensors, self.format, False
             )
-        manifest["status"] = "completed"
-        _manifest.write_json(directory, _manifest.MANIFEST, manifest)
+            with self._lock:  # the caller changes the manifest once the call has ended
+                pending.manifest["files"]["inputs"] = name
+                pending.saved = not pending.ended
+                data = _manifest.encode_json(pending.manifest) if pending.saved else None
+            if data is not None:
+                _manifest.write_bytes(pending.dir, _manifest.MANIFEST, data, False)
+        finally:
+            self._buffers.release(copies)
+            if pending.written is not None:
+                pending.written.set()
+
+    def _write_outputs(self, pending: _Pending, copies: _manifest.HostCopies) -> None:
+        directory, manifest = pending.dir, pending.manifest
+        try:
+            if copies.tensors:
+                copies.wait()
+                manifest["files"]["outputs"] = _manifest.save_tensors(
+                    os.path.join(directory, "outputs"), copies.tensors, self.format, self._fsync
+                )
+        finally:
+            self._buffers.release(copies)
+        if manifest["status"] == "inputs_saved":
+            manifest["status"] = "completed"
+        _manifest.write_json(directory, _manifest.MANIFEST, manifest, self._fsync)
 
     def _write_loop(self) -> None:
         while True:
@@ -379,10 +413,16 @@ class Recorder:
             if job is _STOP:
                 self._queue.task_done()
                 return
-            directory, host, manifest, nbytes = job
+            kind, pending, copies, nbytes = job
             try:
-                if self.stopped != "write_failed":
-                    self._write_outputs(directory, host, manifest)
+                if self.stopped == "write_failed":
+                    self._buffers.release(copies)
+                    if pending.written is not None:
+                        pending.written.set()
+                elif kind == _INPUTS:
+                    self._write_inputs(pending, copies)
+                else:
+                    self._write_outputs(pending, copies)
             except OSError as exc:
                 self._fail(exc)
             except Exception as exc:
@@ -395,30 +435,144 @@ class Recorder:
                     self._queued_bytes -= nbytes
                 self._queue.task_done()
 
-    # ------------------------------------------------------------------ context
 
-    def _process(self) -> dict[str, Any]:
-        if self._proc is None or self._proc["pid"] != os.getpid():
-            rank = environ().get("RANK")
-            self._proc = {
-                "pid": os.getpid(),
-                "rank": int(rank) if rank and rank.isdigit() else None,
-                "host": socket.gethostname(),
-            }
-        return dict(self._proc)
+def new_manifest(
+    call: Any,
+    target: _dump_target.Target,
+    params: list[dict[str, Any]],
+    receiver: dict[str, Any] | None,
+    meta: dict[str, Any],
+    why_not: str | None,
+    seq: int,
+    pipeline: Any,
+) -> dict[str, Any]:
+    """A call's manifest as the recorder writes it before the call runs (status ``inputs_saved``).
 
-    def _resource_summary(self) -> dict[str, Any]:
-        if self._resource is None:
-            summary: dict[str, Any] = {
-                "python": sys.version.split()[0],
-                "torch": torch.__version__,
-                "torch.cuda": torch.version.cuda,
-            }
-            resource = getattr(self.pipeline, "resource", None)
-            for key, value in dict(getattr(resource, "attributes", None) or {}).items():
-                summary[key] = list(value) if isinstance(value, tuple) else value
-            self._resource = summary
-        return self._resource
+    The flight recorder and the in-memory ring (:mod:`otel_gpu.ring`) both write this format.
+    """
+    plan = call.plan
+    ctx = call.span.get_span_context()
+    return {
+        "schema_version": _manifest.SCHEMA_VERSION,
+        "status": "inputs_saved",
+        "function": {
+            "span_name": plan.name,
+            "module": target.module,
+            "qualname": target.qualname,
+            "file": target.file,
+            "receiver": receiver is not None,
+            "instrumented": getattr(plan, "instrumented", None),  # the instrument() target
+        },
+        "replayable": why_not is None,
+        "why_not_replayable": why_not,
+        "trace_id": f"{ctx.trace_id:032x}",
+        "span_id": f"{ctx.span_id:016x}",
+        "parent_span_id": f"{call.parent.span_id:016x}" if call.parent else None,
+        "sequence": seq,
+        "process": _process(),
+        "time": {"start_unix_nano": call.start_ns, "end_unix_nano": None},
+        "torch_state": {
+            "grad_enabled": torch.is_grad_enabled(),
+            "inference_mode": torch.is_inference_mode_enabled(),
+            "default_dtype": str(torch.get_default_dtype()).removeprefix("torch."),
+        },
+        "files": {"inputs": None, "outputs": None},
+        "tensors": meta,
+        "params": params,
+        # how many were passed positionally: replay calls the same way (wrappers such as
+        # transformers' check the keyword arguments they are given)
+        "positional": _positional(call),
+        "receiver": receiver,
+        "result": None,
+        "mutated": {},
+        "outputs_skipped": None,
+        "outputs_unsupported": [],
+        "exception": None,
+        "resource": _resource_summary(pipeline),
+    }
+
+
+def write_ring_call(
+    directory: str, entry: Any, result: Any, with_outputs: bool, fmt: str, secret: Any
+) -> str:
+    """Write one call the ring kept into ``directory`` (its inputs; its outputs when given)."""
+    manifest = entry.manifest
+    seq = manifest["sequence"]
+    span_id = int(manifest["span_id"], 16)
+    call_dir = os.path.join(
+        directory,
+        _manifest.call_dir_name(seq, entry.start_ns, span_id, manifest["function"]["span_name"]),
+    )
+    os.mkdir(call_dir, 0o700)
+    entry.copies.wait()
+    manifest["files"]["inputs"] = _manifest.save_tensors(
+        os.path.join(call_dir, "inputs"), entry.copies.tensors, fmt, False
+    )
+    manifest["status"] = entry.status
+    manifest["time"]["end_unix_nano"] = entry.end_ns
+    manifest["exception"] = entry.exception
+    if entry.status == "completed":
+        if with_outputs:
+            tensors: dict[str, torch.Tensor] = {}
+            meta: dict[str, Any] = {}
+            enc = _manifest.Encoder("", tensors, meta, secret)
+            manifest["result"] = enc.encode(result, "output")
+            manifest["tensors"].update(meta)
+            if enc.unsupported:
+                manifest["outputs_unsupported"] = enc.unsupported[:64]
+            host = {k: _manifest.host_copy(t, always_copy=True) for k, t in tensors.items()}
+            if host:
+                manifest["files"]["outputs"] = _manifest.save_tensors(
+                    os.path.join(call_dir, "outputs"), host, fmt, False
+                )
+        else:
+            manifest["outputs_skipped"] = "ring"  # the ring keeps inputs only
+    _manifest.write_json(call_dir, _manifest.MANIFEST, manifest, fsync=False)
+    return call_dir
+
+
+_proc: dict[str, Any] | None = None
+_resource: tuple[Any, dict[str, Any]] | None = None
+
+
+def _process() -> dict[str, Any]:
+    global _proc
+    if _proc is None or _proc["pid"] != os.getpid():
+        rank = environ().get("RANK")
+        _proc = {
+            "pid": os.getpid(),
+            "rank": int(rank) if rank and rank.isdigit() else None,
+            "host": socket.gethostname(),
+        }
+    return dict(_proc)
+
+
+def _resource_summary(pipeline: Any) -> dict[str, Any]:
+    """Versions and the process's resource attributes, computed once per resource."""
+    global _resource
+    resource = getattr(pipeline, "resource", None)
+    if _resource is not None and _resource[0] is resource:
+        return _resource[1]
+    summary: dict[str, Any] = {
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "torch.cuda": torch.version.cuda,
+    }
+    for key, value in dict(getattr(resource, "attributes", None) or {}).items():
+        summary[key] = list(value) if isinstance(value, tuple) else value
+    _resource = (resource, summary)
+    return summary
+
+
+def _touch(path: str) -> None:
+    os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
+
+
+def _positional(call: Any) -> int | None:
+    args = getattr(call, "args", None)
+    if args is None:
+        return None
+    return max(len(args) - (1 if getattr(call.plan, "receiver_passed", False) and args else 0), 0)
 
 
 def _str(exc: BaseException) -> str:
