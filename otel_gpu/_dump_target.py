@@ -6,6 +6,8 @@ import sys
 import types
 from typing import Any
 
+import torch
+
 from otel_gpu import _guard, _manifest
 
 __all__ = ["Target", "receiver"]
@@ -99,6 +101,8 @@ def receiver(call: Any, enc: _manifest.Encoder) -> dict[str, Any]:
     if isinstance(obj, type):
         return {"t": "class", "type": _manifest.type_ref(obj)}
     hook = getattr(obj, "__otel_gpu_state__", None)
+    if hook is None and isinstance(obj, torch.nn.Module):
+        return _module_receiver(obj, enc)
     if hook is None:
         return {
             "t": "unsupported",
@@ -119,6 +123,27 @@ def receiver(call: Any, enc: _manifest.Encoder) -> dict[str, Any]:
             "why": f"state hook failed: {exc}",
         }
     return {"t": "state", "type": _manifest.type_ref(type(obj)), "state": enc.encode(state, "self")}
+
+
+def _module_receiver(module: torch.nn.Module, enc: _manifest.Encoder) -> dict[str, Any]:
+    """A module receiver: rebuilt by replay from its state_dict when OTEL_GPU_DUMP_MODULES is on."""
+    import os
+
+    from otel_gpu import _module_state, config
+
+    ref = _manifest.type_ref(type(module))
+    settings = config.current()
+    if not settings.dump_modules:
+        why = (
+            f"{ref} has no __otel_gpu_state__ hook (for a torch.nn.Module, "
+            "OTEL_GPU_DUMP_MODULES=true records its state_dict so replay can rebuild it)"
+        )
+        return {"t": "unsupported", "type": ref, "why": why}
+    root = os.path.abspath(os.path.expanduser(config.expand_path(settings.dump_dir)))
+    try:
+        return _module_state.record(module, root, enc, int(settings.dump_modules_max_mb * 2**20))
+    except _module_state.CannotRebuild as exc:
+        return {"t": "unsupported", "type": ref, "why": f"{ref} cannot be rebuilt: {exc}"}
 
 
 def _args_from_wrapper_frame() -> tuple | None:

@@ -112,6 +112,7 @@ class _Decoder:
         self.allow = allow
         self.map_device = map_device
         self.cache: dict[str, torch.Tensor] = {}
+        self.directory = ""  # the call's directory (module states live beside it)
 
     def decode(self, enc: dict[str, Any], path: str) -> Any:
         tag = enc.get("t")
@@ -154,6 +155,12 @@ class _Decoder:
             return resolve_type(str(enc["v"]), self.allow)
         if tag == "mapping":
             return self._mapping(enc, path)
+        if tag == "from_dict":
+            cls = resolve_type(enc["type"], self.allow)
+            build = getattr(cls, "from_dict", None)
+            if not isinstance(cls, type) or not callable(build):
+                raise Refused(f"refused: {enc['type']} has no from_dict()")
+            return build(enc["v"])
         if tag in ("pytree", "object"):
             what = "a pytree container" if tag == "pytree" else "an object holding tensors"
             raise Skip(
@@ -207,26 +214,44 @@ class _Decoder:
 
 
 def _arguments(
-    fn: Callable[..., Any], params: list[dict[str, Any]], decoder: _Decoder, receiver: bool
+    fn: Callable[..., Any],
+    params: list[dict[str, Any]],
+    decoder: _Decoder,
+    receiver: bool,
+    positional_count: int | None = None,
 ) -> tuple[list, dict]:
-    """Positional and keyword arguments as the caller passed them; defaults are left to the function."""
+    """Positional and keyword arguments as the caller passed them; defaults are left to the function.
+
+    ``positional_count`` (recorded since the manifest has it): how many arguments the call passed
+    positionally; the rest go by keyword, as they did, so a wrapper that looks for a keyword
+    (``use_cache=``) finds it where the original call put it.
+    """
     recorded = {p["name"]: p for p in params}
     args: list[Any] = []
     kwargs: dict[str, Any] = {}
     positional = True
     P = inspect.Parameter
     sig = list(inspect.signature(fn).parameters.values())
+    index = 0
     for param in sig[1:] if receiver else sig:
         rec = recorded.get(param.name)
+        is_positional = param.kind in (P.POSITIONAL_ONLY, P.POSITIONAL_OR_KEYWORD)
         if rec is None or rec.get("default"):
-            if param.kind in (P.POSITIONAL_ONLY, P.POSITIONAL_OR_KEYWORD):
+            if is_positional:
                 positional = False
             continue
         value = decoder.decode(rec["value"], param.name)
-        if param.kind in (P.POSITIONAL_ONLY, P.POSITIONAL_OR_KEYWORD):
-            if positional:
+        if is_positional:
+            by_position = positional and (
+                positional_count is None
+                or index < positional_count
+                or param.kind is P.POSITIONAL_ONLY
+            )
+            index += 1
+            if by_position:
                 args.append(value)
             else:
+                positional = False
                 kwargs[param.name] = value
         elif param.kind is P.VAR_POSITIONAL:
             args.extend(value)
@@ -257,6 +282,7 @@ class PreparedCall:
         self.kwargs = kwargs
         self.decoder = decoder
         self.notes = notes
+        self.nonfinite_expected = 0  # NaN/Inf values in the recorded outputs (set by compare)
 
     def run(self) -> tuple[BaseException | None, Any]:
         """Call the function under the recorded grad/inference mode; returns (exception, value)."""
@@ -283,6 +309,11 @@ class PreparedCall:
         Returns the mismatches and the parts that were not compared (not recorded), each with why.
         """
         expected = _manifest.load_tensors(self.directory, self.manifest["files"].get("outputs"))
+        self.nonfinite_expected = sum(
+            int((~torch.isfinite(t)).sum())
+            for t in expected.values()
+            if t.is_floating_point() or t.is_complex()
+        )
         out: list[Mismatch] = []
         unchecked: list[str] = []
         mapper = self.decoder.map_device
@@ -313,9 +344,16 @@ def prepare_call(
     files = manifest.get("files") or {}
     tensors = _manifest.load_tensors(directory, files.get("inputs"))
     decoder = _Decoder(tensors, manifest.get("tensors") or {}, allow, device_mapper(device_map))
+    decoder.directory = directory
     notes: list[str] = []
     receiver = _receiver(manifest, owner, decoder)
-    args, kwargs = _arguments(fn, manifest.get("params") or [], decoder, receiver is not None)
+    args, kwargs = _arguments(
+        fn,
+        manifest.get("params") or [],
+        decoder,
+        receiver is not None,
+        manifest.get("positional"),
+    )
     if receiver is not None:
         args.insert(0, receiver)
     return PreparedCall(directory, manifest, fn, args, kwargs, decoder, notes)
@@ -335,11 +373,37 @@ def _receiver(manifest: dict[str, Any], owner: type | None, decoder: _Decoder) -
         )
     if rec["t"] == "class":
         return cls
+    if rec["t"] == "module":
+        return _module(rec, cls, decoder)
     if "__otel_gpu_state__" not in dir(cls):  # construction is opt-in, per class
         raise Skip(f"stateful method: {rec['type']} has no __otel_gpu_state__ hook")
     state = decoder.decode(rec["state"], "self")
     rebuild = getattr(cls, "__otel_gpu_rebuild__", None)
     return rebuild(state) if rebuild is not None else cls(**state)
+
+
+def _module(rec: dict[str, Any], cls: type, decoder: _Decoder) -> Any:
+    """A ``torch.nn.Module`` receiver constructed again and loaded with its recorded state."""
+    from otel_gpu import _module_state
+
+    if not issubclass(cls, torch.nn.Module):
+        raise Refused(f"refused: receiver type {rec['type']} is not a torch.nn.Module")
+    init = {k: decoder.decode(v, f"self.{k}") for k, v in (rec.get("init") or {}).items()}
+    directory = decoder.directory
+    try:
+        state = _module_state.load_state(directory, rec.get("state", ""))
+    except FileNotFoundError:
+        raise Skip(f"the recorded state of {rec['type']} is missing from the dump") from None
+    try:
+        module = cls(**init)
+        module.load_state_dict(state, strict=True)
+    except Exception as exc:
+        raise Skip(
+            f"stateful method: {rec['type']} could not be rebuilt from its recorded constructor "
+            f"arguments and state ({type(exc).__name__}: {str(exc)[:200]})"
+        ) from None
+    module.train(bool(rec.get("training", False)))
+    return module.to(decoder.map_device(str(rec.get("device", "cpu"))))
 
 
 @contextlib.contextmanager

@@ -176,6 +176,14 @@ def compare(
                 out.append(Mismatch(f"{path}.{key}", "attribute missing on replay"))
                 continue
             recurse(item, children[key], path=f"{path}.{key}")
+    elif tag == "from_dict":
+        to_dict = getattr(actual, "to_dict", None)
+        if type_ref(type(actual)) != enc.get("type") or not callable(to_dict):
+            out.append(
+                Mismatch(path, f"expected a {enc.get('type')}, got {type_ref(type(actual))}")
+            )
+        elif to_dict() != enc.get("v"):
+            out.append(Mismatch(path, f"{enc.get('type')}.to_dict() differs from the recording"))
     elif tag == "unsupported":
         unchecked.append(f"{path}: a {enc.get('type')} ({enc.get('why', 'not recorded')})")
     elif tag == "redacted":

@@ -274,6 +274,11 @@ def _judge(directory: str, manifest: dict[str, Any], opts: Options, result: Resu
         )
     else:
         result.verdict = "pass"
+        if call.nonfinite_expected:
+            result.detail = (
+                f"reproduced: the outputs match the recording, including its "
+                f"{call.nonfinite_expected} NaN/Inf value(s)"
+            )
 
 
 def _run_isolated(directory: str, opts: Options, result: Result) -> None:

@@ -1,0 +1,130 @@
+"""Replay of torch.nn.Module methods: with OTEL_GPU_DUMP_MODULES the recorder saves each module's
+state_dict once, and replay constructs the module again from its attributes and that state."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+import otel_gpu
+from otel_gpu import _module_state, pipeline
+from otel_gpu.replay import Allow, Options, replay
+
+LIB = """
+import torch
+from torch import nn
+
+class Block(nn.Module):
+    def __init__(self, width, scale=1.0, bias=True):
+        super().__init__()
+        self.width, self.scale = width, scale
+        self.proj = nn.Linear(width, width, bias=bias)
+
+    def forward(self, x):
+        return self.proj(x) * self.scale
+
+class Opaque(nn.Module):
+    '''Its constructor argument is not kept as an attribute: it cannot be built again.'''
+    def __init__(self, hidden):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden))
+
+    def forward(self, x):
+        return x * self.weight
+"""
+
+
+@pytest.fixture(autouse=True)
+def _fresh_states():
+    _module_state._reset_for_tests()
+    yield
+    _module_state._reset_for_tests()
+
+
+def _record(otel_gpu_spans, module_factory, tmp_path, **settings):
+    root = tmp_path / "d"
+    otel_gpu_spans(level=10, dump_dir=str(root), **settings)
+    m = module_factory(LIB, "modlib")
+    otel_gpu.instrument(m.Block)
+    otel_gpu.instrument(m.Opaque)
+    return m, root
+
+
+def _replay(m, root):
+    pipeline.reset(timeout=2.0)
+    return replay(str(root), Options(allow=Allow([m.__name__])))
+
+
+def test_a_module_method_replays_from_its_recorded_state(otel_gpu_spans, module_factory, tmp_path):
+    """The module is rebuilt (Block(width=4, scale=2.0, bias=True)), its weights loaded from the
+    dump — not from the live object — and the call passes."""
+    m, root = _record(otel_gpu_spans, module_factory, tmp_path, dump_modules=True)
+    torch.manual_seed(0)
+    block = m.Block(4, scale=2.0)
+    block(torch.ones(2, 4))
+    block(torch.zeros(2, 4))
+    with torch.no_grad():
+        block.proj.weight.zero_()  # the live module changes: replay must not depend on it
+    results = _replay(m, root)
+    assert [r.verdict for r in results] == ["pass", "pass"], [r.detail for r in results]
+    states = os.listdir(root / "modules")
+    assert len(states) == 1 and states[0].endswith(".pt")  # once per module instance
+
+
+def test_without_the_setting_the_call_is_skipped_saying_how_to_enable_it(
+    otel_gpu_spans, module_factory, tmp_path
+):
+    """No state recorded: skipped as a stateful method, and the reason names the setting."""
+    m, root = _record(otel_gpu_spans, module_factory, tmp_path)
+    m.Block(4)(torch.ones(1, 4))
+    (result,) = _replay(m, root)
+    assert result.verdict == "skipped"
+    assert "OTEL_GPU_DUMP_MODULES=true" in result.detail
+    assert result.detail.count("stateful method") == 1
+
+
+def test_a_module_whose_constructor_cannot_be_recovered_is_skipped_with_the_reason(
+    otel_gpu_spans, module_factory, tmp_path
+):
+    """Opaque(hidden) keeps no `hidden` attribute: the dump says so, replay skips, no error."""
+    m, root = _record(otel_gpu_spans, module_factory, tmp_path, dump_modules=True)
+    m.Opaque(3)(torch.ones(3))
+    (result,) = _replay(m, root)
+    assert result.verdict == "skipped"
+    assert "constructor parameter 'hidden'" in result.detail
+
+
+def test_the_size_limit_records_the_call_without_its_module(
+    otel_gpu_spans, module_factory, tmp_path
+):
+    """A state over OTEL_GPU_DUMP_MODULES_MAX_MB is not written; the call is skipped, saying why."""
+    m, root = _record(
+        otel_gpu_spans, module_factory, tmp_path, dump_modules=True, dump_modules_max_mb=0.00001
+    )
+    m.Block(64)(torch.ones(1, 64))
+    (result,) = _replay(m, root)
+    assert result.verdict == "skipped" and "OTEL_GPU_DUMP_MODULES_MAX_MB" in result.detail
+    assert not (root / "modules").exists()
+
+
+def test_a_transformers_module_with_a_config_replays(otel_gpu_spans, module_factory, tmp_path):
+    """LlamaMLP(config): the config is recorded with to_dict() and rebuilt with from_dict()."""
+    pytest.importorskip("transformers")
+    from transformers import LlamaConfig
+    from transformers.models.llama import modeling_llama
+
+    root = tmp_path / "d"
+    otel_gpu_spans(level=10, dump_dir=str(root), dump_modules=True)
+    otel_gpu.instrument(modeling_llama.LlamaMLP)
+    torch.manual_seed(0)
+    mlp = modeling_llama.LlamaMLP(
+        LlamaConfig(
+            hidden_size=16, intermediate_size=32, num_attention_heads=4, num_key_value_heads=2
+        )
+    ).eval()
+    mlp(torch.randn(2, 16))
+    pipeline.reset(timeout=2.0)
+    (result,) = replay(str(root), Options(allow=Allow(["transformers"])))
+    assert result.verdict == "pass", result.detail
