@@ -41,7 +41,13 @@ _SCOPE_KEYS = (
 )
 _ERROR_CODES = (2, "2", "STATUS_CODE_ERROR", "ERROR")
 # What the tree and the NaN/Inf analysis read; other attributes are not kept.
-_SPAN_KEYS = ("otel_gpu.nonfinite", "otel_gpu.dump.", "otel_gpu.events.omitted")
+_SPAN_KEYS = (
+    "otel_gpu.nonfinite",
+    "otel_gpu.dump.",
+    "otel_gpu.ring.dump.",
+    "otel_gpu.stuck",
+    "otel_gpu.events.omitted",
+)
 _UNUSED_FIELDS = (".stride", ".device", ".requires_grad", ".is_contiguous")
 _STAT_KEYS = frozenset(
     {"otel_gpu.tensor", "numel", "nan_count", "inf_count", "otel_gpu.stats.note"}

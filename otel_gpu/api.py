@@ -19,12 +19,30 @@ from typing import Any, TypeVar, overload
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
-from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+from opentelemetry.trace import NonRecordingSpan, SpanContext, Status, StatusCode, TraceFlags
 
 from otel_gpu import _gpu, _guard, config, metadata, pipeline, stats
 from otel_gpu._span import Call, CallSpan
 
-__all__ = ["api", "configure", "flush"]
+__all__ = ["NonFiniteError", "api", "configure", "flush"]
+
+
+class NonFiniteError(FloatingPointError):
+    """Raised after a call whose tensors hold NaN/Inf, with ``OTEL_GPU_ON_NONFINITE=raise``.
+
+    ``tensors`` maps each non-finite tensor (``"output.0"``, ``"input.q"``) to its NaN and Inf
+    counts; ``span_id`` is the call's span id (16 hex digits); ``result`` is what the call
+    returned, so a debugger can inspect it.
+    """
+
+    def __init__(
+        self, message: str, tensors: dict[str, tuple[int, int]], span_id: str, result: Any
+    ) -> None:
+        super().__init__(message)
+        self.tensors = tensors
+        self.span_id = span_id
+        self.result = result
+
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -57,6 +75,7 @@ class _Plan:
         "max_items",
         "module",
         "name",
+        "on_nonfinite",
         "qualname",
         "receiver",
         "receiver_passed",
@@ -77,6 +96,7 @@ class _Plan:
         self.name = name
         self.level = settings.level
         self.max_items = settings.max_items
+        self.on_nonfinite = settings.on_nonfinite
         code = getattr(fn, "__code__", None)
         self.module = getattr(fn, "__module__", None) or type(fn).__module__
         self.qualname = getattr(fn, "__qualname__", None) or type(fn).__qualname__
@@ -175,6 +195,24 @@ def _capture_inputs(plan: _Plan, bound: list[tuple[str, Any, bool]], tensors: An
     return tuple(out)  # queued until export: the GC can untrack a tuple of atoms, never a list
 
 
+def _nonfinite(call: Call, result: Any) -> NonFiniteError | None:
+    """OTEL_GPU_ON_NONFINITE=error/raise: status ERROR naming the tensors (dump: the ring writes)."""
+    bad = {
+        s.key: (s.values.get("nan_count", 0), s.values.get("inf_count", 0))
+        for s in call.stats
+        if s.nonfinite
+    }
+    if not bad:
+        return None
+    message = "non-finite values in " + ", ".join(
+        f"{key} ({nan} NaN, {inf} Inf)" for key, (nan, inf) in bad.items()
+    )
+    if call.plan.on_nonfinite in ("error", "raise"):
+        call.span.set_status(Status(StatusCode.ERROR, message[:256]))
+    span_id = format(call.span.get_span_context().span_id, "016x")
+    return NonFiniteError(f"{call.plan.name}: {message} (span {span_id})", bad, span_id, result)
+
+
 def _launch_stats(plan: _Plan, prefix: str, tensors: list[tuple[str, Any]]) -> list[stats.Pending]:
     """Start the reductions for a call's tensors, or record why not (CUDA graph capture)."""
     if plan.capture_stats is not None and plan.capture_stats():
@@ -253,9 +291,12 @@ def _make_wrapper(
                     pending = (pending or []) + _launch_stats(plan, "output.", tensors)
                 except Exception as exc:
                     internal("statistics", exc)
+        nonfinite: NonFiniteError | None = None
         if pending:
             try:
                 call.stats = stats.finish(pending)
+                if plan.on_nonfinite != "mark":
+                    nonfinite = _nonfinite(call, result)
             except Exception as exc:
                 internal("statistics", exc)
         observers = pipe.observers_at[level]
@@ -270,6 +311,10 @@ def _make_wrapper(
         call.bound = None
         call.args = None
         pipe.submit(call)
+        if nonfinite is not None and plan.on_nonfinite == "raise" and call.exc is None:
+            # after the span is queued, so the trace shows the call; never instead of the
+            # user's own exception, which passes through untouched
+            raise nonfinite
 
     if inspect.iscoroutinefunction(fn):
 

@@ -179,6 +179,11 @@ def _describe(span: Span, context: bool) -> list[Segment]:
         )
     if "otel_gpu.dump.dir" in span.attrs:
         segments.append((f"  dump {span.attrs['otel_gpu.dump.dir']}", "cyan"))
+    if "otel_gpu.ring.dump.dir" in span.attrs:
+        segments.append((f"  ring dump {span.attrs['otel_gpu.ring.dump.dir']}", "cyan"))
+    if span.attrs.get("otel_gpu.stuck"):
+        seconds = span.attrs.get("otel_gpu.stuck.seconds", "?")
+        segments.append((f"  STUCK: running for {seconds} s when reported", "bold red"))
     if span.cycle:
         segments.append((f"  [root: parent {span.parent_id} would close a cycle]", "yellow"))
     elif span.parent is None and span.parent_id:
@@ -338,6 +343,8 @@ def _report(w: _Writer, traces: list[Trace], names: Sequence[str]) -> int:
     if "otel_gpu.events.omitted" in first.attrs:
         omitted = first.attrs["otel_gpu.events.omitted"]
         w.text(f"  {_n(omitted, 'event')} cut by the event limit: statistics may be incomplete")
+    if "otel_gpu.ring.dump.dir" in first.attrs:  # the ring wrote it when it produced NaN/Inf
+        w.text(f"  ring dump: {first.attrs['otel_gpu.ring.dump.dir']}", "cyan")
     if "otel_gpu.dump.dir" in first.attrs:
         w.text(f"  dump dir: {first.attrs['otel_gpu.dump.dir']}", "cyan")
     elif "otel_gpu.dump.skipped" in first.attrs:

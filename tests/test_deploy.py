@@ -476,19 +476,29 @@ def test_rbac_grants_what_the_agent_needs() -> None:
 
 def test_gateway_tail_sampling_policies() -> None:
     """The gateway keeps ERROR traces, traces with NaN/Inf (span attribute and stats events),
-    and a percentage of the rest, after memory_limiter and before batch; it exports to Tempo and
-    Jaeger from environment-configured endpoints."""
+    traces with a stuck call, and a percentage of the rest, after memory_limiter and before
+    batch; it exports to Tempo and Jaeger from environment-configured endpoints."""
     config = _configmap_config("otel-gpu-gateway")
     pipeline = config["service"]["pipelines"]["traces"]
     assert pipeline["processors"] == ["memory_limiter", "tail_sampling", "batch"]
-    policies = {p["type"]: p for p in config["processors"]["tail_sampling"]["policies"]}
-    assert set(policies) == {"status_code", "boolean_attribute", "ottl_condition", "probabilistic"}
-    assert policies["status_code"]["status_code"]["status_codes"] == ["ERROR"]
-    assert policies["boolean_attribute"]["boolean_attribute"] == {
+    policies = {p["name"]: p for p in config["processors"]["tail_sampling"]["policies"]}
+    assert {p["type"] for p in policies.values()} == {
+        "status_code",
+        "boolean_attribute",
+        "ottl_condition",
+        "probabilistic",
+    }
+    assert policies["keep-errors"]["status_code"]["status_codes"] == ["ERROR"]
+    assert policies["keep-nonfinite-tensors"]["boolean_attribute"] == {
         "key": "otel_gpu.nonfinite",
         "value": True,
     }
-    assert 0 < policies["probabilistic"]["probabilistic"]["sampling_percentage"] < 100
+    assert policies["keep-stuck-calls"]["boolean_attribute"] == {
+        "key": "otel_gpu.stuck",
+        "value": True,
+    }
+    rest = policies["keep-some-of-the-rest"]["probabilistic"]["sampling_percentage"]
+    assert 0 < rest < 100
     assert set(pipeline["exporters"]) == {"otlp_grpc/tempo", "otlp_grpc/jaeger"}
     [container] = _k8s("Deployment", "otel-gpu-gateway")["spec"]["template"]["spec"]["containers"]
     for exporter in pipeline["exporters"]:
@@ -523,12 +533,12 @@ def test_sampling_policies_match_what_otel_gpu_emits(otel_gpu_spans: Any) -> Non
     by_name = {s.name: s for s in spans.get()}
     bad = by_name["deploy_test.log"]
     policies = {
-        p["type"]: p
+        p["name"]: p
         for p in _configmap_config("otel-gpu-gateway")["processors"]["tail_sampling"]["policies"]
     }
-    attribute = policies["boolean_attribute"]["boolean_attribute"]
+    attribute = policies["keep-nonfinite-tensors"]["boolean_attribute"]
     assert bad.attributes[attribute["key"]] is attribute["value"]
-    conditions = policies["ottl_condition"]["ottl_condition"]["spanevent"]
+    conditions = policies["keep-nonfinite-stats-events"]["ottl_condition"]["spanevent"]
     assert {m.group("key") for m in map(_OTTL.fullmatch, conditions) if m} == {
         "nan_count",
         "inf_count",
@@ -541,7 +551,7 @@ def test_sampling_policies_match_what_otel_gpu_emits(otel_gpu_spans: Any) -> Non
             for e in bad.events
         ), condition
     assert by_name["deploy_test.fail"].status.status_code is StatusCode.ERROR
-    assert policies["status_code"]["status_code"]["status_codes"] == [StatusCode.ERROR.name]
+    assert policies["keep-errors"]["status_code"]["status_codes"] == [StatusCode.ERROR.name]
 
 
 def test_serving_example_env_is_what_otel_gpu_reads() -> None:
