@@ -248,20 +248,9 @@ class Recorder:
 
     def _record_inputs(self, call: Any) -> str | None:
         plan = call.plan
-        target = self._targets.get(plan)
-        if target is None:
-            target = _dump_target.Target(plan)
-            if target.found:  # a module still being imported may define the function later
-                self._targets[plan] = target
-        tensors: dict[str, torch.Tensor] = {}
-        meta: dict[str, Any] = {}
-        enc = _manifest.Encoder("input.", tensors, meta, self._secret)
-        params = [
-            {"name": name, "default": is_default, "value": enc.encode(value, name)}
-            for name, value, is_default in call.bound or ()
-        ]
-        arg_keys = list(tensors)  # receiver state is not compared after the call
-        receiver = _dump_target.receiver(call, enc) if target.receiver else None
+        target, tensors, meta, params, arg_keys, receiver = encode_inputs(
+            call, self._targets, self._secret
+        )
         why_not = target.why_not
         if call.bound is None and why_not is None:
             why_not = "the arguments could not be captured"
@@ -434,6 +423,39 @@ class Recorder:
                 with self._lock:
                     self._queued_bytes -= nbytes
                 self._queue.task_done()
+
+
+def encode_inputs(
+    call: Any, targets: dict[Any, _dump_target.Target], secret: Any
+) -> tuple[
+    _dump_target.Target,
+    dict[str, torch.Tensor],
+    dict[str, Any],
+    list[dict[str, Any]],
+    list[str],
+    dict[str, Any] | None,
+]:
+    """A call's function, tensors (not copied), tensor metadata, encoded parameters, the keys of
+    the argument tensors (the receiver's state is not compared after the call) and receiver.
+
+    ``targets`` caches where each decorated function can be found again.
+    """
+    plan = call.plan
+    target = targets.get(plan)
+    if target is None:
+        target = _dump_target.Target(plan)
+        if target.found:  # a module still being imported may define the function later
+            targets[plan] = target
+    tensors: dict[str, torch.Tensor] = {}
+    meta: dict[str, Any] = {}
+    enc = _manifest.Encoder("input.", tensors, meta, secret)
+    params = [
+        {"name": name, "default": is_default, "value": enc.encode(value, name)}
+        for name, value, is_default in call.bound or ()
+    ]
+    arg_keys = list(tensors)
+    receiver = _dump_target.receiver(call, enc) if target.receiver else None
+    return target, tensors, meta, params, arg_keys, receiver
 
 
 def new_manifest(

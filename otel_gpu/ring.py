@@ -34,8 +34,6 @@ import threading
 import traceback
 from typing import Any
 
-import torch
-
 from otel_gpu import _dump_target, _guard, _manifest, metadata
 from otel_gpu.config import Settings, expand_path
 
@@ -116,18 +114,9 @@ class Ring:
         """Copy the call's inputs to host memory (asynchronously on CUDA)."""
         from otel_gpu import dump
 
-        plan = call.plan
-        target = self._targets.get(plan)
-        if target is None:
-            target = self._targets[plan] = _dump_target.Target(plan)
-        tensors: dict[str, torch.Tensor] = {}
-        meta: dict[str, Any] = {}
-        enc = _manifest.Encoder("input.", tensors, meta, self._secret)
-        params = [
-            {"name": name, "default": is_default, "value": enc.encode(value, name)}
-            for name, value, is_default in call.bound or ()
-        ]
-        receiver = _dump_target.receiver(call, enc) if target.receiver else None
+        target, tensors, meta, params, _, receiver = dump.encode_inputs(
+            call, self._targets, self._secret
+        )
         nbytes = sum(m["nbytes"] for m in meta.values())
         why_not = target.why_not
         if nbytes > self.max_bytes:  # kept without its tensors: the dump says so
