@@ -122,10 +122,16 @@ def _content_hash(state: dict[str, torch.Tensor]) -> str:
 
 
 def state_path(call_dir: str, name: str) -> str:
-    """Where a manifest's module state lives; refuses names that are not a content hash."""
+    """Where a manifest's module state lives: ``modules/`` beside the call's directory, or one
+    level up for a call in a ring dump (``<dump dir>/ring-…/<call>``). Refuses names that are not
+    a content hash, so a dump cannot point outside its own tree."""
     if not isinstance(name, str) or not _STATE_NAME.match(name):
         raise ValueError(f"refusing module state name {name!r} (must be <sha256>.pt)")
-    return os.path.join(os.path.dirname(os.path.abspath(call_dir)), STATE_DIR, name)
+    parent = os.path.dirname(os.path.abspath(call_dir))
+    path = os.path.join(parent, STATE_DIR, name)
+    if not os.path.exists(path) and os.path.basename(parent).startswith("ring-"):
+        path = os.path.join(os.path.dirname(parent), STATE_DIR, name)
+    return path
 
 
 def load_state(call_dir: str, name: str) -> dict[str, torch.Tensor]:

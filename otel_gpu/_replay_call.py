@@ -33,13 +33,28 @@ class Refused(Exception):
 
 
 class Allow:
-    """Module prefixes replay may import: ``pkg`` admits ``pkg`` and ``pkg.sub``."""
+    """Module prefixes replay may import: ``pkg`` admits ``pkg`` and ``pkg.sub``.
 
-    def __init__(self, prefixes: tuple[str, ...] | list[str] = ()) -> None:
+    ``instrument``: the ``otel_gpu.instrument()`` targets replay may apply again to find a call
+    recorded through them (``any_instrument``: every target a dump names, for dumps you made).
+    Instrumenting turns any function into one replay would call, so a dump cannot choose it.
+    """
+
+    def __init__(
+        self,
+        prefixes: tuple[str, ...] | list[str] = (),
+        instrument: tuple[str, ...] | list[str] = (),
+        any_instrument: bool = False,
+    ) -> None:
         self.prefixes = tuple(p.strip() for p in prefixes if p.strip())
+        self.instrument = tuple(t.strip() for t in instrument if t.strip())
+        self.any_instrument = any_instrument
 
     def __call__(self, module: str) -> bool:
         return any(module == p or module.startswith(p + ".") for p in self.prefixes)
+
+    def instrumentation(self, spec: str) -> bool:
+        return self.any_instrument or spec in self.instrument
 
 
 def device_mapper(mapping: dict[str, str]) -> Callable[[str], str]:
@@ -76,6 +91,12 @@ def resolve_function(info: dict[str, Any], allow: Allow) -> tuple[Callable[..., 
         raise Skip(f"module {module!r} is not allowed (pass --allow-module {module})")
     spec = info.get("instrumented")
     if spec:  # recorded through otel_gpu.instrument(): instrument it again, the same way
+        if not allow.instrumentation(str(spec)):
+            raise Skip(
+                f"{module}.{qualname} was recorded through otel_gpu.instrument({spec!r}); replay "
+                f"instruments code again only for targets you name: pass --instrument {spec} (or "
+                "set OTEL_GPU_INSTRUMENT), or --trust-dump for dumps you made"
+            )
         import otel_gpu
 
         otel_gpu.instrument(str(spec))

@@ -57,6 +57,14 @@ def add_parser(sub: Any) -> None:
         help="import modules named PREFIX or PREFIX.* (repeatable, or comma-separated)",
     )
     p.add_argument(
+        "--instrument",
+        action="append",
+        default=[],
+        metavar="TARGET",
+        help="an otel_gpu.instrument() target replay may apply again, for calls recorded through "
+        "it (repeatable or comma-separated; OTEL_GPU_INSTRUMENT's targets are allowed too)",
+    )
+    p.add_argument(
         "--trust-dump",
         action="store_true",
         help="import every module the dump names, without asking (only for dumps you made)",
@@ -146,24 +154,48 @@ def _recorded_modules(dirs: list[str]) -> list[str]:
     return sorted(modules)
 
 
+def _recorded_targets(dirs: list[str]) -> list[str]:
+    targets = set()
+    for d in dirs:
+        try:
+            spec = _manifest.read_manifest(d)["function"].get("instrumented")
+        except Exception:
+            continue
+        if spec:
+            targets.add(str(spec))
+    return sorted(targets)
+
+
 def _allow(args: argparse.Namespace, dirs: list[str]) -> Allow | None:
     """The modules replay may import; None when the user has not allowed any."""
+    from otel_gpu import config
+
     prefixes = list(_split(args.allow_module))
+    instrument = list(_split(args.instrument))
+    try:
+        instrument += list(config.current().instrument)
+    except config.ConfigError:
+        pass  # reported when replay configures itself
     modules = _recorded_modules(dirs)
     if args.trust_dump:
         prefixes += modules
     if prefixes or args._child or not modules:  # no module named: nothing to allow
-        return Allow(prefixes)
+        return Allow(prefixes, instrument, any_instrument=args.trust_dump)
     if modules and sys.stdin.isatty() and sys.stderr.isatty():
         print("The dump asks replay to import and run code from these modules:", file=sys.stderr)
         for m in modules:
             print(f"  {m}", file=sys.stderr)
+        targets = _recorded_targets(dirs)
+        if targets:
+            print("and to instrument these targets again:", file=sys.stderr)
+            for t in targets:
+                print(f"  {t}", file=sys.stderr)
         try:
             answer = input("Import them? Only say yes for dumps you trust. [y/N] ")
         except EOFError:
             answer = ""
         if answer.strip().lower() in ("y", "yes"):
-            return Allow(modules)
+            return Allow(modules, instrument + targets)
     print(
         "otel-gpu replay: not importing any module. A dump names the modules replay imports and "
         "runs; allow them with --allow-module PREFIX (or --trust-dump for dumps you made). "

@@ -503,7 +503,7 @@ def new_manifest(
         "params": params,
         # how many were passed positionally: replay calls the same way (wrappers such as
         # transformers' check the keyword arguments they are given)
-        "positional": _positional(call),
+        "positional": _positional(call, target),
         "receiver": receiver,
         "result": None,
         "mutated": {},
@@ -590,11 +590,14 @@ def _touch(path: str) -> None:
     os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
 
 
-def _positional(call: Any) -> int | None:
+def _positional(call: Any, target: _dump_target.Target) -> int | None:
+    """Arguments passed positionally, not counting a receiver passed as the first one."""
     args = getattr(call, "args", None)
     if args is None:
         return None
-    return max(len(args) - (1 if getattr(call.plan, "receiver_passed", False) and args else 0), 0)
+    plan = call.plan
+    passed = getattr(plan, "receiver_passed", False) and getattr(plan, "receiver", None) is None
+    return max(len(args) - (1 if passed and target.receiver and args else 0), 0)
 
 
 def _str(exc: BaseException) -> str:

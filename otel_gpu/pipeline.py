@@ -518,7 +518,7 @@ def _extension_observers(settings: Settings, pipe: Pipeline) -> tuple[Any, ...]:
         wanted.append(("otel_gpu.journal", 1))
     if settings.stuck_after:
         wanted.append(("otel_gpu.watchdog", 1))
-    if settings.ring and settings.level >= 3:
+    if (settings.ring or settings.on_nonfinite == "dump") and settings.level >= 3:
         wanted.append(("otel_gpu.ring", 3))
     if settings.level >= 10:
         wanted.append(("otel_gpu.dump", 10))

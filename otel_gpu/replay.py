@@ -79,6 +79,9 @@ class Options:
             "--_child",
         ]
         argv += [f"--allow-module={p}" for p in self.allow.prefixes]
+        argv += [f"--instrument={t}" for t in self.allow.instrument]
+        if self.allow.any_instrument:
+            argv.append("--trust-dump")
         argv += [f"--device={k}={v}" for k, v in self.device_map.items()]
         if self.rtol is not None:
             argv.append(f"--rtol={self.rtol!r}")

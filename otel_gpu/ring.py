@@ -13,10 +13,10 @@ as flight-recorder dumps (``otel-gpu replay`` re-runs them) when:
 * a call is stuck (``OTEL_GPU_STUCK_AFTER``; the call as in flight);
 * the process gets ``SIGTERM`` (every call in flight), before the previous handler runs.
 
-Each trigger writes a directory ``<OTEL_GPU_DUMP_DIR>/ring-<n>-<reason>-<span id>/`` holding one
+Each trigger writes a directory ``<OTEL_GPU_DUMP_DIR>/ring-<pid>-<n>-<reason>-<span id>/`` holding one
 call directory per call, in call order, in the flight recorder's format; calls already written
-by an earlier trigger are not written again. The triggering span carries
-``otel_gpu.ring.dump.dir``. Ring calls other than the trigger kept only their inputs: replay says
+by an earlier trigger are not written again. The triggering call's span (raised, nonfinite) or the
+stuck-call report carries ``otel_gpu.ring.dump.dir``. Ring calls other than the trigger kept only their inputs: replay says
 ``unverified`` for them unless they raised (then it compares the exception).
 
 The copies hold no reference to the caller's tensors, so no GPU memory is kept alive. On CUDA the

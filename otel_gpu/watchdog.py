@@ -111,12 +111,14 @@ class Watchdog:
             self.after,
             span.span.name,
         )
+        ring = getattr(self.pipeline, "ring", None)
+        if ring is not None:  # first, so the report can name the dump
+            directory = ring.dump_for(call, "stuck")
+            if directory is not None:
+                span.span.set_attribute("otel_gpu.ring.dump.dir", directory)
         export_now = getattr(self.pipeline, "export_now", None)
         if export_now is not None:
             export_now(span)
-        ring = getattr(self.pipeline, "ring", None)
-        if ring is not None:
-            ring.dump_for(call, "stuck")
 
     def _span(self, call: Call, thread_id: int, seconds: float) -> Call:
         """A call record for the report, so the pipeline builds and exports it like any span."""

@@ -113,6 +113,60 @@ def test_nonfinite_dump_writes_the_producer_with_its_outputs_and_replay_reproduc
     assert [r.verdict for r in results] == ["pass"]
 
 
+def test_nonfinite_dump_without_a_ring_writes_the_producer_alone(
+    otel_gpu_spans, module_factory, tmp_path
+):
+    """OTEL_GPU_ON_NONFINITE=dump with OTEL_GPU_RING=0: the producing call is still dumped."""
+    root = tmp_path / "d"
+    spans = otel_gpu_spans(level=5, on_nonfinite="dump", dump_dir=str(root))
+    m = module_factory(LIB, "anomlib")
+    m.scale(torch.ones(2), 2.0)
+    m.log(torch.tensor([-1.0]))
+    (ring,) = _ring_dirs(root)
+    assert [mf["function"]["span_name"].rsplit(".", 1)[1] for _, mf in _manifests(ring)] == ["log"]
+    log_span = next(s for s in spans.get() if s.name.endswith("log"))
+    assert log_span.attributes["otel_gpu.ring.dump.dir"] == str(ring)
+
+
+def test_ring_dumps_of_module_methods_replay_with_the_recorded_state(
+    otel_gpu_spans, module_factory, tmp_path
+):
+    """With OTEL_GPU_DUMP_MODULES, a module method in a ring dump finds its state (kept once
+    below the dump directory) and replays."""
+    import otel_gpu
+    from otel_gpu import _module_state
+
+    _module_state._reset_for_tests()
+    root = tmp_path / "d"
+    otel_gpu_spans(level=5, ring=2, dump_modules=True, dump_dir=str(root))
+    m = module_factory(
+        """
+import torch
+from torch import nn
+
+class Norm(nn.Module):
+    def __init__(self, width, eps=0.0):
+        super().__init__()
+        self.width, self.eps = width, eps
+        self.weight = nn.Parameter(torch.ones(width))
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+""",
+        "normlib",
+    )
+    otel_gpu.instrument(m.Norm)
+    norm = m.Norm(4)
+    with pytest.raises(RuntimeError):
+        norm(torch.ones(3))  # 3 features into a width-4 norm: raises
+    (ring,) = _ring_dirs(root)
+    pipeline.reset(timeout=2.0)
+    otel_gpu.uninstrument()
+    (result,) = replay(str(ring), Options(allow=Allow([m.__name__], any_instrument=True)))
+    assert result.verdict == "pass" and "raised builtins.RuntimeError as recorded" in result.detail
+    _module_state._reset_for_tests()
+
+
 def test_the_ring_is_bounded_and_holds_no_reference_to_the_callers_tensors(
     otel_gpu_spans, module_factory, tmp_path
 ):
@@ -211,6 +265,7 @@ def test_a_stuck_call_is_reported_within_the_interval_even_if_the_process_is_the
     (ring,) = _ring_dirs(tmp_path / "dumps")
     statuses = {mf["function"]["span_name"]: mf["status"] for _, mf in _manifests(ring)}
     assert statuses == {"__main__.warmup": "completed", "__main__.collective": "inputs_saved"}
+    assert attrs["otel_gpu.ring.dump.dir"] == str(ring)
 
 
 SIGTERM = """

@@ -1,0 +1,129 @@
+"""Replay of calls recorded through otel_gpu.instrument(): the target is applied again only when
+the user names it, so a dump can never make replay call a function nobody chose."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import torch
+
+import otel_gpu
+from otel_gpu import cli, pipeline
+from otel_gpu.replay import Allow, Options, replay
+
+LIB = """
+def scale(x, factor=2.0):
+    return x * factor
+"""
+
+
+def _record(otel_gpu_spans, module_factory, tmp_path):
+    root = tmp_path / "d"
+    otel_gpu_spans(level=10, dump_dir=str(root))
+    m = module_factory(LIB, "instlib")
+    otel_gpu.instrument(f"{m.__name__}.scale")
+    m.scale(torch.ones(2), 3.0)
+    pipeline.reset(timeout=2.0)
+    otel_gpu.uninstrument()
+    return m, root
+
+
+def test_an_instrumented_call_replays_when_its_target_is_named(
+    otel_gpu_spans, module_factory, tmp_path
+):
+    """Named with Allow(instrument=...) (the CLI's --instrument / OTEL_GPU_INSTRUMENT) or trusted:
+    replay instruments the module again and the call passes."""
+    m, root = _record(otel_gpu_spans, module_factory, tmp_path)
+    spec = f"{m.__name__}.scale"
+    (named,) = replay(str(root), Options(allow=Allow([m.__name__], [spec])))
+    assert named.verdict == "pass", named.detail
+    otel_gpu.uninstrument()
+    (trusted,) = replay(str(root), Options(allow=Allow([m.__name__], any_instrument=True)))
+    assert trusted.verdict == "pass"
+
+
+def test_an_instrumented_call_is_skipped_until_its_target_is_named(
+    otel_gpu_spans, module_factory, tmp_path
+):
+    """Module allowed but target not named: skipped, and the reason names the flag to pass."""
+    m, root = _record(otel_gpu_spans, module_factory, tmp_path)
+    (result,) = replay(str(root), Options(allow=Allow([m.__name__])))
+    assert result.verdict == "skipped"
+    assert f"--instrument {m.__name__}.scale" in result.detail
+
+
+def test_a_crafted_dump_cannot_make_replay_call_os_system(tmp_path, capsys):
+    """A manifest naming os.system as an instrumented function, replayed with --allow-module os:
+    not instrumented, not called (the command it carries never runs), skipped with the reason."""
+    marker = tmp_path / "pwned"
+    call_dir = tmp_path / "d" / "000001-20260101T000000.000000-0123456789abcdef-os.system"
+    call_dir.mkdir(parents=True)
+    manifest = {
+        "schema_version": 1,
+        "status": "completed",
+        "function": {
+            "span_name": "os.system",
+            "module": "os",
+            "qualname": "system",
+            "file": None,
+            "receiver": False,
+            "instrumented": "os.system",
+        },
+        "replayable": True,
+        "why_not_replayable": None,
+        "trace_id": "0" * 31 + "1",
+        "span_id": "0123456789abcdef",
+        "parent_span_id": None,
+        "files": {"inputs": None, "outputs": None},
+        "tensors": {},
+        "params": [
+            {"name": "command", "default": False, "value": {"t": "str", "v": f"touch {marker}"}}
+        ],
+        "receiver": None,
+        "result": {"t": "int", "v": 0},
+        "mutated": {},
+        "outputs_skipped": None,
+        "exception": None,
+    }
+    (call_dir / "manifest.json").write_text(json.dumps(manifest))
+    code = cli.main(["replay", "--dir", str(tmp_path / "d"), "--allow-module", "os", "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert not marker.exists()
+    assert report["results"][0]["verdict"] == "skipped"
+    assert "--instrument os.system" in report["results"][0]["detail"]
+    assert code == 0
+    assert "__otel_gpu_plan__" not in getattr(os.system, "__dict__", {})  # never patched
+
+
+def test_positional_counts_the_arguments_as_passed(otel_gpu_spans, module_factory, tmp_path):
+    """`positional` is the number of arguments passed positionally, a plain function's first
+    argument included (only a method's self is not counted)."""
+    root = tmp_path / "d"
+    otel_gpu_spans(level=10, dump_dir=str(root))
+    m = module_factory(
+        """
+import otel_gpu
+
+@otel_gpu.api
+def f(a, b=1):
+    return a
+
+class C:
+    @otel_gpu.api
+    def g(self, a, b=1):
+        return a
+""",
+        "poslib",
+    )
+    m.f(1, 2)
+    m.f(1, b=2)
+    m.C().g(1, 2)
+    pipeline.reset(timeout=2.0)
+    counts = [
+        json.loads((d / "manifest.json").read_text())["positional"]
+        for d in sorted(p for p in root.iterdir() if p.is_dir())
+    ]
+    assert counts == [2, 1, 2]
+    shutil.rmtree(root)
