@@ -31,9 +31,24 @@ _PEER = {
     "gpt2_1": "gpt2_0",
     "gpt2_3": "gpt2_0",
     "gpt2_5": "gpt2_0",
+    "gpt2att_1": "gpt2_0",
+    "gpt2att_3": "gpt2_0",
+    "ours5ring": "ours5",  # the ring's own cost: level 5 with it on, against level 5
 }
 _FLOORED = ("ours5", "ours10", "fi5")
-_SPAN_WRITERS = ("ours1", "ours3", "ours5", "ours10", "otel", "gpt2_1", "gpt2_3", "gpt2_5")
+_SPAN_WRITERS = (
+    "ours1",
+    "ours3",
+    "ours5",
+    "ours10",
+    "ours5ring",
+    "otel",
+    "gpt2_1",
+    "gpt2_3",
+    "gpt2_5",
+    "gpt2att_1",
+    "gpt2att_3",
+)
 
 
 @dataclass(frozen=True)
@@ -148,12 +163,14 @@ def evaluate(configs: dict[str, Any], device: str) -> list[dict[str, Any]]:
             base = _cost(configs, "ours5", "total") or 0.0
             marginal = ours - base
             ratio = math.inf if marginal <= 0 else other / marginal
+            durability = (configs.get(b.ours) or {}).get("dump_durability")
             entry.update(
                 value=ratio,
                 status="met" if ratio >= b.limit else "missed",
                 detail=(
                     f"torch.save {other:.0f} µs/call vs recorder {marginal:.0f} µs/call "
                     f"(level 10 − level 5 total); whole level-10 call: {other / ours:.2f}×"
+                    + (f"; OTEL_GPU_DUMP_DURABILITY={durability}" if durability else "")
                 ),
             )
         else:
@@ -184,6 +201,36 @@ def evaluate(configs: dict[str, Any], device: str) -> list[dict[str, Any]]:
                     if paired is not None:
                         entry["detail"] += f" (per-round ratio {paired:.2f}×)"
         out.append(entry)
+    return out
+
+
+def _paired_diff(configs: dict[str, Any], name: str, other: str, cost: str) -> float | None:
+    """Median over rounds of name−other within the same round (None unless the rounds pair up)."""
+    mine = (configs.get(name) or {}).get(f"{cost}_samples_us") or []
+    theirs = (configs.get(other) or {}).get(f"{cost}_samples_us") or []
+    if not mine or len(mine) != len(theirs):
+        return None
+    return statistics.median(a - b for a, b in zip(mine, theirs))
+
+
+def ring_cost(configs: dict[str, Any]) -> dict[str, Any] | None:
+    """The ring's own cost per call (level 5 with the ring − level 5) and level 10's recorder
+    cost (level 10 − level 5), in µs, and the ratio of the two; None unless ``ours5ring`` and
+    ``ours5`` both ran."""
+    out: dict[str, Any] = {}
+    for cost in ("caller", "total"):
+        ring, base = _cost(configs, "ours5ring", cost), _cost(configs, "ours5", cost)
+        if ring is None or base is None:
+            return None
+        recorder = _cost(configs, "ours10", cost)
+        out[f"ring_{cost}_us"] = ring - base
+        out[f"ring_{cost}_us_per_round"] = _paired_diff(configs, "ours5ring", "ours5", cost)
+        out[f"recorder_{cost}_us"] = None if recorder is None else recorder - base
+        out[f"ring_vs_recorder_{cost}"] = (
+            (ring - base) / (recorder - base) if recorder is not None and recorder > base else None
+        )
+    out["ring"] = (configs.get("ours5ring") or {}).get("ring")
+    out["dump_durability"] = (configs.get("ours10") or {}).get("dump_durability")
     return out
 
 
@@ -268,6 +315,7 @@ def build(
         "target_ms": target_s * 1e3,
         "configs": configs,
         "budgets": evaluate(configs, device),
+        "ring_cost": ring_cost(configs),
         "problems": problems,
         "ok": not problems,
     }
@@ -326,17 +374,29 @@ def render(report: dict[str, Any]) -> str:
             syncs = row.get("host_syncs_per_call") or {}
             line += f" {_fmt(syncs.get('torch_syncs'), '.2f'):>10}"
         lines.append(line)
-    gpt2 = [r for n, r in report["configs"].items() if n.startswith("gpt2") and r["calls"]]
+    gpt2 = {n: r for n, r in report["configs"].items() if n.startswith("gpt2") and r["calls"]}
     if gpt2:
         lines += [
             "",
-            "gpt2: one call is a forward pass with input ids [2, 8]; "
-            f"{gpt2[0]['spans_per_call']} spans per forward expected (submodule calls counted "
-            "with forward hooks), modules instrumented: "
+            "gpt2: one call is a forward pass with input ids [2, 8]; spans per forward expected "
+            "(submodule calls counted with forward hooks) / modules instrumented: "
             + ", ".join(
-                f"{r['label'].rsplit(' ', 1)[-1]}→{r['modules_instrumented']}" for r in gpt2
+                f"{n} {r['spans_per_call']}/{r['modules_instrumented']}" for n, r in gpt2.items()
             )
-            + "; caller×/total× compare with level 0",
+            + "; caller×/total× compare with level 0 (gpt2att: attention modules only)",
+        ]
+    ring = report.get("ring_cost")
+    if ring:
+        lines += [
+            "",
+            f"ring of {ring['ring']} calls at level 5 (ours5ring − ours5): "
+            f"{_fmt(ring['ring_caller_us'])} µs caller-visible, {_fmt(ring['ring_total_us'])} µs "
+            f"total per call (per-round differences {_fmt(ring['ring_caller_us_per_round'])} / "
+            f"{_fmt(ring['ring_total_us_per_round'])} µs); level 10's recorder (ours10 − ours5"
+            + (f", {ring['dump_durability']}" if ring.get("dump_durability") else "")
+            + f"): {_fmt(ring['recorder_caller_us'])} / {_fmt(ring['recorder_total_us'])} µs; "
+            f"ring ÷ recorder {_fmt(ring['ring_vs_recorder_caller'], '.3f', '×')} caller-visible, "
+            f"{_fmt(ring['ring_vs_recorder_total'], '.3f', '×')} total",
         ]
     lines += ["", "budgets:"]
     for b in report["budgets"]:

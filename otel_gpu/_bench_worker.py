@@ -20,6 +20,7 @@ into the OTLP JSON Lines file.
 
 from __future__ import annotations
 
+import fnmatch
 import importlib
 import importlib.util
 import json
@@ -28,7 +29,7 @@ import shutil
 import sys
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 __all__ = ["main"]
@@ -128,6 +129,7 @@ class Ours(Config):
             dump_max_count=2**31 - 1,
             dump_max_size_gb=1e9,
             journal=spec.get("journal", True),
+            ring=spec.get("ring") or 0,
         )
         raw = self.fn
         self.fn = otel_gpu.api(raw)
@@ -196,11 +198,13 @@ def tiny_gpt2(device: Any = "cpu") -> tuple[Any, Any]:
     return model.to(device), ids.to(device)
 
 
-def module_calls(model: Any, *args: Any) -> int:
+def module_calls(model: Any, *args: Any, include: Sequence[str] | None = None) -> int:
     """Submodule calls one forward makes, counted with forward hooks (independently of otel-gpu).
 
     Not every module runs: a ``ModuleList`` is only iterated, and attention implementations
     other than eager never call ``attn_dropout``. This is the spans-per-forward to expect.
+    ``include``: count only the modules whose path or class name matches one of these fnmatch
+    patterns, as ``instrument_module(include=...)`` selects them.
     """
     import torch
 
@@ -209,7 +213,15 @@ def module_calls(model: Any, *args: Any) -> int:
     def hook(module: Any, inputs: Any, output: Any) -> None:
         seen[0] += 1
 
-    handles = [m.register_forward_hook(hook) for m in model.modules()]
+    def selected(path: str, module: Any) -> bool:
+        return not include or any(
+            fnmatch.fnmatchcase(path, p) or fnmatch.fnmatchcase(type(module).__name__, p)
+            for p in include
+        )
+
+    handles = [
+        m.register_forward_hook(hook) for path, m in model.named_modules() if selected(path, m)
+    ]
     try:
         with torch.no_grad():
             model(*args)
@@ -220,7 +232,8 @@ def module_calls(model: Any, *args: Any) -> int:
 
 
 class Gpt2(Ours):
-    """One forward of the tiny GPT2 per call, every module wrapped by ``instrument_module``."""
+    """One forward of the tiny GPT2 per call, every module (or those ``include`` selects) wrapped
+    by ``instrument_module``."""
 
     def __init__(self, spec: dict[str, Any], q: Any, k: Any) -> None:
         self.transformers = _import_transformers()
@@ -230,9 +243,10 @@ class Gpt2(Ours):
         import otel_gpu
 
         self.model, self.ids = tiny_gpt2(q.device)
-        self.spans_per_call = module_calls(self.model, self.ids)
+        include = spec.get("include") or None
+        self.spans_per_call = module_calls(self.model, self.ids, include=include)
         # Level 0: instrument_module wraps nothing and returns 0 (the baseline of these rows).
-        self.instrumented = otel_gpu.instrument_module(self.model)
+        self.instrumented = otel_gpu.instrument_module(self.model, include=include)
         self.identity = self.instrumented == 0
         self.no_grad = torch.no_grad
 
@@ -495,7 +509,14 @@ def _info(cfg: Config) -> dict[str, Any]:
     if fi is not None:
         info["flashinfer"] = getattr(fi, "__version__", "?")
     if isinstance(cfg, Ours):
+        from otel_gpu import config
+
+        settings = config.current()
         info["observers"] = cfg.observers()
+        if settings.level >= 10:
+            info["dump_durability"] = settings.dump_durability
+        if settings.ring:
+            info["ring"] = settings.ring
     if isinstance(cfg, Gpt2):
         info["transformers"] = cfg.transformers.__version__
         info["spans_per_call"] = cfg.spans_per_call

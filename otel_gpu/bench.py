@@ -15,7 +15,12 @@ For each configuration two costs per call are reported:
 
 The ``gpt2_*`` rows are a second workload: one forward pass of a tiny transformers GPT2
 per call, every module instrumented with :func:`otel_gpu.instrument_module` (about 30
-spans per forward), compared with the same forward at level 0.
+spans per forward), compared with the same forward at level 0. The ``gpt2att_*`` rows
+instrument the attention modules only (``include=["*Attention"]``, 2 spans per forward).
+
+``ours5ring`` is level 5 with the in-memory ring on (``ring=8``): compared with level 5 it
+gives the ring's own cost per call, and with level 10 (the recorder it stands in for) the
+ratio of the two.
 
 Report formatting and the budgets live in :mod:`otel_gpu._bench_report`.
 """
@@ -48,6 +53,8 @@ class ConfigSpec:
     label: str
     kind: str
     level: int | None = None
+    ring: int = 0  # OTEL_GPU_RING: the in-memory ring's size (0: off)
+    include: tuple[str, ...] | None = None  # gpt2: instrument_module's include patterns
 
 
 CONFIGS: tuple[ConfigSpec, ...] = (
@@ -58,6 +65,7 @@ CONFIGS: tuple[ConfigSpec, ...] = (
     ConfigSpec("ours3", "otel-gpu level 3", "ours", 3),
     ConfigSpec("ours5", "otel-gpu level 5", "ours", 5),
     ConfigSpec("ours10", "otel-gpu level 10", "ours", 10),
+    ConfigSpec("ours5ring", "otel-gpu level 5, ring of 8", "ours", 5, ring=8),
     ConfigSpec("otel", "OTel SDK span", "otel"),
     ConfigSpec("fi1", "FlashInfer level 1", "flashinfer", 1),
     ConfigSpec("fi3", "FlashInfer level 3", "flashinfer", 3),
@@ -67,6 +75,8 @@ CONFIGS: tuple[ConfigSpec, ...] = (
     ConfigSpec("gpt2_1", "tiny GPT2 forward, level 1", "gpt2", 1),
     ConfigSpec("gpt2_3", "tiny GPT2 forward, level 3", "gpt2", 3),
     ConfigSpec("gpt2_5", "tiny GPT2 forward, level 5", "gpt2", 5),
+    ConfigSpec("gpt2att_1", "tiny GPT2, attention only, L1", "gpt2", 1, include=("*Attention",)),
+    ConfigSpec("gpt2att_3", "tiny GPT2, attention only, L3", "gpt2", 3, include=("*Attention",)),
 )
 _BY_NAME = {c.name: c for c in CONFIGS}
 
@@ -121,6 +131,8 @@ class Result:
             "spans_per_call": self.info.get("spans_per_call"),
             "modules_instrumented": self.info.get("modules_instrumented"),
             "dumps_written": self.dumps,
+            "dump_durability": self.info.get("dump_durability"),
+            "ring": self.info.get("ring"),
             "identity": self.info.get("identity"),
             "observers": self.info.get("observers"),
         }
@@ -148,6 +160,8 @@ class _Worker:
             "device": device,
             "threads": threads,
             "journal": journal,
+            "ring": spec.ring,
+            "include": list(spec.include) if spec.include is not None else None,
         }
         self.stderr = open(os.path.join(workdir, "stderr.txt"), "w+b")
         self.proc = subprocess.Popen(
@@ -271,7 +285,7 @@ def run(
             # keep more records alive, for the garbage collector to walk, than a real run does.
             kind = _BY_NAME[name].kind
             max_n = _MAX_QUEUED if kind in ("ours", "otel") else 200_000
-            if kind == "gpt2":  # ~30 spans per forward: as many queued spans as the rows above
+            if kind == "gpt2":  # ~30 (or 2) spans a forward: as many queued spans as above
                 max_n = max(1, _MAX_QUEUED // (results[name].info.get("spans_per_call") or 1))
             answer = ask(name, cmd="calibrate", target_s=target_s, max_n=max_n)
             if answer is not None:
@@ -294,7 +308,7 @@ def run(
                 results[name].gc = answer
         if device == "cuda":
             for name in list(workers):
-                n = 3 if name in ("fi5", "ours10", "save") else 20
+                n = 3 if name in ("fi5", "ours10", "ours5ring", "save") else 20
                 answer = ask(name, cmd="syncs", n=n)
                 if answer is not None:
                     results[name].syncs = answer
@@ -362,10 +376,11 @@ def register(sub: Any) -> None:
         help="measure each level's cost per call, side by side with FlashInfer and plain OTel",
         description=(
             "Per-call cost of a decorated function with two [32,128,128] float32 tensors and a "
-            "scalar kwarg: bare, otel-gpu levels 0/1/3/5/10, a plain OTel SDK span and "
-            "FlashInfer's @flashinfer_api (when installed); and one forward pass of a tiny GPT2 "
-            "with every module instrumented (otel_gpu.instrument_module) at levels 0/1/3/5 "
-            "(when transformers is installed). Each configuration runs in its own worker "
+            "scalar kwarg: bare, otel-gpu levels 0/1/3/5/10 and level 5 with the ring of 8 calls, "
+            "a plain OTel SDK span and FlashInfer's @flashinfer_api (when installed); and one "
+            "forward pass of a tiny GPT2 with every module instrumented "
+            "(otel_gpu.instrument_module) at levels 0/1/3/5, or its attention modules only at "
+            "levels 1/3 (when transformers is installed). Each configuration runs in its own worker "
             "process, measured in interleaved rounds; medians and ratios against the budgets."
         ),
     )

@@ -202,6 +202,34 @@ def test_worker_gpt2_round_writes_a_span_per_submodule_call(
         assert cfg.count() == 3 * cfg.spans_per_call
 
 
+@pytest.mark.transformers
+@needs_transformers
+def test_worker_gpt2_attention_only_writes_a_span_per_attention_call(
+    tensors, tmp_path, deferred_export
+):
+    """The gpt2att rows wrap only the modules include=["*Attention"] selects (the 2 attention
+    layers), and every forward writes exactly one span per attention call."""
+    q, k = tensors
+    spec = {"level": 1, "dir": str(tmp_path), "include": ["*Attention"]}
+    cfg = _bench_worker.Gpt2(spec, q, k)
+    assert cfg.spans_per_call == 2 == cfg.instrumented
+    _bench_worker._timed_round(cfg, 3, "cpu")
+    assert cfg.count() == 6
+
+
+def test_worker_ring_row_runs_level_5_with_the_ring_and_writes_every_span(
+    tensors, tmp_path, deferred_export
+):
+    """The ours5ring worker configures the ring (ring=8) at level 5: the Ring observer runs on
+    every call, no dump is written, and every call's span reaches the file."""
+    q, k = tensors
+    cfg = _bench_worker.Ours({"level": 5, "dir": str(tmp_path), "ring": 8}, q, k)
+    _bench_worker._timed_round(cfg, 10, "cpu")
+    assert "Ring" in cfg.observers()  # the pipeline starts with the first call
+    assert cfg.count() == 10 == cfg.calls
+    assert cfg.count_dumps() is None
+
+
 def test_worker_gpt2_unavailable_without_transformers(tensors, tmp_path, monkeypatch):
     """Without transformers the gpt2 rows are unavailable, with the reason, as FlashInfer's are."""
     real = _bench_worker.importlib.util.find_spec
@@ -327,6 +355,31 @@ def test_budgets_report_the_per_round_ratio_beside_the_ratio_of_medians():
     assert "per-round" not in l1["detail"]
 
 
+def test_ring_cost_is_level_5_with_the_ring_minus_level_5_against_the_recorder():
+    """The ring's cost per call is ours5ring − ours5, compared with level 10's recorder cost
+    (ours10 − ours5) on the same cost; absent when the ring row did not run."""
+    configs = _configs()
+    assert _bench_report.ring_cost(configs) is None
+    configs["ours5ring"] = _row(290.0, 500.0, ring=8)
+    ring = _bench_report.ring_cost(configs)
+    assert ring is not None and ring["ring"] == 8
+    assert ring["ring_caller_us"] == 40.0 and ring["ring_total_us"] == 100.0
+    assert ring["recorder_total_us"] == 1000.0
+    assert math.isclose(ring["ring_vs_recorder_total"], 0.1)
+    assert math.isclose(ring["ring_vs_recorder_caller"], 40.0 / 50.0)
+
+
+def test_budget_level_10_names_the_durability_mode():
+    """The recorder throughput budget says which OTEL_GPU_DUMP_DURABILITY the level-10 row ran."""
+    configs = _configs()
+    configs["ours10"]["dump_durability"] = "async"
+    budgets = {b["name"]: b for b in _bench_report.evaluate(configs, "cpu")}
+    assert (
+        "OTEL_GPU_DUMP_DURABILITY=async"
+        in (budgets["level 10 recorder throughput ≥ 0.7× torch.save"]["detail"])
+    )
+
+
 def test_budgets_not_applicable_when_a_row_is_missing_or_not_cuda():
     """A budget whose rows did not run is n/a with the reason; the sync budget is CUDA-only."""
     configs = _configs()
@@ -382,7 +435,7 @@ def test_report_checks_gpt2_spans_per_forward_exactly():
     assert report["configs"]["gpt2_1"]["peer"] == "gpt2_0"
     assert math.isclose(report["configs"]["gpt2_1"]["total_vs_peer"], 2.0)
     text = _bench_report.render(report)
-    assert "31 spans per forward" in text and "gpt2_0" in text
+    assert "gpt2_1 31/33" in text and "gpt2_0" in text
 
 
 def test_render_shows_every_row_and_budget():
@@ -421,7 +474,7 @@ def test_cli_quick_json_end_to_end(capsys, tmp_path):
             "--rounds",
             "2",
             "--only",
-            "bare,ours0,ours1,fi1,gpt2_0,gpt2_1",
+            "bare,ours0,ours1,fi1,gpt2_0,gpt2_1,gpt2att_1",
             "--dir",
             str(tmp_path),
         ]
@@ -429,17 +482,22 @@ def test_cli_quick_json_end_to_end(capsys, tmp_path):
     report = json.loads(capsys.readouterr().out)
     assert code == 0, report["problems"]
     configs = report["configs"]
-    assert set(configs) == {"bare", "ours0", "ours1", "fi1", "gpt2_0", "gpt2_1"}
+    assert set(configs) == {"bare", "ours0", "ours1", "fi1", "gpt2_0", "gpt2_1", "gpt2att_1"}
     assert configs["ours0"]["identity"] is True
     ours1 = configs["ours1"]
     assert ours1["status"] == "ready" and len(ours1["caller_samples_us"]) == 2
     assert ours1["spans_written"] == ours1["calls"] > 0
     assert configs["fi1"]["status"] in ("ready", "unavailable")
-    for name in ("gpt2_0", "gpt2_1"):  # unavailable (with the reason) without transformers
+    # unavailable (with the reason) without transformers; gpt2att_1: the 2 attention modules
+    for name, per_forward in (
+        ("gpt2_0", range(30, 99)),
+        ("gpt2_1", range(30, 99)),
+        ("gpt2att_1", [2]),
+    ):
         row = configs[name]
         assert row["status"] in ("ready", "unavailable"), row["reason"]
         if row["status"] == "ready":
-            assert row["calls"] > 0 and row["spans_per_call"] >= 30
+            assert row["calls"] > 0 and row["spans_per_call"] in per_forward
             expected = None if name == "gpt2_0" else row["calls"] * row["spans_per_call"]
             assert row["spans_written"] == expected
     assert report["machine"]["cores"] == os.cpu_count()
