@@ -332,3 +332,74 @@ def test_show_nonfinite_names_the_module_whose_weight_is_nan(tmp_path, capsys):
     out = capsys.readouterr().out
     first = next(line for line in out.splitlines() if "transformer.h" in line)
     assert "transformer.h.1.mlp.c_fc" in first, out
+
+
+def test_a_weight_set_to_nan_is_dumped_at_its_producer_and_replay_reproduces_it(
+    otel_gpu_spans, module_factory, tmp_path, capsys
+):
+    """The issue's model: a layer whose weight turned NaN. With ON_NONFINITE=dump, the ring and
+    module states on, that layer's call (finite input, NaN output) is dumped; replay rebuilds the
+    layer from its recorded state and gets the NaN again; show --nonfinite names it."""
+    import otel_gpu
+    from otel_gpu import _module_state
+
+    _module_state._reset_for_tests()
+    root = tmp_path / "d"
+    trace = tmp_path / "t.jsonl"
+    otel_gpu.configure(
+        level=5,
+        dest=str(trace),
+        provider="own",
+        ring=4,
+        on_nonfinite="dump",
+        dump_modules=True,
+        dump_dir=str(root),
+    )
+    m = module_factory(
+        """
+import torch
+from torch import nn
+
+class Dense(nn.Module):
+    def __init__(self, width):
+        super().__init__()
+        self.width = width
+        self.weight = nn.Parameter(torch.eye(width))
+
+    def forward(self, x):
+        return x @ self.weight
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.first, self.second = Dense(4), Dense(4)
+
+    def forward(self, x):
+        return self.second(self.first(x))
+""",
+        "nanlib",
+    )
+    otel_gpu.instrument(m.Dense)
+    otel_gpu.instrument(m.Net)
+    net = m.Net()
+    with torch.no_grad():
+        net.second.weight[0, 0] = float("nan")
+        out = net(torch.ones(2, 4))
+    assert torch.isnan(out).any()
+    otel_gpu.flush()
+    (ring,) = _ring_dirs(root)
+    producer_dir, producer = _manifests(ring)[-1]
+    assert (
+        producer["function"]["qualname"] == "Dense.forward"
+        and producer["receiver"]["t"] == "module"
+    )
+    pipeline.reset(timeout=2.0)
+    otel_gpu.uninstrument()
+    (result,) = replay(str(producer_dir), Options(allow=Allow([m.__name__], any_instrument=True)))
+    assert result.verdict == "pass" and result.detail.startswith("reproduced:"), result.detail
+    capsys.readouterr()
+    assert cli.main(["show", str(trace), "--nonfinite", "--no-color"]) == 0
+    report = capsys.readouterr().out
+    assert "First producer of NaN/Inf: " in report and "Dense.forward[1]" in report, report
+    assert producer["span_id"] in report
+    _module_state._reset_for_tests()
