@@ -11,10 +11,10 @@ import dataclasses
 import decimal
 import enum
 import fractions
-import json
 
 import numpy as np
 import torch
+from jsonl_spans import read_spans
 
 import otel_gpu
 
@@ -50,20 +50,6 @@ class Holder:
     items: list
 
 
-def _jsonl_attrs(path) -> list[dict]:
-    spans = []
-    for line in path.read_text().splitlines():
-        for rs in json.loads(line)["resourceSpans"]:
-            for ss in rs["scopeSpans"]:
-                for span in ss["spans"]:
-                    attrs = {}
-                    for kv in span.get("attributes", []):
-                        (value,) = kv["value"].values()
-                        attrs[kv["key"]] = value
-                    spans.append(attrs)
-    return spans
-
-
 def test_a_mutable_argument_changed_after_the_call_is_never_shown_with_its_later_value(
     tmp_path, capsys
 ):
@@ -81,7 +67,7 @@ def test_a_mutable_argument_changed_after_the_call_is_never_shown_with_its_later
     counter.n = 42  # after the call, before the export thread has run
     otel_gpu.flush()
     out = capsys.readouterr().out
-    (attrs,) = _jsonl_attrs(path)
+    (attrs,) = [span["attrs"] for span in read_spans(path)]
     assert attrs["otel_gpu.input.counter.type"] == "Counter"
     assert attrs["otel_gpu.input.counter.id"] == f"0x{id(counter):x}"
     assert "otel_gpu.input.counter.repr" not in attrs

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from jsonl_spans import read_spans
 
 pytest.importorskip("transformers")
 
@@ -60,22 +61,7 @@ def _instrumented(
     cmd = [sys.executable, "-m", "otel_gpu", "run", "--level", str(level), "--dest"]
     cmd += [str(tmp / "spans.jsonl"), "--", sys.executable, str(HERE / "tiny_models.py")]
     _run([*cmd, str(tmp / "out.pt")], env, tmp)
-    return torch.load(tmp / "out.pt"), _spans(tmp / "spans.jsonl")
-
-
-def _spans(path: Path) -> list[dict]:
-    spans = []
-    for line in path.read_text().splitlines():
-        for rs in json.loads(line)["resourceSpans"]:
-            for ss in rs["scopeSpans"]:
-                for span in ss["spans"]:
-                    attrs = {}
-                    for kv in span.get("attributes", []):
-                        (value,) = kv["value"].values()
-                        attrs[kv["key"]] = value
-                    span["attrs"] = attrs
-                    spans.append(span)
-    return spans
+    return torch.load(tmp / "out.pt"), read_spans(tmp / "spans.jsonl")
 
 
 def _ints(array: dict) -> list[int]:
@@ -178,6 +164,6 @@ def test_opentelemetry_instrument_applies_the_same_targets(tmp_path, baseline):
         tmp_path,
     )
     _same(torch.load(tmp_path / "out.pt"), baseline)
-    spans = _spans(tmp_path / "spans.jsonl")
+    spans = read_spans(tmp_path / "spans.jsonl")
     block = next(s for s in spans if s["name"].endswith("GPT2Block.forward"))
     assert _ints(block["attrs"]["otel_gpu.input.hidden_states.shape"]) == [2, 8, 64]
