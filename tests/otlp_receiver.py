@@ -258,26 +258,31 @@ def grpc_receiver(*, behaviour: Behaviour = "ok") -> Iterator[Receiver]:
 _HEX_ID_LENGTHS = {"traceId": 32, "spanId": 16, "parentSpanId": 16}
 
 
-def _hex_ids_to_base64(node: Any) -> Any:
+def hex_ids_to_base64(node: Any, strict: bool = False) -> Any:
     """Rewrite OTLP/JSON hex trace/span ids into the base64 that ``json_format`` expects.
 
     OTLP/JSON encodes ``traceId`` / ``spanId`` / ``parentSpanId`` as hex, unlike the
     canonical protobuf JSON mapping of ``bytes`` (base64). Values that are not hex of
-    the right length (already base64) are left alone.
+    the right length (already base64) are left alone, unless ``strict``: then every
+    non-empty id must be hex of its exact length (tests of what otel-gpu writes).
     """
     if isinstance(node, list):
-        return [_hex_ids_to_base64(item) for item in node]
+        return [hex_ids_to_base64(item, strict) for item in node]
     if not isinstance(node, dict):
         return node
     out: dict[str, Any] = {}
     for key, value in node.items():
         length = _HEX_ID_LENGTHS.get(key)
-        if length is not None and isinstance(value, str) and len(value) == length:
-            try:
+        if length is not None and isinstance(value, str) and value:
+            if strict:
+                assert len(value) == length, f"{key}={value!r} is not {length} hex digits"
                 value = base64.b64encode(bytes.fromhex(value)).decode("ascii")
-            except ValueError:
-                pass
-        out[key] = _hex_ids_to_base64(value)
+            elif len(value) == length:
+                try:
+                    value = base64.b64encode(bytes.fromhex(value)).decode("ascii")
+                except ValueError:
+                    pass
+        out[key] = hex_ids_to_base64(value, strict)
     return out
 
 
@@ -310,7 +315,7 @@ def _parse_request(body: bytes, content_type: str) -> trace_service_pb2.ExportTr
         if content_type == "application/x-protobuf":
             request.ParseFromString(body)
         else:
-            payload = _hex_ids_to_base64(json.loads(body or b"{}"))
+            payload = hex_ids_to_base64(json.loads(body or b"{}"))
             json_format.ParseDict(payload, request, ignore_unknown_fields=True)
     except (ValueError, DecodeError, json_format.ParseError, binascii.Error) as exc:
         raise _HttpError(400, f"cannot parse {content_type} body: {exc}") from exc

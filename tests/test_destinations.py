@@ -9,7 +9,6 @@ and the human-readable text file.
 
 from __future__ import annotations
 
-import base64
 import gc
 import json
 import logging
@@ -39,9 +38,9 @@ import otel_gpu
 from otel_gpu import ConfigError, pipeline
 
 try:
-    from otlp_receiver import attrs_of, grpc_receiver, http_receiver
+    from otlp_receiver import attrs_of, grpc_receiver, hex_ids_to_base64, http_receiver
 except ModuleNotFoundError:  # tests/ imported as a package
-    from tests.otlp_receiver import attrs_of, grpc_receiver, http_receiver
+    from tests.otlp_receiver import attrs_of, grpc_receiver, hex_ids_to_base64, http_receiver
 
 ANSI = "\x1b["
 THIS_FILE = Path(__file__).resolve()
@@ -87,26 +86,6 @@ def _span_name(local: str) -> str:
     return f"{__name__}._make_lib.<locals>.{local}"
 
 
-_HEX_ID_KEYS = {"traceId": 32, "spanId": 16, "parentSpanId": 16}
-
-
-def _hex_ids_to_base64(node: Any) -> Any:
-    """OTLP/JSON writes ids as hex; the canonical protobuf JSON mapping of bytes is base64."""
-    if isinstance(node, list):
-        return [_hex_ids_to_base64(item) for item in node]
-    if not isinstance(node, dict):
-        return node
-    out = {}
-    for key, value in node.items():
-        if key in _HEX_ID_KEYS and isinstance(value, str) and value:
-            assert len(value) == _HEX_ID_KEYS[key], (
-                f"{key}={value!r} is not {_HEX_ID_KEYS[key]} hex digits"
-            )
-            value = base64.b64encode(bytes.fromhex(value)).decode("ascii")
-        out[key] = _hex_ids_to_base64(value)
-    return out
-
-
 def _read_jsonl(path: Path) -> list[tuple[ResourceProto, SpanProto, dict[str, str]]]:
     """Parse every line as ``TracesData`` (strictly: unknown fields fail) and flatten the spans.
 
@@ -118,7 +97,7 @@ def _read_jsonl(path: Path) -> list[tuple[ResourceProto, SpanProto, dict[str, st
     for number, line in enumerate(text.splitlines(), 1):
         assert line.strip(), f"line {number} of {path} is empty"
         raw = json.loads(line)
-        message = json_format.Parse(json.dumps(_hex_ids_to_base64(raw)), TracesData())
+        message = json_format.Parse(json.dumps(hex_ids_to_base64(raw, strict=True)), TracesData())
         raw_spans = [
             span for rs in raw["resourceSpans"] for ss in rs["scopeSpans"] for span in ss["spans"]
         ]

@@ -11,7 +11,6 @@ for NaN (the same NaN serialises the same; ``==`` never holds for NaN).
 
 from __future__ import annotations
 
-import base64
 import io
 import itertools
 import json
@@ -39,6 +38,7 @@ from opentelemetry.trace.span import TraceState
 from otel_gpu.exporters.otlp_json import JsonEncoder, JsonLinesSpanExporter, encode_json
 from otel_gpu.exporters.otlp_proto import ProtoEncoder, encode_request
 from otel_gpu.exporters.spandata import SpanData
+from otlp_receiver import hex_ids_to_base64
 
 INT64 = st.integers(min_value=-(2**63), max_value=2**63 - 1)
 SCALARS: list[st.SearchStrategy[Any]] = [
@@ -173,27 +173,10 @@ def _without_hint(span: SpanData) -> SpanData:
 # --------------------------------------------------------------------------- decoding
 
 
-_HEX_ID_KEYS = {"traceId": 32, "spanId": 16, "parentSpanId": 16}
-
-
-def _hex_ids_to_base64(node: Any) -> Any:
-    if isinstance(node, list):
-        return [_hex_ids_to_base64(item) for item in node]
-    if not isinstance(node, dict):
-        return node
-    out = {}
-    for key, value in node.items():
-        if key in _HEX_ID_KEYS:
-            assert isinstance(value, str) and len(value) == _HEX_ID_KEYS[key], (key, value)
-            value = base64.b64encode(bytes.fromhex(value)).decode("ascii")
-        out[key] = _hex_ids_to_base64(value)
-    return out
-
-
 def _parse_json(text: str) -> ExportTraceServiceRequest:
     """Strict parse (unknown fields fail) of one OTLP/JSON request."""
     return json_format.Parse(
-        json.dumps(_hex_ids_to_base64(json.loads(text))), ExportTraceServiceRequest()
+        json.dumps(hex_ids_to_base64(json.loads(text), strict=True)), ExportTraceServiceRequest()
     )
 
 

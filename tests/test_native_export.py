@@ -16,7 +16,6 @@ normalised).
 
 from __future__ import annotations
 
-import base64
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -44,9 +43,9 @@ import otel_gpu
 from otel_gpu import pipeline
 
 try:
-    from otlp_receiver import attrs_of, grpc_receiver, http_receiver
+    from otlp_receiver import attrs_of, grpc_receiver, hex_ids_to_base64, http_receiver
 except ModuleNotFoundError:  # tests/ imported as a package
-    from tests.otlp_receiver import attrs_of, grpc_receiver, http_receiver
+    from tests.otlp_receiver import attrs_of, grpc_receiver, hex_ids_to_base64, http_receiver
 
 
 # --------------------------------------------------------------------------- the calls
@@ -124,24 +123,9 @@ def _queued(level: int, tmp_path: Path) -> tuple[pipeline.Pipeline, list[Any]]:
 
 # --------------------------------------------------------------------------- decoding
 
-_HEX_ID_KEYS = {"traceId", "spanId", "parentSpanId"}
-
-
-def _hex_ids_to_base64(node: Any) -> Any:
-    if isinstance(node, list):
-        return [_hex_ids_to_base64(item) for item in node]
-    if not isinstance(node, dict):
-        return node
-    return {
-        key: base64.b64encode(bytes.fromhex(value)).decode("ascii")
-        if key in _HEX_ID_KEYS and value
-        else _hex_ids_to_base64(value)
-        for key, value in node.items()
-    }
-
 
 def _parse_json(text: str, message: Any) -> Any:
-    return json_format.Parse(json.dumps(_hex_ids_to_base64(json.loads(text))), message)
+    return json_format.Parse(json.dumps(hex_ids_to_base64(json.loads(text), strict=True)), message)
 
 
 def _same(ours: Any, official: Any) -> None:
