@@ -29,6 +29,7 @@ from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.trace import SpanKind, StatusCode
+from otel_gpu.exporters._grouping import group_spans
 
 __all__ = ["JsonEncoder", "JsonLinesSpanExporter", "encode_json"]
 
@@ -329,20 +330,7 @@ class JsonEncoder:
 
         Spans are grouped by resource, then scope, in first-seen order, as the official encoder does.
         """
-        groups: dict[Any, dict[Any, list[str]]] = {}
-        last_resource: Any = groups  # a sentinel no span carries
-        last_scope: Any = groups
-        bucket: list[str] = []
-        for span in spans:
-            resource = span.resource
-            scope = span.instrumentation_scope or None
-            if resource is not last_resource or scope is not last_scope:
-                # a batch mostly shares one resource and scope: hash them (Resource's hash
-                # dumps its attributes as JSON) only when they change
-                by_scope = groups.setdefault(resource, {})
-                bucket = by_scope.setdefault(scope, [])
-                last_resource, last_scope = resource, scope
-            bucket.append(self._span(span))
+        groups = group_spans(spans, self._span)
         if not groups:
             return "{}"
         blocks = []

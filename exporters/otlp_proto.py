@@ -25,6 +25,7 @@ from typing import Any
 from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanKind, StatusCode
+from otel_gpu.exporters._grouping import group_spans
 
 __all__ = ["ProtoEncoder", "encode_request"]
 
@@ -354,27 +355,18 @@ class ProtoEncoder:
 
     # ------------------------------------------------------------------ request
 
+    def _framed_span(self, span: Any) -> bytes:
+        """The span as field 2 (``spans``) of its ``ScopeSpans``."""
+        body = self._span(span)
+        n = len(body)
+        return b"\x12" + (_BYTE[n] if n < 0x80 else _varint(n)) + body
+
     def encode(self, spans: Iterable[Any]) -> bytes:
         """The ``ExportTraceServiceRequest`` of ``spans`` in protobuf wire format.
 
         Spans are grouped by resource, then scope, in first-seen order, as the official encoder does.
         """
-        groups: dict[Any, dict[Any, list[bytes]]] = {}
-        last_resource: Any = groups  # a sentinel no span carries
-        last_scope: Any = groups
-        bucket: list[bytes] = []
-        for span in spans:
-            resource = span.resource
-            scope = span.instrumentation_scope or None
-            if resource is not last_resource or scope is not last_scope:
-                # a batch mostly shares one resource and scope: hash them (Resource's hash
-                # dumps its attributes as JSON) only when they change
-                by_scope = groups.setdefault(resource, {})
-                bucket = by_scope.setdefault(scope, [])
-                last_resource, last_scope = resource, scope
-            body = self._span(span)
-            n = len(body)
-            bucket.append(b"\x12" + (_BYTE[n] if n < 0x80 else _varint(n)) + body)
+        groups = group_spans(spans, self._framed_span)
         out = []
         for resource, by_scope in groups.items():
             scope_spans = [
