@@ -22,6 +22,8 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.trace import StatusCode
 
+from otel_gpu._text import printable
+
 __all__ = ["ConsoleSpanExporter"]
 
 _FIELDS = (
@@ -97,45 +99,51 @@ def _group(attributes: Mapping[str, Any], prefix: str) -> dict[str, dict[str, An
     return groups
 
 
+def _s(value: Any) -> str:
+    """``str(value)`` with control characters escaped: names, values and messages come from
+    user code and must not reach a terminal as control sequences (see ``otel_gpu._text``)."""
+    return printable(str(value))
+
+
 def _fmt_num(value: Any) -> str:
     if isinstance(value, float):
         if math.isnan(value) or math.isinf(value):
             return str(value)
         return f"{value:.6g}"
-    return str(value)
+    return _s(value)
 
 
 def _describe(entry: Mapping[str, Any], style: _Style) -> str:
     if "dtype" in entry:
-        shape = ", ".join(str(d) for d in entry.get("shape", ()))
+        shape = ", ".join(_s(d) for d in entry.get("shape", ()))
         parts = [
             style.cyan(f"Tensor[{shape}]"),
-            str(entry["dtype"]).removeprefix("torch."),
-            str(entry.get("device", "?")),
+            _s(entry["dtype"]).removeprefix("torch."),
+            _s(entry.get("device", "?")),
         ]
         if "stride" in entry:
-            parts.append("stride=(" + ", ".join(str(s) for s in entry["stride"]) + ")")
+            parts.append("stride=(" + ", ".join(_s(s) for s in entry["stride"]) + ")")
         if entry.get("is_contiguous") is False:
             parts.append(style.yellow("non-contiguous"))
         if entry.get("requires_grad"):
             parts.append("requires_grad")
         text = " ".join(parts)
     elif "enum_value" in entry:  # an enum member: its name and its value, as FlashInfer logs them
-        text = f"{entry.get('value', '?')} (value {entry['enum_value']!r})"
+        text = f"{_s(entry.get('value', '?'))} (value {printable(repr(entry['enum_value']))})"
     elif "value" in entry:
         text = (
-            repr(entry["value"])
+            printable(repr(entry["value"]))
             if isinstance(entry["value"], str) and entry["value"] not in ("None", "<redacted>")
-            else str(entry["value"])
+            else _s(entry["value"])
         )
     elif "length" in entry:
-        text = f"{entry.get('type', 'container')}[{entry['length']}]"
+        text = f"{_s(entry.get('type', 'container'))}[{_s(entry['length'])}]"
     elif "repr" in entry:
-        text = f"{entry.get('type', 'object')}: {entry['repr']}"
+        text = f"{_s(entry.get('type', 'object'))}: {_s(entry['repr'])}"
     elif "id" in entry:  # a mutable object: its repr at export time could differ from the call's
-        text = f"{entry.get('type', 'object')} object (id {entry['id']})"
+        text = f"{_s(entry.get('type', 'object'))} object (id {_s(entry['id'])})"
     else:
-        text = str(entry.get("type", "?"))
+        text = _s(entry.get("type", "?"))
     if entry.get("default"):
         text += style.dim(" (default)")
     return text
@@ -145,27 +153,39 @@ def _lines_for(groups: Mapping[str, Mapping[str, Any]], style: _Style) -> list[s
     lines = []
     for name, entry in groups.items():
         depth = name.count(".")
-        label = name if name else "(result)"
+        label = printable(name) if name else "(result)"
         lines.append(f"    {'  ' * depth}{label} = {_describe(entry, style)}")
     return lines
 
 
 def _stats_line(attrs: Mapping[str, Any], style: _Style) -> str:
-    key = attrs.get("otel_gpu.tensor", "?")
+    key = _s(attrs.get("otel_gpu.tensor", "?"))
     parts = []
     for name in ("min", "max", "mean", "std"):
         if name in attrs:
             parts.append(f"{name}={_fmt_num(attrs[name])}")
     for name in ("nan_count", "inf_count"):
         if name in attrs:
-            text = f"{name.split('_')[0]}={attrs[name]}"
+            text = f"{name.split('_')[0]}={_s(attrs[name])}"
             parts.append(style.red(text) if attrs[name] else text)
-    parts.append(f"numel={attrs.get('numel', '?')}")
+    parts.append(f"numel={_s(attrs.get('numel', '?'))}")
     line = f"    {key}: " + " ".join(parts)
     note = attrs.get("otel_gpu.stats.note")
     if note:
-        line += style.dim(f"  [{note}]")
+        line += style.dim(f"  [{_s(note)}]")
     return line
+
+
+def _dump_lines(attrs: Mapping[str, Any]) -> list[str]:
+    """Where the flight recorder (level 10) or the ring put this call, or why it did not."""
+    lines = []
+    if attrs.get("otel_gpu.dump.dir"):
+        lines.append(f"  dump: {_s(attrs['otel_gpu.dump.dir'])}")
+    elif attrs.get("otel_gpu.dump.skipped"):
+        lines.append(f"  not dumped: {_s(attrs['otel_gpu.dump.skipped'])}")
+    if attrs.get("otel_gpu.ring.dump.dir"):
+        lines.append(f"  ring dump: {_s(attrs['otel_gpu.ring.dump.dir'])}")
+    return lines
 
 
 def _timestamp(ns: int | None) -> str:
@@ -235,7 +255,7 @@ class ConsoleSpanExporter(SpanExporter):
         s = self._style
         lines = [
             s.dim(_RULE),
-            f"{s.bold('▶ ' + name)}  {s.dim(_timestamp(start_ns))}  {s.dim('span ' + format(span_id, '016x'))}",
+            f"{s.bold('▶ ' + printable(name))}  {s.dim(_timestamp(start_ns))}  {s.dim('span ' + format(span_id, '016x'))}",
         ]
         groups = _group(input_attributes, "otel_gpu.input.")
         if groups:
@@ -246,16 +266,17 @@ class ConsoleSpanExporter(SpanExporter):
     def render(self, span: ReadableSpan) -> str:
         s = self._style
         attrs = span.attributes or {}
+        name = printable(span.name)
         ctx = span.context
         span_hex = format(ctx.span_id, "016x") if ctx else "?"
         duration = ((span.end_time or 0) - (span.start_time or 0)) / 1e6
         lines: list[str] = []
         if self._inputs_before:
-            lines.append(f"{s.bold('◀ ' + span.name)}  {s.dim('span ' + span_hex)}")
+            lines.append(f"{s.bold('◀ ' + name)}  {s.dim('span ' + span_hex)}")
         else:
             lines.append(s.dim(_RULE))
             lines.append(
-                f"{s.bold(span.name)}  {s.dim(_timestamp(span.start_time))}  {s.dim('span ' + span_hex)}"
+                f"{s.bold(name)}  {s.dim(_timestamp(span.start_time))}  {s.dim('span ' + span_hex)}"
                 + (s.dim(f"  parent {span.parent.span_id:016x}") if span.parent else "")
             )
             inputs = _group(attrs, "otel_gpu.input.")
@@ -272,9 +293,11 @@ class ConsoleSpanExporter(SpanExporter):
             lines.extend(_stats_line(e.attributes or {}, s) for e in stat_events)
         if attrs.get("otel_gpu.nonfinite"):
             lines.append("  " + s.red("⚠ NaN/Inf found in this call's tensors"))
+        # Here, not in the ▶ block: the recorder names the directory after the ▶ block is printed.
+        lines.extend(_dump_lines(attrs))
         if span.status.status_code is StatusCode.ERROR:
             lines.append(
-                f"  {s.red('✘ ERROR')} {span.status.description or ''}  {s.dim(f'{duration:.3f} ms')}"
+                f"  {s.red('✘ ERROR')} {printable(span.status.description or '')}  {s.dim(f'{duration:.3f} ms')}"
             )
         else:
             lines.append(f"  {s.green('✔ OK')}  {s.dim(f'{duration:.3f} ms')}")
@@ -285,11 +308,11 @@ class ConsoleSpanExporter(SpanExporter):
         lines = [s.dim("═" * 78), s.bold("otel-gpu · system information")]
         attrs = dict(getattr(resource, "attributes", {}) or {})
         if attrs.get("service.name"):
-            lines.append(f"  service: {attrs['service.name']}")
+            lines.append(f"  service: {_s(attrs['service.name'])}")
         try:
             from otel_gpu.resource import describe_resource_lines
 
-            lines.extend("  " + line for line in describe_resource_lines(resource))
+            lines.extend("  " + printable(line) for line in describe_resource_lines(resource))
         except Exception:
             pass
         lines.append(s.dim("═" * 78))
@@ -303,6 +326,7 @@ class ConsoleSpanExporter(SpanExporter):
                     text = self._header(resource if resource is not None else self._resource) + text
                 self._stream.write(text)
                 self._stream.flush()
-        except Exception:
+        except Exception as exc:  # a full disk: the destination counts and reports it once
+            self.write_error = exc
             return False
         return True

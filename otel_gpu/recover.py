@@ -33,6 +33,8 @@ from typing import Any
 
 from otel_gpu import journal as _journal
 from otel_gpu import metadata
+from otel_gpu._text import brief, printable
+from otel_gpu._trace_file import too_deep
 from otel_gpu.config import Settings, expand_path
 from otel_gpu.journal import (
     _BODY,
@@ -173,14 +175,16 @@ def _parse(path: str, mm: Any, size: int) -> JournalFile:
     if version != VERSION:
         raise ValueError(f"journal format {version}, this otel-gpu reads {VERSION}")
     base = header_size + plans_size
-    if stride < SMALL_SLOT or base + stride * count > size or meta_len > header_size - _META_AT:
+    if (
+        stride < SMALL_SLOT
+        or header_size < _META_AT
+        or base + stride * count > size
+        or meta_len > header_size - _META_AT
+    ):
         raise ValueError("inconsistent journal header")
-    meta: dict[str, Any] = {}
-    if meta_len:
-        try:
-            meta = json.loads(bytes(mm[_META_AT : _META_AT + meta_len]))
-        except ValueError:
-            meta = {}
+    meta = _json(bytes(mm[_META_AT : _META_AT + meta_len])) if meta_len else {}
+    if not isinstance(meta, dict):
+        meta = {}
     plans: list[tuple[str, dict[str, Any]]] = []
     at = header_size
     while at + 4 <= base:
@@ -188,7 +192,7 @@ def _parse(path: str, mm: Any, size: int) -> JournalFile:
         if not length or at + 4 + length > base:
             break
         try:
-            name, code = json.loads(bytes(mm[at + 4 : at + 4 + length]))
+            name, code = _json(bytes(mm[at + 4 : at + 4 + length]))
             plans.append((str(name), dict(code)))
         except (ValueError, TypeError):
             plans.append(("unknown", {}))
@@ -247,6 +251,17 @@ def _parse(path: str, mm: Any, size: int) -> JournalFile:
     return journal
 
 
+def _json(raw: bytes) -> Any:
+    """A JSON field of the journal; None when it is not JSON or nests deeper than the
+    trace-file bound (a nesting bomb would end ``json.loads`` in ``RecursionError``)."""
+    if too_deep(raw):
+        return None
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
+
+
 class _NoGlobals(pickle.Unpickler):
     """Journal entries are tuples of builtins: refuse anything that would import or call."""
 
@@ -255,14 +270,50 @@ class _NoGlobals(pickle.Unpickler):
 
 
 def decode_inputs(blob: bytes) -> list[tuple[Any, ...]]:
-    """The compact input records of a journal slot (raises on anything malformed)."""
+    """The compact input records of a journal slot (raises on anything malformed).
+
+    Each record must have exactly the shape the journal writes (``journal._compact``): a key,
+    a kind and atoms (str, int, float, bool, None, tuples of ints). Anything else, such as a
+    nested container (a nesting bomb) or a shared reference expanding on a walk, is refused
+    before it is used.
+    """
     entries = _NoGlobals(io.BytesIO(blob)).load()
-    if not isinstance(entries, list) or not all(
-        isinstance(e, tuple) and len(e) >= 2 and isinstance(e[0], str) and type(e[1]) is int
-        for e in entries
-    ):
+    if not isinstance(entries, list) or not all(map(_valid_record, entries)):
         raise ValueError("malformed journal input records")
     return entries
+
+
+_ATOMS = (str, int, float, bool, type(None))
+
+
+def _ints(value: Any) -> bool:
+    return type(value) is tuple and all(type(v) is int for v in value)
+
+
+def _valid_record(e: Any) -> bool:
+    """Whether ``e`` is one of the record shapes ``journal._compact`` writes."""
+    if type(e) is not tuple or len(e) < 2 or type(e[0]) is not str or type(e[1]) is not int:
+        return False
+    kind, payload = e[1], e[2:]
+    if kind == metadata.TENSOR:
+        if len(payload) == 1:
+            return type(payload[0]) is str
+        return (
+            len(payload) == 6
+            and _ints(payload[0])
+            and type(payload[1]) is str
+            and type(payload[2]) is str
+            and (payload[3] is None or _ints(payload[3]))
+            and type(payload[4]) is bool
+            and type(payload[5]) is bool
+        )
+    if kind == metadata.VALUE:
+        return len(payload) == 1 and type(payload[0]) in _ATOMS
+    if kind == metadata.CONTAINER:
+        return len(payload) == 2 and type(payload[0]) is str and type(payload[1]) is int
+    if kind == metadata.OBJECT:
+        return len(payload) == 1 and type(payload[0]) is str
+    return kind in (metadata.DEFAULT, metadata.REDACTED) and not payload
 
 
 # --------------------------------------------------------------------------- liveness
@@ -409,6 +460,11 @@ def _dead_process_settings(settings: Settings, journal: JournalFile) -> Settings
     from otel_gpu.config import with_changes
 
     rank = str(journal.resource.get("otel_gpu.rank", "0"))
+    if not (rank.isascii() and rank.isdigit()) and any("%r" in d for d in settings.dest):
+        # read from the journal: it must not steer a file name (``../``) outside its folder
+        raise ValueError(
+            f"its rank {brief(rank)} is not a whole number, and the destination names %r"
+        )
     dest = tuple(
         d if d.lower() in _KEYWORDS else d.replace("%i", str(journal.pid)).replace("%r", rank)
         for d in settings.dest
@@ -430,6 +486,14 @@ def _end_torn_line(settings: Settings) -> None:
                     f.write(b"\n")
         except OSError:
             pass
+
+
+def _raise_unopened(own: Any) -> None:
+    """Raise the error of the first file destination of ``own`` that could not be opened."""
+    for exporter in own.exporters:
+        error = getattr(exporter.stream, "open_error", None)
+        if error is not None:
+            raise error
 
 
 def _why(exc: BaseException, path: str = "") -> str:
@@ -537,15 +601,23 @@ def _recover_one(
     own = None
     to = "this process's span processor"
     if journal.records and processor is None:
+        try:
+            target = _dead_process_settings(settings, journal)
+        except ValueError as exc:
+            return Outcome(path, "invalid", journal.pid, detail=str(exc))
         # Opened before the claim: a destination that cannot be opened keeps the journal.
-        target = _dead_process_settings(settings, journal)
         to = ", ".join(target.dest)
         try:
             from otel_gpu.exporters.destinations import build_provider
 
             _end_torn_line(target)
             own = build_provider(target)
+            # A live process's file destination retries its open at each write; recover must
+            # know now, or it would claim and delete a journal whose spans go nowhere.
+            _raise_unopened(own)
         except Exception as exc:
+            if own is not None:
+                _bounded(own.provider.shutdown, min(timeout, 2.0))
             detail = f"cannot open the destinations: {_why(exc)}"
             return Outcome(path, "failed", journal.pid, len(journal.records), detail, to)
     # Unique per recoverer, threads included; the pid lets others tell a dead recoverer's claim.
@@ -683,9 +755,11 @@ def _main(args: argparse.Namespace) -> int:
     except config.ConfigError as exc:
         print(f"otel-gpu recover: {exc}", file=sys.stderr)
         return 2
+    # Paths come from a directory listing, hosts and reasons from the journals: escaped.
     for o in outcomes:
-        print(f"{o.path}: {_line(o, args.dry_run)}", file=sys.stderr)
-    print(f"otel-gpu recover: {_summary(outcomes, where, args.dry_run)}", file=sys.stderr)
+        print(printable(f"{o.path}: {_line(o, args.dry_run)}"), file=sys.stderr)
+    summary = _summary(outcomes, where, args.dry_run)
+    print(printable(f"otel-gpu recover: {summary}"), file=sys.stderr)
     failures = ("unconfirmed", "failed", "unreadable")
     return 1 if any(o.state in failures for o in outcomes) else 0
 

@@ -28,14 +28,15 @@ from __future__ import annotations
 import argparse
 import base64
 import functools
-import gzip
 import io
-import json
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any
+
+from otel_gpu._text import brief, printable
+from otel_gpu._trace_file import TraceFileError, load_json, read_lines
 
 __all__ = [
     "ShipError",
@@ -79,7 +80,7 @@ def _b64_id(value: Any, key: str, width: int, where: str, optional: bool = False
             raise ValueError
         raw = bytes.fromhex(value)
     except ValueError:
-        raise ShipError(f"{where}: {key} {value!r} is not {width} hex digits") from None
+        raise ShipError(f"{where}: {key} {brief(value)} is not {width} hex digits") from None
     if not optional and not any(raw):
         raise ShipError(f"{where}: {key} is all zeros (an invalid id)")
     return base64.b64encode(raw).decode("ascii")
@@ -109,15 +110,18 @@ def _items(node: Any, camel: str, snake: str, where: str) -> list[Any]:
 
 def parse_line(text: str, where: str) -> Any:
     """One OTLP/JSON line -> ``TracesData``. Raises :class:`ShipError` naming ``where``."""
+    try:
+        payload = load_json(text.encode("utf-8", "surrogatepass"), where)
+    except TraceFileError as exc:
+        raise ShipError(str(exc)) from None
+    return _traces(payload, where)
+
+
+def _traces(payload: Any, where: str) -> Any:
+    """A line's JSON (within the reader's bounds) -> ``TracesData``, or :class:`ShipError`."""
     from google.protobuf import json_format
     from opentelemetry.proto.trace.v1.trace_pb2 import TracesData
 
-    try:
-        payload = json.loads(text)
-    except json.JSONDecodeError as exc:
-        # some messages end in "at" already ("Unterminated string starting at")
-        at = "" if exc.msg.endswith(" at") else " at"
-        raise ShipError(f"{where}: not JSON ({exc.msg}{at} column {exc.colno})") from None
     if not isinstance(payload, dict):
         raise ShipError(f"{where}: expected a JSON object (OTLP TracesData)")
     if "resourceSpans" not in payload and "resource_spans" not in payload:
@@ -134,7 +138,7 @@ def parse_line(text: str, where: str) -> Any:
                 path = f"resourceSpans[{r}].scopeSpans[{s}].spans[{i}]"
                 if not isinstance(span, dict):
                     raise ShipError(f"{where}: {path} is not an object")
-                at = f"{where}: span {span.get('name', '?')!r} ({path})"
+                at = f"{where}: span {brief(span.get('name', '?'))} ({path})"
                 _convert_ids(span, at, with_parent=True)
                 for k, link in enumerate(_items(span, "links", "links", at)):
                     _convert_ids(link, f"{at} links[{k}]", with_parent=False)
@@ -142,8 +146,13 @@ def parse_line(text: str, where: str) -> Any:
     try:
         json_format.ParseDict(payload, traces, ignore_unknown_fields=True)
     except json_format.ParseError as exc:
-        raise ShipError(f"{where}: not OTLP trace data: {exc}") from None
+        raise ShipError(f"{where}: not OTLP trace data: {_cut(str(exc))}") from None
     return traces
+
+
+def _cut(text: str, limit: int = 200) -> str:
+    """A parser's message quotes the offending value: keep a message one readable line."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def read_traces(path: str) -> Iterator[tuple[int, Any]]:
@@ -160,39 +169,20 @@ def read_traces(path: str) -> Iterator[tuple[int, Any]]:
 
 def _parsed(path: str, problem: Callable[[str, bool], None]) -> Iterator[tuple[int, Any]]:
     """The parsed lines of ``path``; an invalid line is reported to ``problem(message, False)``
-    and skipped, an unreadable file is reported (``True``) and ends the iteration."""
-    lineno = 0
-    try:
-        # Bytes, decoded line by line: a text stream decodes ahead in chunks, so its
-        # UnicodeDecodeError would name the wrong line and end the whole file.
-        with gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb") as stream:
-            for lineno, raw in enumerate(stream, 1):
-                where = f"{path}:{lineno}"
-                try:
-                    line = raw.decode("utf-8")
-                except UnicodeDecodeError as exc:
-                    byte = raw[exc.start]
-                    problem(
-                        f"{where}: not UTF-8 text (byte {byte:#04x} at offset {exc.start})", False
-                    )
-                    continue
-                if not line.strip():
-                    continue
-                try:
-                    # without its newline, a line cut short reads as cut short
-                    traces = parse_line(line.rstrip("\r\n"), where)
-                except ShipError as exc:
-                    problem(str(exc), False)
-                    continue
-                yield lineno, traces
-    except FileNotFoundError:
-        problem(f"{path}: no such file", True)
-    except IsADirectoryError:
-        problem(f"{path}: is a directory, not a file", True)
-    except (OSError, EOFError) as exc:
-        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        after = f" after line {lineno}" if lineno else ""
-        problem(f"{path}: cannot read{after}: {why}", True)
+    and skipped, an unreadable file is reported (``True``) and ends the iteration.
+
+    Lines are read by the trace-file reader ``otel-gpu show`` uses: gzip by content, lines
+    decoded one by one, and the same bounds on a line's length and nesting.
+    """
+
+    def report(exc: TraceFileError) -> None:
+        problem(str(exc), exc.whole_file)
+
+    for line in read_lines(path, report):
+        try:
+            yield line.number, _traces(load_json(line.raw, line.where, line.torn), line.where)
+        except (TraceFileError, ShipError) as exc:
+            problem(str(exc), False)
 
 
 # --------------------------------------------------------------------------- proto -> SDK spans
@@ -440,32 +430,32 @@ def ship(
     counts, result.invalid, result.unreadable = _scan(paths)
     result.spans = sum(counts)
     for message in result.invalid[:_SHOWN_PROBLEMS]:
-        print(f"otel-gpu ship: {message}", file=err)
+        _say(f"otel-gpu ship: {message}", file=err)
     if len(result.invalid) > _SHOWN_PROBLEMS:
         more = len(result.invalid) - _SHOWN_PROBLEMS
-        print(f"otel-gpu ship: ... and {_n(more, 'more problem')}", file=err)
+        _say(f"otel-gpu ship: ... and {_n(more, 'more problem')}", file=err)
     files = _n(len(paths), "file")
     if check_only:
         result.summary = f"otel-gpu ship: {_n(result.spans, 'valid span')} in {files}"
         if result.invalid:
             result.summary += f", {_problems(result)}; nothing sent (--check)"
-        print(result.summary, file=err if result.invalid else out)
+        _say(result.summary, file=err if result.invalid else out)
         return result
     if result.invalid and not skip_invalid:
         result.summary = (
             f"otel-gpu ship: nothing sent: {_problems(result)} (--skip-invalid sends the rest)"
         )
-        print(result.summary, file=err)
+        _say(result.summary, file=err)
         return result
     exporter = (_otlp_exporter if exporter_factory is None else exporter_factory)()
-    print(f"otel-gpu ship: {_n(result.spans, 'span')} in {files} -> {target or 'OTLP'}", file=out)
+    _say(f"otel-gpu ship: {_n(result.spans, 'span')} in {files} -> {target or 'OTLP'}", file=out)
     consecutive = 0
     try:
         for path, total in zip(paths, counts):
             if result.aborted:
                 result.failed += total
                 result.not_attempted += total
-                print(f"  {path}: not sent ({_n(total, 'span')})", file=out)
+                _say(f"  {path}: not sent ({_n(total, 'span')})", file=out)
                 continue
             sent_before, failed_before = result.sent, result.failed
             before = sent_before + failed_before
@@ -480,7 +470,7 @@ def ship(
                     break
                 if time.monotonic() - last > _PROGRESS_EVERY:
                     done = result.sent + result.failed - before
-                    print(f"  {path}: {done}/{total} spans ...", file=out)
+                    _say(f"  {path}: {done}/{total} spans ...", file=out)
                     last = time.monotonic()
             while batch and not result.aborted:
                 chunk, batch = batch[:batch_size], batch[batch_size:]
@@ -491,7 +481,7 @@ def ship(
             result.not_attempted += skipped
             sent, failed = result.sent - sent_before, result.failed - failed_before
             line = f"  {path}: {sent} sent, {failed} failed"
-            print(line + (f" ({skipped} not attempted)" if skipped else ""), file=out)
+            _say(line + (f" ({skipped} not attempted)" if skipped else ""), file=out)
     finally:
         try:
             exporter.shutdown()
@@ -505,8 +495,13 @@ def ship(
             f" (stopped after {_n(max_failures, 'failed request')} in a row: "
             f"{result.not_attempted} not attempted)"
         )
-    print(result.summary, file=err if result.exit_code else out)  # -q shows it when not 0
+    _say(result.summary, file=err if result.exit_code else out)  # -q shows it when not 0
     return result
+
+
+def _say(text: str, file: IO[str]) -> None:
+    """Print one line; file names and values read from files are escaped (see ``_text``)."""
+    print(printable(text), file=file)
 
 
 def _problems(result: ShipResult) -> str:
@@ -529,7 +524,7 @@ def _send(exporter: Any, chunk: list[Any], result: ShipResult, consecutive: int,
     try:
         ok = exporter.export(chunk) == SpanExportResult.SUCCESS
     except Exception as exc:  # an exporter should not raise; count it as a failed request
-        print(f"otel-gpu ship: export raised {type(exc).__name__}: {exc}", file=sys.stderr)
+        _say(f"otel-gpu ship: export raised {type(exc).__name__}: {exc}", file=sys.stderr)
         ok = False
     if ok:
         result.sent += len(chunk)
@@ -617,31 +612,14 @@ def _main(args: argparse.Namespace) -> int:
             target=describe_target(env),
         )
     except ConfigError as exc:
-        print(f"otel-gpu ship: {exc}", file=sys.stderr)
+        _say(f"otel-gpu ship: {exc}", file=sys.stderr)
         return 2
     return result.exit_code
 
 
-def _whole(raw: str, least: int) -> int:
-    # ArgumentTypeError, not ValueError: argparse would name this function in the message.
-    try:
-        value = int(raw)
-    except ValueError:
-        value = least - 1
-    if value < least:
-        raise argparse.ArgumentTypeError(f"must be a whole number >= {least}, not {raw!r}")
-    return value
-
-
-def _positive(raw: str) -> int:
-    return _whole(raw, 1)
-
-
-def _non_negative(raw: str) -> int:
-    return _whole(raw, 0)
-
-
 def register(sub: Any) -> None:
+    from otel_gpu.cli import whole_number
+
     p = sub.add_parser(
         "ship",
         help="send the spans of OTLP JSON Lines files to the OTEL_EXPORTER_OTLP_* endpoint",
@@ -655,7 +633,7 @@ def register(sub: Any) -> None:
     p.add_argument("files", nargs="+", metavar="FILE.jsonl", help="OTLP JSON Lines files")
     p.add_argument(
         "--batch-size",
-        type=_positive,
+        type=whole_number(1),
         default=_BATCH_SIZE,
         help=f"spans per export request (default {_BATCH_SIZE})",
     )
@@ -667,7 +645,7 @@ def register(sub: Any) -> None:
     )
     p.add_argument(
         "--max-failures",
-        type=_non_negative,
+        type=whole_number(0),
         default=3,
         help="stop after this many failed requests in a row; 0 never stops (default 3)",
     )

@@ -6,8 +6,10 @@ and the flight recorder's dump directory. ``--nonfinite`` names the first call t
 finite inputs into NaN/Inf outputs, rather than the many callers that merely carried them.
 
 Exit codes: 0 something was shown (``--nonfinite``: a producer was found); 1 nothing matched
-(``--nonfinite``: no producer found); 2 usage errors (a missing file, an invalid line).
-See ``docs/show.md``.
+(``--nonfinite``: no producer found), or lines were skipped (a torn last line, or invalid lines
+with ``--skip-invalid``) and what is shown may be incomplete; 2 usage errors (a missing file, an
+invalid line). Every text read from a file is printed through :func:`otel_gpu._text.printable`,
+so a span name or attribute cannot send terminal control sequences. See ``docs/show.md``.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import sys
 from collections.abc import Iterable, Sequence
 from typing import IO, Any
 
+from otel_gpu._text import printable
 from otel_gpu._trace_file import Span, Trace, TraceFileError, build_traces, read_all, tree_path
 
 __all__ = ["register", "show"]
@@ -27,6 +30,7 @@ EXIT_FOUND, EXIT_NONE, EXIT_USAGE = 0, 1, 2
 DEFAULT_LIMIT = 200
 _SHOWN_ITEMS = 6  # inputs or outputs per line before "+N"
 _SHOWN = 10  # other producers and unknown spans listed
+_SHOWN_PROBLEMS = 20  # invalid lines listed one by one; the rest are counted
 _FIELDS = {"shape", "dtype", "value", "enum_value", "type", "length", "repr", "id", "default"}
 _DTYPE_PREFIXES = (("bfloat", "bf"), ("float", "f"), ("complex", "c"), ("uint", "u"), ("int", "i"))
 
@@ -39,7 +43,11 @@ def _n(count: int, noun: str) -> str:
 
 
 class _Writer:
-    """Lines of styled segments: through rich with colour, else plain text without escapes."""
+    """Lines of styled segments: through rich with colour, else plain text without escapes.
+
+    Every segment passes through :func:`printable`: segments carry span names and attribute
+    values from the file, and those must not reach the terminal as control sequences.
+    """
 
     def __init__(self, out: IO[str], color: bool) -> None:
         self._out = out
@@ -52,12 +60,13 @@ class _Writer:
             )
 
     def line(self, *segments: Segment) -> None:
+        safe = [(printable(text), style) for text, style in segments]
         if self._console is not None:
             from rich.text import Text
 
-            self._console.print(Text.assemble(*segments))
+            self._console.print(Text.assemble(*safe))
         else:
-            self._out.write("".join(text for text, _ in segments) + "\n")
+            self._out.write("".join(text for text, _ in safe) + "\n")
 
     def text(self, text: str, style: str = "") -> None:
         self.line((text, style))
@@ -71,31 +80,71 @@ def show(
     trace_id: str | None = None,
     limit: int = DEFAULT_LIMIT,
     color: bool = False,
+    skip_invalid: bool = False,
     out: IO[str] | None = None,
     err: IO[str] | None = None,
 ) -> int:
-    """Render ``paths`` as trees (or the ``nonfinite`` report) to ``out``; returns the exit code."""
+    """Render ``paths`` as trees (or the ``nonfinite`` report) to ``out``; returns the exit code.
+
+    Problems in the input go to ``err``, one line each naming ``FILE:LINE``. A torn last line
+    (a writer killed mid-line) is skipped and the rest shown, with exit code 1; other invalid
+    lines and unreadable files make it a usage error (2) unless ``skip_invalid``.
+    """
     out = sys.stdout if out is None else out
     err = sys.stderr if err is None else err
-    try:
-        spans = read_all(paths, trace_id and trace_id.lower())
-    except TraceFileError as exc:
-        print(f"otel-gpu show: {exc}", file=err)
+    problems: list[TraceFileError] = []
+    spans = read_all(paths, trace_id and trace_id.lower(), problems.append)
+    for problem in problems[:_SHOWN_PROBLEMS]:
+        _say(err, str(problem))
+    if len(problems) > _SHOWN_PROBLEMS:
+        _say(err, f"... and {_n(len(problems) - _SHOWN_PROBLEMS, 'more problem')}")
+    fatal = [p for p in problems if not p.torn]
+    if fatal and not skip_invalid:
+        _say(err, f"nothing shown: {_problems(problems)} (--skip-invalid shows the rest)")
         return EXIT_USAGE
+    if problems:
+        _say(err, f"{_problems(problems)} skipped: what follows may be incomplete")
+    code = _render(spans, paths, nonfinite, names, trace_id, limit, _Writer(out, color), err)
+    return EXIT_NONE if problems else code
+
+
+def _render(
+    spans: list[Span],
+    paths: Sequence[str],
+    nonfinite: bool,
+    names: Sequence[str],
+    trace_id: str | None,
+    limit: int,
+    writer: _Writer,
+    err: IO[str],
+) -> int:
     traces = build_traces(spans)
-    writer = _Writer(out, color)
     what = f"trace {trace_id.lower()}" if trace_id else "spans"
     if not traces:
-        print(f"otel-gpu show: no {what} in {', '.join(paths)}", file=err)
+        _say(err, f"no {what} in {', '.join(paths)}")
         return EXIT_NONE
     if nonfinite:
         return _report(writer, traces, names)
     matched = {s for s in _all(traces) if _matches(s, names)} if names else None
     if matched is not None and not matched:
-        print(f"otel-gpu show: no span name matches {' or '.join(names)}", file=err)
+        _say(err, f"no span name matches {' or '.join(names)}")
         return EXIT_NONE
     _tree(writer, traces, matched, limit)
     return EXIT_FOUND
+
+
+def _say(err: IO[str], message: str) -> None:
+    """One line on ``err``; file names and values in it are escaped as the tree's are."""
+    print(printable(f"otel-gpu show: {message}"), file=err)
+
+
+def _problems(problems: list[TraceFileError]) -> str:
+    """``1 invalid line and 1 unreadable file``, by kind."""
+    files = sum(1 for p in problems if p.whole_file)
+    parts = [_n(len(problems) - files, "invalid line")] if len(problems) > files else []
+    if files:
+        parts.append(_n(files, "unreadable file"))
+    return " and ".join(parts)
 
 
 # --------------------------------------------------------------------------- the tree
@@ -238,7 +287,9 @@ def _compact(entry: dict[str, Any]) -> str:
             if dtype.startswith(long):
                 dtype = short + dtype[len(long) :]
                 break
-        return f"{dtype}[{','.join(str(d) for d in entry.get('shape') or ())}]"
+        shape = entry.get("shape") or ()
+        dims = ",".join(str(d) for d in shape) if isinstance(shape, list) else str(shape)
+        return f"{dtype}[{dims}]"
     if "value" in entry:
         value = entry["value"]
         plain = ("None", "<redacted>")  # and enum members, recorded as "Class.MEMBER"
@@ -418,6 +469,7 @@ def _main(args: argparse.Namespace) -> int:
         trace_id=args.trace_id,
         limit=args.limit,
         color=color,
+        skip_invalid=args.skip_invalid,
     )
 
 
@@ -428,7 +480,8 @@ def register(sub: Any) -> None:
         description="Render the spans of OTLP JSON Lines files (as OTEL_GPU_LOGDEST=FILE.jsonl or "
         "the OpenTelemetry Collector's file exporter writes them; .gz too) as one tree per "
         "trace. Exit codes: 0 spans shown (--nonfinite: a producer found); 1 nothing matched "
-        "(--nonfinite: no producer found); 2 usage errors (missing file, invalid line).",
+        "(--nonfinite: no producer found), or lines skipped (a torn last line, or invalid lines "
+        "with --skip-invalid); 2 usage errors (missing file, invalid line).",
     )
     p.add_argument("files", nargs="+", metavar="TRACE.jsonl", help="OTLP JSON Lines files")
     p.add_argument(
@@ -454,5 +507,11 @@ def register(sub: Any) -> None:
         metavar="N",
         help=f"show at most N spans of the tree (default {DEFAULT_LIMIT}; 0: all)",
     )
+    p.add_argument(
+        "--skip-invalid",
+        action="store_true",
+        help="show the valid lines even if some lines are invalid or some files cannot be read "
+        "(each is reported; exit code 1). A torn last line is skipped without it",
+    )
     p.add_argument("--no-color", action="store_true", help="plain text (also when NO_COLOR is set)")
-    p.set_defaults(func=_main)
+    p.set_defaults(func=_main, reads_settings=False)  # a trace file, never the environment

@@ -652,7 +652,8 @@ def test_an_unreachable_endpoint_is_named_and_counted_failed(tmp_path):
         ),
         (
             {"OTEL_EXPORTER_OTLP_TIMEOUT": "soon"},
-            "otel-gpu ship: OTEL_EXPORTER_OTLP_TIMEOUT='soon' is invalid",
+            "otel-gpu ship: OTEL_EXPORTER_OTLP_TIMEOUT='soon' (environment) is invalid: not a number. "
+            "Allowed: number >= 0.001 and <= 600 (seconds).",
         ),
         (
             {"OTEL_EXPORTER_OTLP_COMPRESSION": "zip"},
