@@ -17,22 +17,25 @@ Paths expand ``%i`` to the pid and ``%r`` to the rank.
 
 from __future__ import annotations
 
+import errno
+import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import IO, Any, NamedTuple
+from typing import IO, Any, NamedTuple, cast
 
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from otel_gpu.exporters.console import ConsoleSpanExporter
 
-from otel_gpu import metadata
-from otel_gpu.config import ConfigError, Settings, environ, expand_path
+from otel_gpu import _guard, metadata
+from otel_gpu.config import ConfigError, Settings, check_standard, environ, expand_path
 
 __all__ = [
     "CountingExporter",
     "DrainBatchProcessor",
+    "FileStream",
     "OwnProvider",
     "build_provider",
     "otlp_exporter",
@@ -41,26 +44,145 @@ __all__ = [
 _PROTOCOLS = ("grpc", "http/protobuf")
 
 
-class CountingExporter(SpanExporter):
-    """Wraps a destination's exporter and counts the spans it confirmed.
+class FileStream:
+    """A destination file whose writes never raise: a full disk loses spans, not the export thread.
 
-    Spans lost behind it (a full BatchSpanProcessor queue, a refused export, an export
-    abandoned at exit) are the difference between what otel-gpu handed over and this count.
+    Unbuffered: each ``write()`` (one export, or one pre-call block) is one ``os.write`` loop, so a
+    failed write is known at once and nothing failed lingers in a buffer to be written twice or
+    out of order. A failure is recorded (``failures``, ``error``) for :class:`CountingExporter`,
+    which counts the spans and reports once; the next write tries again (a disk can free up).
+    A line torn by a failure in the middle is ended before the next one, so readers lose one line.
     """
 
-    def __init__(self, exporter: SpanExporter, name: str) -> None:
+    def __init__(self, path: str) -> None:
+        self.name = path
+        self.failures = 0
+        self.error: OSError | None = None
+        self._fd: int | None = None
+        self._closed = False
+        self._torn = False
+        self._lock = threading.Lock()
+        self._open()  # a failure is recorded, and the open retried at each write
+
+    def _open(self) -> int | None:
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
+        try:
+            self._fd = os.open(self.name, flags, 0o666)  # the umask applies, as for log files
+        except OSError as exc:
+            self.error = exc
+        return self._fd
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def open_error(self) -> OSError | None:
+        """Why the file could not be opened, while it is not open (``None`` once it is)."""
+        return self.error if self._fd is None and not self._closed else None
+
+    def write(self, text: str) -> int:
+        data = text.encode("utf-8", "backslashreplace")
+        with self._lock:
+            if self._closed or not data:
+                return 0
+            fd = self._fd if self._fd is not None else self._open()
+            if fd is None:
+                self.failures += 1
+                return 0
+            if self._torn:
+                data = b"\n" + data
+            done = 0
+            try:
+                while done < len(data):
+                    done += os.write(fd, data[done:])
+            except OSError as exc:
+                self.failures += 1
+                self.error = exc
+                self._torn = done > 0 and data[done - 1 : done] != b"\n"
+                return 0
+            self._torn = False
+        return len(text)
+
+    def flush(self) -> None:
+        """Nothing is buffered."""
+
+    def isatty(self) -> bool:
+        return False
+
+    def fileno(self) -> int:
+        if self._fd is None:
+            raise ValueError("I/O operation on closed file")
+        return self._fd
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            fd, self._fd = self._fd, None
+        if fd is not None:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+class CountingExporter(SpanExporter):
+    """Wraps a destination's exporter and counts the spans it confirmed, and those it lost.
+
+    Spans lost behind it (a full BatchSpanProcessor queue, a refused export, an export
+    abandoned at exit) are the difference between what otel-gpu handed over and ``confirmed``.
+    ``failed`` counts those of exports that failed outright: an exporter that raised, or a
+    write to ``stream`` that failed (a full disk, a file made read-only). Each new kind of
+    failure is reported once, as one line with the count so far; every lost span is counted
+    for the exit report.
+    """
+
+    def __init__(self, exporter: SpanExporter, name: str, stream: FileStream | None = None) -> None:
         self.exporter = exporter
         self.name = name
+        self.stream = stream
         self.confirmed = 0
+        self.failed = 0
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        result = self.exporter.export(spans)
+        stream = self.stream
+        before = stream.failures if stream is not None else 0
+        error: BaseException | None = None
+        try:
+            result = self.exporter.export(spans)
+        except Exception as exc:  # an exporter that raises loses its batch, not the export thread
+            result, error = SpanExportResult.FAILURE, exc
+        if stream is not None and stream.failures != before:
+            result, error = SpanExportResult.FAILURE, stream.error
+        elif result is not SpanExportResult.SUCCESS and error is None:
+            error = getattr(self.exporter, "write_error", None)  # the console on stdout/stderr
         if result is SpanExportResult.SUCCESS:
             self.confirmed += len(spans)
+        elif error is not None:
+            self.failed += len(spans)
+            self._report(error, len(spans))
         return result
 
+    def _report(self, error: BaseException, lost: int) -> None:
+        code = getattr(error, "errno", None)
+        name = errno.errorcode.get(code, str(code)) if isinstance(code, int) else None
+        _guard.warn_once(
+            f"destination.{self.name}.{type(error).__name__}.{name}",
+            "otel-gpu cannot write to %s: %s%s: %s; %d span(s) lost so far. It keeps trying; the "
+            "exit report counts every span lost",
+            self.name,
+            type(error).__name__,
+            f" [{name}]" if name else "",
+            getattr(error, "strerror", None) or error,
+            lost,
+        )
+
     def shutdown(self) -> None:
-        self.exporter.shutdown()
+        try:
+            self.exporter.shutdown()
+        finally:
+            if self.stream is not None:  # the official file exporter never closes a given stream
+                self.stream.close()
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         return self.exporter.force_flush(timeout_millis)
@@ -141,18 +263,14 @@ def otlp_protocol(env: Mapping[str, str] | None = None) -> str:
 
 
 def check_otlp_environment(env: Mapping[str, str] | None = None) -> None:
-    """Validate the standard OTLP variables otel-gpu relies on; ConfigError naming the bad one."""
+    """Validate the standard OTLP variables otel-gpu relies on; ConfigError naming the bad one.
+
+    The protocol, and the timeouts and batch-processor settings within their ranges
+    (``otel_gpu.config.STANDARD``): a timeout of 1e30 s would make every send fail.
+    """
     env = environ() if env is None else env
     otlp_protocol(env)
-    for name in ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEOUT"):
-        value = env.get(name, "").strip()
-        if value:
-            try:
-                ok = float(value) >= 0
-            except ValueError:
-                ok = False
-            if not ok:
-                raise ConfigError(f"{name}={value!r} is invalid: not a number of seconds >= 0.")
+    check_standard("otlp", env)
 
 
 def otlp_exporter() -> SpanExporter:
@@ -168,24 +286,28 @@ def otlp_exporter() -> SpanExporter:
     return HttpExporter()
 
 
-def _jsonl_exporter(path: str, native: bool) -> SpanExporter:
+def _jsonl_exporter(stream: FileStream, native: bool) -> SpanExporter:
     if native:
         from otel_gpu.exporters.otlp_json import JsonLinesSpanExporter
 
-        return JsonLinesSpanExporter(path)
+        return JsonLinesSpanExporter(stream=cast(IO[str], stream))
     from opentelemetry.exporter.otlp.json.file import FileSpanExporter
 
-    return FileSpanExporter(path)
+    return FileSpanExporter(stream=cast(IO[str], stream))  # a text stream in all they use
 
 
-def _open_text(path: str) -> IO[str]:
-    return open(path, "a", encoding="utf-8", buffering=1)
+def _batch_size(settings: Settings) -> int | None:
+    """OTEL_BSP_MAX_EXPORT_BATCH_SIZE (validated), lowered to the queue size the SDK requires."""
+    raw = environ().get("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "").strip()
+    size = int(raw) if raw else 512
+    return min(size, settings.queue_size)
 
 
 def build_provider(settings: Settings) -> OwnProvider:
     """otel-gpu's own provider for ``settings.dest``, one span processor per destination."""
     from otel_gpu.resource import build_resource
 
+    check_standard("provider")  # the SDK reads these for the provider below; bounded, not guessed
     resource = build_resource()
     if settings.service_name:  # configure(service_name=...) wins, as OTEL_SERVICE_NAME does
         resource = resource.merge(Resource({"service.name": settings.service_name}))
@@ -210,7 +332,11 @@ def build_provider(settings: Settings) -> OwnProvider:
             # Sending must never hold the export thread: the SDK's batch processor (it reads only
             # span.context, so SpanData passes) sends from its own thread. Its default 2048-span
             # queue would silently drop bursts otel-gpu's own queue accepted: same bound as ours.
-            processor = BatchSpanProcessor(counted, max_queue_size=settings.queue_size)
+            processor = BatchSpanProcessor(
+                counted,
+                max_queue_size=settings.queue_size,
+                max_export_batch_size=_batch_size(settings),
+            )
         else:
             if key in ("stdout", "stderr"):
                 import sys
@@ -219,14 +345,15 @@ def build_provider(settings: Settings) -> OwnProvider:
                 color = settings.color
             else:
                 path = expand_path(item)
+                file = FileStream(path)
                 if path.endswith(".jsonl"):
-                    counted = CountingExporter(_jsonl_exporter(path, native), item)
+                    counted = CountingExporter(_jsonl_exporter(file, native), item, file)
                     counters.append(counted)
                     drain = DrainBatchProcessor(counted)
                     hooks.append(drain.force_flush)
                     provider.add_span_processor(drain)
                     continue
-                stream = _open_text(path)
+                stream = cast(IO[str], file)
                 color = "never" if settings.color == "auto" else settings.color
             console = ConsoleSpanExporter(
                 stream,
@@ -237,7 +364,9 @@ def build_provider(settings: Settings) -> OwnProvider:
             )
             if precall:
                 observers.append(ConsolePrecall(console, settings))
-            counted = CountingExporter(console, item)
+            counted = CountingExporter(
+                console, item, stream if isinstance(stream, FileStream) else None
+            )
             counters.append(counted)
             processor = DrainBatchProcessor(counted)
             hooks.append(processor.force_flush)

@@ -388,6 +388,7 @@ class JsonLinesSpanExporter(SpanExporter):
         self._encoder = JsonEncoder()
         self._lock = threading.Lock()
         self._shutdown = False
+        self._reported: set[str] = set()
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         if self._shutdown:
@@ -403,9 +404,17 @@ class JsonLinesSpanExporter(SpanExporter):
                     self._stream.write(line)
                 self._stream.flush()
         except Exception as exc:
-            _logger.exception(
-                "Failed to write spans batch to stream: %s: %s", type(exc).__name__, exc
-            )
+            # One line per kind of failure, not a traceback per batch: a full disk fails them all.
+            kind = f"{type(exc).__name__}.{getattr(exc, 'errno', None)}"
+            if kind not in self._reported:
+                self._reported.add(kind)
+                _logger.warning(
+                    "Failed to write spans to %s: %s: %s (reported once; later batches that fail "
+                    "the same way are refused silently)",
+                    getattr(self._stream, "name", "the stream"),
+                    type(exc).__name__,
+                    exc,
+                )
             return SpanExportResult.FAILURE
         return SpanExportResult.SUCCESS
 

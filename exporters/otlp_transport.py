@@ -25,7 +25,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.util.re import parse_env_headers
 from otel_gpu.exporters.otlp_proto import ProtoEncoder
 
-from otel_gpu.config import environ
+from otel_gpu.config import STANDARD, environ
 
 __all__ = ["OtlpSpanExporter"]
 
@@ -44,6 +44,7 @@ _RETRYABLE_GRPC = frozenset(
         "DATA_LOSS",
     }
 )
+_TIMEOUT = next(s.parse for s in STANDARD if s.env == "OTEL_EXPORTER_OTLP_TIMEOUT")
 _DEFAULTS = {"grpc": "http://localhost:4317", "http/protobuf": "http://localhost:4318/v1/traces"}
 
 
@@ -69,10 +70,14 @@ def _endpoint(env: Mapping[str, str], protocol: str) -> str:
 
 
 def _seconds(raw: str | None) -> float:
+    """The OTLP timeout in seconds; 10 when unset. Configuration rejects one out of its range
+    (``otel_gpu.config.STANDARD``); this path is reached only without it (a direct constructor)."""
+    if not raw:
+        return 10.0
     try:
-        return max(float(raw), 0.0) if raw else 10.0
-    except ValueError:
-        _logger.warning("OTLP timeout %r is not a number of seconds; using 10", raw)
+        return float(_TIMEOUT(raw))
+    except ValueError as exc:
+        _logger.warning("OTLP timeout %r is invalid (%s); using 10", raw, exc)
         return 10.0
 
 

@@ -21,9 +21,13 @@ from typing import Any
 __all__ = [
     "LEVELS",
     "SETTINGS",
+    "STANDARD",
+    "Bounded",
     "ConfigError",
     "Setting",
     "Settings",
+    "StandardSetting",
+    "check_standard",
     "current",
     "environ",
     "expand_path",
@@ -77,37 +81,67 @@ def _int_choice(choices: tuple[int, ...]) -> Callable[[str], int]:
     return parse
 
 
-def _positive_int(raw: str) -> int:
-    try:
-        value = int(str(raw).strip())
-    except ValueError:
-        raise ValueError("not an integer") from None
-    if value <= 0:
-        raise ValueError("must be greater than 0")
-    return value
+class Bounded:
+    """Parser of a number with a documented range: NaN, inf, non-integers where an integer is
+    needed and values outside ``[low, high]`` are rejected, never clamped.
+
+    The bounds are what works, not what parses: a timeout must fit a thread wait and a socket
+    timeout, a count must keep memory bounded. ``__name__`` keeps the name of the parser it
+    replaces (``_positive_int``, ``_non_negative_int``, ``_non_negative_float``).
+    """
+
+    def __init__(self, low: float, high: float, *, integer: bool, unit: str = "") -> None:
+        self.low = low
+        self.high = high
+        self.integer = integer
+        self.unit = unit
+        kind = "int" if integer else "float"
+        self.__name__ = f"_positive_{kind}" if low > 0 else f"_non_negative_{kind}"
+
+    @property
+    def text(self) -> str:
+        """The range as the docs and errors state it, e.g. ``integer > 0 and <= 1024``."""
+        low = _number_text(self.low)
+        if self.integer and self.low == 1:
+            low_text = "integer > 0"  # reads better than ">= 1"; the same set
+        else:
+            low_text = f"{'integer' if self.integer else 'number'} >= {low}"
+        unit = f" ({self.unit})" if self.unit else ""
+        return f"{low_text} and <= {_number_text(self.high)}{unit}"
+
+    def __call__(self, raw: str) -> int | float:
+        text = str(raw).strip()
+        if self.integer:
+            try:
+                value: int | float = int(text)
+            except ValueError:
+                raise ValueError("not an integer") from None
+        else:
+            try:
+                value = float(text)
+            except ValueError:
+                raise ValueError("not a number") from None
+            if value != value or value in (float("inf"), float("-inf")):
+                raise ValueError("not a finite number")
+        if not self.low <= value <= self.high:
+            if self.integer and self.low == 1 and value < 1:
+                raise ValueError("must be greater than 0")
+            raise ValueError("out of range")
+        return value
 
 
-def _non_negative_int(raw: str) -> int:
-    try:
-        value = int(str(raw).strip())
-    except ValueError:
-        raise ValueError("not an integer") from None
-    if value < 0:
-        raise ValueError("must be 0 or greater")
-    return value
+def _number_text(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else repr(x)
 
 
-def _non_negative_float(raw: str) -> float:
-    try:
-        value = float(str(raw).strip())
-    except ValueError:
-        raise ValueError("not a number") from None
-    if not 0 <= value <= _MAX_NUMBER:  # also rejects NaN and inf
-        raise ValueError(f"must be a number >= 0 and <= {_MAX_NUMBER:g}")
-    return value
+_MAX_COUNT = 1_000_000  # items, calls, dumps: beyond this a count is a typo, memory unbounded
+_MAX_SECONDS = 600.0  # a wait at exit or on a network: ten minutes; inf breaks thread joins
+_MAX_MIB = 1_048_576.0  # 1 TiB of host memory or disk
 
-
-_MAX_NUMBER = 1e9  # beyond this a timeout or size is a typo, and inf breaks thread joins
+# Kept for rows other engineers add: a plain count or duration gets the house bounds.
+_positive_int = Bounded(1, _MAX_COUNT, integer=True)
+_non_negative_int = Bounded(0, _MAX_COUNT, integer=True)
+_non_negative_float = Bounded(0, _MAX_SECONDS, integer=False, unit="seconds")
 
 
 def _directory(raw: str) -> str:
@@ -215,8 +249,8 @@ SETTINGS: tuple[Setting, ...] = (
         "max_items",
         "OTEL_GPU_MAX_ITEMS",
         8,
-        "integer > 0",
-        _positive_int,
+        "integer > 0 and <= 1024",
+        Bounded(1, 1024, integer=True),
         "How many elements of a list/tuple/dict argument are expanded into attributes; "
         "the rest are counted in `<key>.length`.",
     ),
@@ -224,16 +258,16 @@ SETTINGS: tuple[Setting, ...] = (
         "repr_limit",
         "OTEL_GPU_REPR_LIMIT",
         256,
-        "integer > 0 (values above 2048 are capped at 2048)",
-        _positive_int,
+        "integer > 0 and <= 1000000 (values above 2048 are capped at 2048)",
+        Bounded(1, 1_000_000, integer=True),
         "Maximum length in bytes of a repr() or string attribute value. Never above 2048.",
     ),
     Setting(
         "queue_size",
         "OTEL_GPU_QUEUE_SIZE",
         65536,
-        "integer > 0",
-        _positive_int,
+        "integer > 0 and <= 16777216",
+        Bounded(1, 16_777_216, integer=True),
         "Calls waiting to be turned into spans. When full, new calls are dropped and counted, "
         "never waited on.",
     ),
@@ -241,8 +275,8 @@ SETTINGS: tuple[Setting, ...] = (
         "flush_timeout",
         "OTEL_GPU_FLUSH_TIMEOUT",
         3.0,
-        "seconds >= 0",
-        _non_negative_float,
+        "number >= 0 and <= 600 (seconds)",
+        Bounded(0, _MAX_SECONDS, integer=False, unit="seconds"),
         "How long interpreter exit may spend flushing spans still in the queue.",
     ),
     Setting(
@@ -318,8 +352,8 @@ SETTINGS: tuple[Setting, ...] = (
         "stuck_after",
         "OTEL_GPU_STUCK_AFTER",
         0.0,
-        "seconds >= 0; 0 turns it off",
-        _non_negative_float,
+        "number >= 0 and <= 604800 (seconds, a week); 0 turns it off",
+        Bounded(0, 604_800, integer=False, unit="seconds, a week"),
         "Report a call still running after this many seconds, once, at once (not at exit): a span "
         "otel_gpu.stuck <name> with every thread's Python stack and the call's inputs, and a ring "
         "dump when OTEL_GPU_RING is on. Checked by the export thread every 100 ms.",
@@ -328,8 +362,8 @@ SETTINGS: tuple[Setting, ...] = (
         "ring",
         "OTEL_GPU_RING",
         0,
-        "integer >= 0; 0 turns it off",
-        _non_negative_int,
+        "integer >= 0 and <= 1000000; 0 turns it off",
+        Bounded(0, _MAX_COUNT, integer=True),
         "At level >= 3, keep the inputs of the last N calls in host memory, and write them with "
         "the triggering call as flight-recorder dumps when a call raises, when "
         "OTEL_GPU_ON_NONFINITE=dump sees NaN/Inf, when a call is stuck, or on SIGTERM.",
@@ -338,8 +372,8 @@ SETTINGS: tuple[Setting, ...] = (
         "ring_max_mb",
         "OTEL_GPU_RING_MAX_MB",
         256.0,
-        "number >= 0 (MiB)",
-        _non_negative_float,
+        "number >= 0 and <= 1048576 (MiB)",
+        Bounded(0, _MAX_MIB, integer=False, unit="MiB"),
         "Host memory the ring may hold; the oldest calls are dropped first. A call larger than "
         "this is kept without its tensors (its dump says so).",
     ),
@@ -357,8 +391,8 @@ SETTINGS: tuple[Setting, ...] = (
         "dump_modules_max_mb",
         "OTEL_GPU_DUMP_MODULES_MAX_MB",
         1024.0,
-        "number >= 0 (MiB)",
-        _non_negative_float,
+        "number >= 0 and <= 1048576 (MiB)",
+        Bounded(0, _MAX_MIB, integer=False, unit="MiB"),
         "Total size of module states OTEL_GPU_DUMP_MODULES may write; beyond it calls are recorded "
         "without their module (replay skips them, saying so).",
     ),
@@ -384,16 +418,16 @@ SETTINGS: tuple[Setting, ...] = (
         "dump_max_size_gb",
         "OTEL_GPU_DUMP_MAX_SIZE_GB",
         20.0,
-        "number >= 0",
-        _non_negative_float,
+        "number >= 0 and <= 1048576 (GB)",
+        Bounded(0, 1_048_576, integer=False, unit="GB"),
         "Total size of tensors the recorder may write, inputs and outputs counted before copying.",
     ),
     Setting(
         "dump_max_count",
         "OTEL_GPU_DUMP_MAX_COUNT",
         1000,
-        "integer > 0",
-        _positive_int,
+        "integer > 0 and <= 1000000",
+        Bounded(1, _MAX_COUNT, integer=True),
         "How many calls the recorder may dump.",
     ),
     Setting(
@@ -468,6 +502,122 @@ SETTINGS: tuple[Setting, ...] = (
 )
 
 _BY_FIELD = {s.field: s for s in SETTINGS}
+
+
+@dataclass(frozen=True)
+class StandardSetting:
+    """A standard OpenTelemetry variable that otel-gpu's own destinations read (through its
+    exporters or the SDK objects it builds). Not a field of :class:`Settings`: it belongs to the
+    OpenTelemetry specification, and otel-gpu only bounds it where it uses it.
+
+    ``applies``: ``otlp`` is checked at configuration when ``OTEL_GPU_LOGDEST`` includes ``otlp``;
+    ``provider`` when otel-gpu builds its own TracerProvider. ``only_if`` names another variable
+    and the values of it under which this one is a number (the sampler's argument).
+    """
+
+    env: str
+    applies: str
+    allowed: str
+    parse: Bounded
+    doc: str
+    only_if: tuple[str, tuple[str, ...]] | None = None
+
+
+_OTLP_TIMEOUT = Bounded(0.001, _MAX_SECONDS, integer=False, unit="seconds")
+_SPAN_LIMIT = Bounded(0, _MAX_COUNT, integer=True)
+_SPAN_LIMIT_ALLOWED = f"{_SPAN_LIMIT.text}, or unset"
+_RATIO_SAMPLERS = ("traceidratio", "parentbased_traceidratio")
+
+STANDARD: tuple[StandardSetting, ...] = (
+    StandardSetting(
+        "OTEL_EXPORTER_OTLP_TIMEOUT",
+        "otlp",
+        "number >= 0.001 and <= 600 (seconds)",
+        _OTLP_TIMEOUT,
+        "How long one OTLP export (all its retries) may take. Seconds, as the OpenTelemetry "
+        "Python exporters read it (the specification's milliseconds are refused above 600).",
+    ),
+    StandardSetting(
+        "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT",
+        "otlp",
+        "number >= 0.001 and <= 600 (seconds)",
+        _OTLP_TIMEOUT,
+        "The same for traces only; wins over OTEL_EXPORTER_OTLP_TIMEOUT.",
+    ),
+    StandardSetting(
+        "OTEL_BSP_SCHEDULE_DELAY",
+        "otlp",
+        "integer > 0 and <= 600000 (milliseconds)",
+        Bounded(1, 600_000, integer=True, unit="milliseconds"),
+        "How often the OTLP batch processor sends.",
+    ),
+    StandardSetting(
+        "OTEL_BSP_MAX_EXPORT_BATCH_SIZE",
+        "otlp",
+        "integer > 0 and <= 1048576",
+        Bounded(1, 1_048_576, integer=True),
+        "Spans per OTLP request; above OTEL_GPU_QUEUE_SIZE it is lowered to it.",
+    ),
+    StandardSetting(
+        "OTEL_BSP_EXPORT_TIMEOUT",
+        "otlp",
+        "integer >= 0 and <= 600000 (milliseconds)",
+        Bounded(0, 600_000, integer=True, unit="milliseconds"),
+        "Parsed by the SDK's batch processor, which does not use it; OTEL_EXPORTER_OTLP_TIMEOUT "
+        "bounds an export.",
+    ),
+    StandardSetting(
+        "OTEL_TRACES_SAMPLER_ARG",
+        "provider",
+        "number >= 0 and <= 1",
+        Bounded(0, 1, integer=False),
+        "The sampling ratio when OTEL_TRACES_SAMPLER is traceidratio or parentbased_traceidratio "
+        "(the SDK would silently sample everything on a bad value).",
+        only_if=("OTEL_TRACES_SAMPLER", _RATIO_SAMPLERS),
+    ),
+    *(
+        StandardSetting(
+            name,
+            "provider",
+            _SPAN_LIMIT_ALLOWED,
+            _SPAN_LIMIT,
+            "Span limit of otel-gpu's own provider (see attributes.md); 'unset' means no limit.",
+        )
+        for name in (
+            "OTEL_ATTRIBUTE_COUNT_LIMIT",
+            "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT",
+            "OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT",
+            "OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT",
+            "OTEL_SPAN_EVENT_COUNT_LIMIT",
+            "OTEL_SPAN_LINK_COUNT_LIMIT",
+            "OTEL_EVENT_ATTRIBUTE_COUNT_LIMIT",
+            "OTEL_LINK_ATTRIBUTE_COUNT_LIMIT",
+        )
+    ),
+)
+"""Standard variables otel-gpu bounds (see :class:`StandardSetting`); the others it does not read."""
+
+
+def check_standard(applies: str, env: Mapping[str, str] | None = None) -> None:
+    """ConfigError naming the first standard variable of group ``applies`` outside its range."""
+    env = environ() if env is None else env
+    for setting in STANDARD:
+        if setting.applies != applies:
+            continue
+        raw = env.get(setting.env, "").strip()
+        if not raw or (setting.parse is _SPAN_LIMIT and raw.lower() == "unset"):
+            continue
+        if setting.only_if is not None:
+            other, values = setting.only_if
+            if env.get(other, "").strip().lower() not in values:
+                continue
+        try:
+            setting.parse(raw)
+        except ValueError as exc:
+            raise ConfigError(
+                f"{setting.env}={raw!r} (environment) is invalid: {exc}. "
+                f"Allowed: {setting.allowed}."
+            ) from None
 
 
 @dataclass(frozen=True)

@@ -423,21 +423,26 @@ class Pipeline:
         # never built in time: still queued, or taken but not handed over (failed, or stuck in a
         # slow __repr__ on the export thread)
         unexported = len(self.queue) + max(self.taken - self.exported, 0)
-        # Spans handed to a destination that it never confirmed (refused, timed out, dropped by
-        # its own queue, abandoned at exit); each destination got every span, report the worst.
-        unconfirmed = max((self.exported - c.confirmed for c in self._counters), default=0)
-        lost = self.dropped + unexported + max(unconfirmed, 0)
+        # Spans handed to a destination that it never confirmed (refused, failed to write,
+        # timed out, dropped by its own queue, abandoned at exit); each destination got every
+        # span, report the worst. Of those, ``failed`` ones failed outright (e.g. a full disk).
+        worst = max(self._counters, key=lambda c: self.exported - c.confirmed, default=None)
+        unconfirmed = max(self.exported - worst.confirmed, 0) if worst is not None else 0
+        failed = min(getattr(worst, "failed", 0), unconfirmed) if worst is not None else 0
+        lost = self.dropped + unexported + unconfirmed
         if lost:
             _guard.logger.warning(
                 "otel-gpu dropped %d span(s): %d because the queue was full (OTEL_GPU_QUEUE_SIZE=%d), "
                 "%d not built within OTEL_GPU_FLUSH_TIMEOUT=%ss at exit or failed, %d not confirmed by a "
-                "destination within that time",
+                "destination (%d refused or not written, e.g. a full disk; %d not within that time)",
                 lost,
                 self.dropped,
                 self.maxsize,
                 unexported,
                 timeout,
-                max(unconfirmed, 0),
+                unconfirmed,
+                failed,
+                unconfirmed - failed,
             )
 
 
@@ -579,6 +584,11 @@ def get() -> Pipeline | None:
             if _pipeline is None:
                 try:
                     _pipeline = Pipeline(config.current(), _explicit_provider)
+                except config.ConfigError as exc:  # a standard variable the SDK would choke on
+                    _pipeline = _FAILED
+                    if _guard.is_strict():
+                        raise
+                    _guard.logger.warning("otel-gpu records nothing in this process: %s", exc)
                 except Exception as exc:
                     _pipeline = _FAILED
                     _guard.internal_error("pipeline", exc)
