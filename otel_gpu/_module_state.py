@@ -16,13 +16,14 @@ import hashlib
 import inspect
 import os
 import re
+import stat
 import threading
 import weakref
 from typing import Any
 
 import torch
 
-from otel_gpu import _manifest
+from otel_gpu import _files, _manifest
 
 __all__ = ["STATE_DIR", "CannotRebuild", "load_state", "record", "state_path"]
 
@@ -43,8 +44,8 @@ def record(
     """The manifest's receiver for ``module``: its type, constructor arguments and state file.
 
     The state is written once per module instance (the first call); later calls refer to it.
-    Raises :class:`CannotRebuild` when the constructor arguments cannot be found or the state is
-    over the size limit.
+    Raises :class:`CannotRebuild` when the constructor arguments cannot be found, the state is
+    over the size limit or cannot be written (``modules/`` is a symlink, the disk is full).
     """
     global _written_bytes
     with _lock:
@@ -61,13 +62,10 @@ def record(
                 )
             _written_bytes += nbytes
         name = _content_hash(state) + ".pt"
-        directory = os.path.join(root, STATE_DIR)
-        os.makedirs(directory, 0o700, exist_ok=True)
-        path = os.path.join(directory, name)
-        if not os.path.exists(path):  # identical modules share one file
-            tmp = f"{path}.{os.getpid()}.tmp"
-            torch.save(state, tmp)
-            os.replace(tmp, path)
+        try:
+            _write_state(root, name, state)
+        except OSError as exc:  # this call goes without its module; the dump goes on
+            raise CannotRebuild(f"its state could not be written: {exc}") from None
         device = next((str(t.device) for t in module.state_dict().values()), "cpu")
         known = {"init": init, "state": name, "device": device}
         with _lock:
@@ -80,6 +78,27 @@ def record(
         "device": known["device"],
         "training": module.training,
     }
+
+
+def _write_state(root: str, name: str, state: dict[str, torch.Tensor]) -> None:
+    """Write ``<root>/modules/<name>`` unless a regular file of that name is there already
+    (identical modules share one file).
+
+    ``modules/`` is otel-gpu's: created 0700 (the root and its parents too), or an existing one
+    must be a real folder of this user's. The file is written as every dump file is
+    (:mod:`otel_gpu._files`: 0600, a random temporary name, renamed into place), so a symlink
+    planted at the temporary or the final name is never written through: a link at the final
+    name is replaced by the state.
+    """
+    if not _files.make_dirs(root):
+        _files.warn_if_shared(root, "dump dir (OTEL_GPU_DUMP_DIR)")
+    directory = _files.own_dir(root, STATE_DIR)
+    try:
+        if stat.S_ISREG(os.lstat(os.path.join(directory, name)).st_mode):
+            return
+    except FileNotFoundError:
+        pass
+    _files.write_atomic(directory, name, lambda f: torch.save(state, f))
 
 
 def _init_arguments(module: torch.nn.Module) -> dict[str, Any]:
@@ -125,19 +144,31 @@ def state_path(call_dir: str, name: str) -> str:
     """Where a manifest's module state lives: ``modules/`` beside the call's directory, or one
     level up for a call in a ring dump (``<dump dir>/ring-…/<call>``). Refuses names that are not
     a content hash, so a dump cannot point outside its own tree."""
-    if not isinstance(name, str) or not _STATE_NAME.match(name):
-        raise ValueError(f"refusing module state name {name!r} (must be <sha256>.pt)")
+    if not isinstance(name, str) or not _STATE_NAME.fullmatch(name):
+        raise _manifest.DumpFileError(
+            f"receiver.state: refusing module state name {name!r} (must be <sha256>.pt)"
+        )
     parent = os.path.dirname(os.path.abspath(call_dir))
     path = os.path.join(parent, STATE_DIR, name)
-    if not os.path.exists(path) and os.path.basename(parent).startswith("ring-"):
+    if not os.path.lexists(path) and os.path.basename(parent).startswith("ring-"):
         path = os.path.join(os.path.dirname(parent), STATE_DIR, name)
     return path
 
 
 def load_state(call_dir: str, name: str) -> dict[str, torch.Tensor]:
-    """The recorded ``state_dict`` (tensors only: ``weights_only`` loading, nothing unpickled)."""
+    """The recorded ``state_dict`` (tensors only: ``weights_only`` loading, nothing unpickled).
+
+    Raises :class:`otel_gpu._manifest.DumpFileError` naming the file when it is missing, corrupt
+    or not inside the dump's own ``modules/`` folder (that folder or the file a symlink).
+    """
     path = state_path(call_dir, name)
-    return _manifest.load_tensors(os.path.dirname(path), os.path.basename(path))
+    folder = os.path.dirname(path)
+    if os.path.islink(folder):
+        raise _manifest.DumpFileError(
+            f"receiver.state: refusing {STATE_DIR}/{name}: the {STATE_DIR}/ folder is a symlink "
+            "(replay reads only files inside the dump)"
+        )
+    return _manifest.load_tensors(folder, name, f"receiver.state ({STATE_DIR}/)")
 
 
 def _reset_for_tests() -> None:

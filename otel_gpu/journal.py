@@ -45,7 +45,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from otel_gpu import _guard, metadata
+from otel_gpu import _files, _guard, metadata
 from otel_gpu.config import Settings, environ
 
 __all__ = ["Journal", "default_dir", "journal_dir", "make_observer"]
@@ -120,7 +120,8 @@ def journal_dir(settings: Settings) -> str:
 
 
 def _private_dir(path: str, shared_parent: bool) -> None:
-    """Create ``path`` 0700; refuse a default directory another user created or a symlink.
+    """Create ``path`` 0700, and its missing parents 0700 too (whatever the umask); refuse a
+    default directory another user created or a symlink.
 
     In a shared ``/tmp`` anybody could create ``otel-gpu-<uid>`` first, so a default
     directory must be a real directory owned by us; its mode is tightened to 0700.
@@ -130,7 +131,7 @@ def _private_dir(path: str, shared_parent: bool) -> None:
     except FileExistsError:
         pass
     except FileNotFoundError:
-        os.makedirs(path, 0o700, exist_ok=True)
+        _files.make_dirs(path)  # os.makedirs would give the parents 0777 & ~umask
     info = os.lstat(path) if shared_parent else os.stat(path)  # a chosen dir may be a symlink
     if not stat.S_ISDIR(info.st_mode):
         raise NotADirectoryError(f"{path!r} is not a directory")
