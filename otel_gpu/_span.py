@@ -99,10 +99,15 @@ def exception_attributes(exc: BaseException, tb: Any) -> dict[str, str]:
         if module in ("builtins", "__main__")
         else f"{module}.{qualname}",
         "exception.message": _head(_safe_str(exc), _MAX_BYTES),
-        "exception.stacktrace": _tail(
-            "".join(traceback.format_exception(cls, exc, tb)), _MAX_BYTES
-        ),
+        "exception.stacktrace": _tail(_safe_traceback(cls, exc, tb), _MAX_BYTES),
     }
+
+
+def _safe_traceback(cls: type, exc: BaseException, tb: Any) -> str:
+    try:
+        return "".join(traceback.format_exception(cls, exc, tb))
+    except BaseException as err:  # a hostile __class__/__str__ or chained exception: keep the span
+        return f"<traceback could not be formatted: {type(err).__name__}>"
 
 
 _MAX_BYTES = 2048  # Tempo's default cut for attribute values

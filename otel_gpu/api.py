@@ -184,7 +184,7 @@ def _capture_inputs(plan: _Plan, bound: list[tuple[str, Any, bool]], tensors: An
         mark = len(out)
         try:
             metadata.capture(out, name, value, plan.max_items, tensors)
-        except Exception as exc:  # one hostile argument must not cost the others their metadata
+        except BaseException as exc:  # a hostile argument costs only its own metadata
             del out[mark:]
             out.append((name, metadata.VALUE, f"<metadata unavailable: {type(exc).__name__}>"))
             _guard.internal_error("metadata", exc)
@@ -193,6 +193,15 @@ def _capture_inputs(plan: _Plan, bound: list[tuple[str, Any, bool]], tensors: An
     if plan.redact:
         metadata.redact(out, plan.redact)
     return tuple(out)  # queued until export: the GC can untrack a tuple of atoms, never a list
+
+
+def _traceback_of(exc: BaseException) -> Any:
+    """``exc.__traceback__``, or None when a ``__traceback__`` property raises: the user's own
+    exception must reach the caller, never one that reading it raised."""
+    try:
+        return exc.__traceback__
+    except BaseException:  # a property on the user's exception class
+        return None
 
 
 def _nonfinite(call: Call, result: Any) -> NonFiniteError | None:
@@ -270,12 +279,12 @@ def _make_wrapper(
                 call.inputs = _capture_inputs(plan, call.bound, tensors)
                 if tensors:
                     pending = _launch_stats(plan, "input.", tensors)
-            except Exception as exc:
+            except BaseException as exc:  # user hooks run here
                 internal("metadata", exc)
         for observer in pipe.observers_at[level]:
             try:
                 observer.start(call)
-            except Exception as exc:
+            except BaseException as exc:  # user hooks run here
                 internal("observer", exc)
         return pending
 
@@ -284,12 +293,12 @@ def _make_wrapper(
             tensors: list | None = [] if level >= 5 else None
             try:
                 call.outputs = tuple(metadata.capture_output(result, plan.max_items, tensors))
-            except Exception as exc:
+            except BaseException as exc:  # user hooks run here
                 internal("metadata", exc)
             if tensors:
                 try:
                     pending = (pending or []) + _launch_stats(plan, "output.", tensors)
-                except Exception as exc:
+                except BaseException as exc:  # user hooks run here
                     internal("statistics", exc)
         nonfinite: NonFiniteError | None = None
         if pending:
@@ -297,7 +306,7 @@ def _make_wrapper(
                 call.stats = stats.finish(pending)
                 if plan.on_nonfinite != "mark":
                     nonfinite = _nonfinite(call, result)
-            except Exception as exc:
+            except BaseException as exc:  # user hooks run here
                 internal("statistics", exc)
         observers = pipe.observers_at[level]
         if observers:
@@ -305,7 +314,7 @@ def _make_wrapper(
             for observer in observers:
                 try:
                     observer.end(call)
-                except Exception as exc:
+                except BaseException as exc:  # user hooks run here
                     internal("observer", exc)
             call.result = None
         call.bound = None
@@ -339,7 +348,7 @@ def _make_wrapper(
                 call.end_ns = _time_ns()
                 _detach(token)
                 call.exc = exc
-                call.tb = exc.__traceback__
+                call.tb = _traceback_of(exc)
                 after(call, pipe, None, pending)
                 raise
             call.end_ns = _time_ns()
@@ -370,7 +379,7 @@ def _make_wrapper(
             call.end_ns = _time_ns()
             _detach(token)
             call.exc = exc
-            call.tb = exc.__traceback__
+            call.tb = _traceback_of(exc)
             if busy:
                 after(call, pipe, None, pending)
             else:

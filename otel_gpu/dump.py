@@ -26,12 +26,11 @@ import socket
 import sys
 import threading
 import time
-import traceback
 from typing import Any
 
 import torch
 
-from otel_gpu import _dump_target, _guard, _manifest, metadata
+from otel_gpu import _describe, _dump_target, _files, _guard, _manifest, metadata
 from otel_gpu.config import Settings, environ, expand_path
 
 __all__ = [
@@ -119,7 +118,8 @@ class Recorder:
         self._closing = False
         self._errors: list[BaseException] = []
         try:
-            os.makedirs(self.root, mode=0o700, exist_ok=True)
+            if not _files.make_dirs(self.root):  # created 0700, parents too, or the user's own
+                _files.warn_if_shared(self.root, "dump dir (OTEL_GPU_DUMP_DIR)")
         except OSError as exc:
             self._fail(exc)
         self._writer = threading.Thread(target=self._write_loop, name="otel-gpu-dump", daemon=True)
@@ -278,7 +278,7 @@ class Recorder:
             if not self._enqueue((_INPUTS, pending, copies, copies.nbytes), copies.nbytes):
                 self._write_inputs(pending, copies)  # back-pressure: the caller writes
         else:
-            os.mkdir(directory, 0o700)
+            _files.make_dir(directory)
             host = {k: _manifest.host_copy(t, always_copy=False) for k, t in tensors.items()}
             manifest["files"]["inputs"] = _manifest.save_tensors(
                 os.path.join(directory, "inputs"), host, self.format, self._fsync
@@ -291,15 +291,11 @@ class Recorder:
 
     def _record_raised(self, call: Any, pending: _Pending, saved: bool) -> None:
         exc = call.exc
-        cls = type(exc)
         manifest = pending.manifest
         manifest["status"] = "raised"
         manifest["time"]["end_unix_nano"] = call.end_ns
-        manifest["exception"] = {
-            "type": f"{cls.__module__}.{cls.__qualname__}",
-            "message": _str(exc),
-            "traceback": "".join(traceback.format_exception(cls, exc, call.tb)),
-        }
+        # message and traceback run the exception's own code: formatted off the caller's thread
+        manifest["exception"] = _describe.exception_record(exc, call.tb)
         if pending.written is None:  # inputs already on disk: record it now
             _manifest.write_json(pending.dir, _manifest.MANIFEST, manifest, self._fsync)
             return
@@ -366,7 +362,7 @@ class Recorder:
         """Async mode: the inputs copied before the call, then the inputs_saved manifest unless
         the call has already ended (its final manifest follows in the queue: written once)."""
         try:
-            os.mkdir(pending.dir, 0o700)
+            _files.make_dir(pending.dir)
             copies.wait()
             name = _manifest.save_tensors(
                 os.path.join(pending.dir, "inputs"), copies.tensors, self.format, False
@@ -444,6 +440,16 @@ def encode_inputs(
     target = targets.get(plan)
     if target is None:
         target = _dump_target.Target(plan)
+        if target.module == "__main__":  # said at record time, when moving it is still cheap
+            _guard.warn_once(
+                "dump.main",
+                "otel-gpu flight recorder: %s is defined in __main__ (the script you ran); "
+                "`otel-gpu replay` imports functions from modules by name and will not be able "
+                "to import it, so its calls are recorded but cannot be replayed. Put it in a "
+                "module your script imports (docs/flight-recorder.md, 'A layout that replays'). "
+                "This is reported once.",
+                plan.name,
+            )
         if target.found:  # a module still being imported may define the function later
             targets[plan] = target
     tensors: dict[str, torch.Tensor] = {}
@@ -454,8 +460,17 @@ def encode_inputs(
         for name, value, is_default in call.bound or ()
     ]
     arg_keys = list(tensors)
-    receiver = _dump_target.receiver(call, enc) if target.receiver else None
+    receiver = _receiver(call, enc) if target.receiver else None
     return target, tensors, meta, params, arg_keys, receiver
+
+
+def _receiver(call: Any, enc: _manifest.Encoder) -> dict[str, Any]:
+    """The receiver's encoding; its ``__otel_gpu_state__`` hook is user code, ``SystemExit`` too."""
+    try:
+        return _dump_target.receiver(call, enc)
+    except BaseException as exc:  # the hook, or a __getattr__/__class__ property on the receiver
+        why = f"receiver hook failed: {type(exc).__name__}"
+        return {"t": "unsupported", "type": "?", "why": why}
 
 
 def new_manifest(
@@ -525,7 +540,7 @@ def write_ring_call(
         directory,
         _manifest.call_dir_name(seq, entry.start_ns, span_id, manifest["function"]["span_name"]),
     )
-    os.mkdir(call_dir, 0o700)
+    _files.make_dir(call_dir)
     entry.copies.wait()
     manifest["files"]["inputs"] = _manifest.save_tensors(
         os.path.join(call_dir, "inputs"), entry.copies.tensors, fmt, False
@@ -587,7 +602,7 @@ def _resource_summary(pipeline: Any) -> dict[str, Any]:
 
 
 def _touch(path: str) -> None:
-    os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
+    _files.touch(path)  # O_EXCL|O_NOFOLLOW: a planted link is never opened
 
 
 def _positional(call: Any, target: _dump_target.Target) -> int | None:
@@ -598,10 +613,3 @@ def _positional(call: Any, target: _dump_target.Target) -> int | None:
     plan = call.plan
     passed = getattr(plan, "receiver_passed", False) and getattr(plan, "receiver", None) is None
     return max(len(args) - (1 if passed and target.receiver and args else 0), 0)
-
-
-def _str(exc: BaseException) -> str:
-    try:
-        return str(exc)
-    except Exception:
-        return f"<str() of {type(exc).__name__} failed>"

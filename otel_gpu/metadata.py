@@ -12,10 +12,12 @@ adds ``otel_gpu.input.`` or ``otel_gpu.output.``.
 
 from __future__ import annotations
 
+import dataclasses
 import decimal
 import enum
 import fractions
 import inspect
+import itertools
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -112,13 +114,26 @@ def _tensor_meta(t: torch.Tensor) -> Any:
     # A plain tuple, not torch.Size: records wait for export, and the GC untracks tuples of
     # atoms but keeps tracking (and promoting) tuple subclasses and whatever holds them.
     try:
-        return (tuple(t.shape), t.dtype, t.device, t.stride(), t.requires_grad, t.is_contiguous())
+        shape = _dims(t.shape)
+        return (shape, t.dtype, t.device, _dims(t.stride()), t.requires_grad, t.is_contiguous())
     except Exception:
         # sparse, nested and some subclass tensors have no strides
         try:
-            return (tuple(t.shape), t.dtype, t.device, None, t.requires_grad, False)
+            return (_dims(t.shape), t.dtype, t.device, None, t.requires_grad, False)
         except Exception as exc:
             return f"{type(t).__name__} (metadata unavailable: {type(exc).__name__})"
+
+
+def _dims(dims: Any) -> tuple[int, ...] | tuple[str, ...]:
+    """Sizes or strides as ints, or all as text when one is symbolic (a jagged tensor's ``j1``).
+
+    An attribute array holds one type: a SymInt among ints would reach the SDK as an invalid
+    value (a warning per call, and the value replaced).
+    """
+    out = tuple(dims)
+    if all(type(d) is int for d in out):
+        return out
+    return tuple(str(d) for d in out)
 
 
 def capture(
@@ -130,39 +145,47 @@ def capture(
     depth: int = 0,
 ) -> None:
     """Append raw metadata for ``value`` under ``key``; collect tensors for statistics if asked."""
+    # Types are tested with issubclass(type(value), ...), never isinstance: isinstance reads
+    # __class__, which a property can fake. Containers are read through the builtin methods
+    # (list.__len__, dict.items): a subclass's __len__/__iter__ is user code, never run here.
     tp = type(value)
     if tp in _SCALARS:
         out.append((key, VALUE, value))
-    elif isinstance(value, torch.Tensor):
+    elif issubclass(tp, torch.Tensor):
         out.append((key, TENSOR, _tensor_meta(value)))
         if tensors is not None:
             tensors.append((key, value))
-    elif isinstance(value, (enum.Enum, torch.dtype, torch.device)):
+    elif issubclass(tp, (enum.Enum, torch.dtype, torch.device)):
         out.append((key, VALUE, value))
-    elif tp in (list, tuple) or (
-        isinstance(value, (list, tuple)) and not hasattr(value, "_fields")
-    ):
-        n = len(value)
-        out.append((key, CONTAINER, (tp.__name__, n)))
+    elif issubclass(tp, list) or (issubclass(tp, tuple) and not _is_namedtuple(tp)):
+        base: Any = list if issubclass(tp, list) else tuple
+        out.append((key, CONTAINER, (tp.__name__, base.__len__(value))))
         if depth < MAX_DEPTH:
-            for i, item in enumerate(value[:max_items]):
+            for i, item in enumerate(itertools.islice(base.__iter__(value), max_items)):
                 capture(out, f"{key}.{i}", item, max_items, tensors, depth + 1)
-    elif isinstance(value, tuple):  # namedtuple: field names are better keys than indices
-        n = len(value)
-        out.append((key, CONTAINER, (tp.__name__, n)))
+    elif issubclass(tp, tuple):  # namedtuple: field names are better keys than indices
+        out.append((key, CONTAINER, (tp.__name__, tuple.__len__(value))))
         if depth < MAX_DEPTH:
-            for name, item in list(zip(value._fields, value))[:max_items]:  # type: ignore[attr-defined]
+            pairs = zip(_field_names(tp), tuple.__iter__(value))
+            for name, item in itertools.islice(pairs, max_items):
                 capture(out, f"{key}.{name}", item, max_items, tensors, depth + 1)
-    elif isinstance(value, Mapping):
-        n = len(value)
-        out.append((key, CONTAINER, (tp.__name__, n)))
+    elif issubclass(tp, dict):
+        out.append((key, CONTAINER, (tp.__name__, dict.__len__(value))))
         if depth < MAX_DEPTH:
-            for i, (k, item) in enumerate(value.items()):
-                if i >= max_items:
-                    break
+            for i, (k, item) in enumerate(itertools.islice(dict.items(value), max_items)):
                 capture(out, f"{key}.{_key_part(k, i)}", item, max_items, tensors, depth + 1)
+    elif issubclass(tp, Mapping):  # a user-defined mapping: its length and items are user code
+        out.append((key, OBJECT, _describe_object(value)))
     elif not _capture_structure(out, key, value, max_items, tensors, depth):
         out.append((key, OBJECT, _describe_object(value)))
+
+
+def _is_namedtuple(tp: type) -> bool:
+    return type(getattr(tp, "_fields", None)) is tuple  # looked up on the class: no __getattr__
+
+
+def _field_names(tp: type) -> list[str]:
+    return [f if type(f) is str else str(i) for i, f in enumerate(tp._fields)]  # type: ignore[attr-defined]
 
 
 def _capture_structure(
@@ -187,17 +210,21 @@ def _capture_structure(
             for name, item in children[:max_items]:
                 capture(out, f"{key}.{name}", item, max_items, tensors, depth + 1)
         return True
-    if depth >= MAX_DEPTH or isinstance(value, _NOT_WALKED):
+    if depth >= MAX_DEPTH or issubclass(tp, _NOT_WALKED):
         return False
     try:
         fields = vars(value)
-    except TypeError:
+    except BaseException:  # no __dict__, or a __dict__ property (user code) that raised
+        return False
+    if type(fields) is not dict:
         return False
     mark = len(out)
     out.append((key, CONTAINER, (tp.__name__, len(fields))))
     walked = 0
-    for name, item in fields.items():
-        if name.startswith("_") or type(item) in _SCALARS or callable(item):
+    for name, item in itertools.islice(dict.items(fields), 256):
+        if type(name) is not str or name.startswith("_") or type(item) in _SCALARS:
+            continue
+        if callable(item):
             continue  # a cache's flags and settings are not what its span is about
         walked += 1
         if walked > max_items:
@@ -216,11 +243,14 @@ def _pytree_children(value: Any, tp: type) -> list[tuple[str, Any]] | None:
     node = _pytree_nodes().get(tp)
     if node is None:
         return None
-    if node.flatten_with_keys_fn is not None:
-        pairs, _ = node.flatten_with_keys_fn(value)
-        return [(_pytree_key(k, i), child) for i, (k, child) in enumerate(pairs)]
-    items, _ = node.flatten_fn(value)
-    return [(str(i), child) for i, child in enumerate(items)]
+    try:  # registered code: whatever it raises, SystemExit included, costs only this structure
+        if node.flatten_with_keys_fn is not None:
+            pairs, _ = node.flatten_with_keys_fn(value)
+            return [(_pytree_key(k, i), child) for i, (k, child) in enumerate(pairs)]
+        items, _ = node.flatten_fn(value)
+        return [(str(i), child) for i, child in enumerate(items)]
+    except BaseException:
+        return None
 
 
 def _pytree_key(entry: Any, index: int) -> str:
@@ -237,56 +267,118 @@ def _pytree_nodes() -> dict[type, Any]:
     return _pytree.SUPPORTED_NODES
 
 
-# Types whose instances cannot change after the call, so a repr taken now stays true. The repr of
-# anything else is not taken: it could show a later state (the span is exported after the call
-# returns) and it is user code on the caller's thread. Such objects are recorded as type plus id.
+# Types whose instances cannot change after the call, so a repr taken now stays true, and whose
+# repr is builtin code of bounded cost. The repr of anything else is not taken: it could show a
+# later state (the span is exported after the call returns) and it is user code on the caller's
+# thread. Such objects are recorded as type plus id.
 _IMMUTABLE: set[type] = {
     complex,
-    bytes,
     range,
-    slice,
     type(Ellipsis),
     type(NotImplemented),
-    frozenset,
     decimal.Decimal,
     fractions.Fraction,
     torch.layout,
     torch.memory_format,
 }
 _REPR_INPUT_LIMIT = 4096  # bytes/frozensets longer than this are described by type and length
+_ATOM_TYPES = (type(None), bool, int, float, str, torch.dtype, torch.device)
+_ATOM_TEXT = 256  # longer str fields (and ints past this many bits) make a record not described
 
 
 def _describe_object(value: Any) -> tuple[str, str | None, int]:
-    """(type qualname, call-time repr for immutable types else None, id) — nothing kept alive."""
+    """(type qualname, call-time repr for immutable types else None, id) — nothing kept alive.
+
+    No user code runs: the repr is taken only of builtin immutable types whose members are
+    atoms, and a frozen dataclass's is formatted here from its atomic fields, as the
+    dataclass-generated ``__repr__`` would print it.
+    """
     tp = type(value)
-    qualname = getattr(tp, "__qualname__", None) or tp.__name__
-    if tp in _IMMUTABLE or _is_numpy_scalar(tp) or _is_frozen_record(value, tp):
-        if tp in (bytes, frozenset) and len(value) > _REPR_INPUT_LIMIT:
-            return qualname, f"<{qualname} of length {len(value)}>", id(value)
-        try:
-            return qualname, repr(value), id(value)
-        except Exception as exc:
-            return qualname, f"<repr failed: {type(exc).__name__}>", id(value)
-    return qualname, None, id(value)
+    qualname = str(type.__dict__["__qualname__"].__get__(tp))
+    try:
+        text = _immutable_repr(value, tp, qualname)
+    except Exception as exc:  # Decimal/Fraction of absurd size and the like
+        text = f"<repr failed: {type(exc).__name__}>"
+    return qualname, text, id(value)
 
 
-_ATOMS = (type(None), bool, int, float, str, enum.Enum, torch.dtype, torch.device)
+def _immutable_repr(value: Any, tp: type, qualname: str) -> str | None:
+    if tp in _IMMUTABLE or _is_numpy_scalar(tp):
+        if tp is decimal.Decimal and len(value.as_tuple().digits) > _REPR_INPUT_LIMIT:
+            return f"<Decimal of {len(value.as_tuple().digits)} digits>"
+        return repr(value)
+    if tp is bytes:
+        if len(value) > _REPR_INPUT_LIMIT:
+            return f"<bytes of length {len(value)}>"
+        return repr(value)
+    if tp is frozenset:
+        if len(value) > _REPR_INPUT_LIMIT:
+            return f"<frozenset of length {len(value)}>"
+        return repr(value) if all(_is_atom(v) for v in value) else None
+    if tp is slice:
+        parts = (value.start, value.stop, value.step)
+        return repr(value) if all(_is_atom(v) for v in parts) else None
+    return _frozen_record(value, tp, qualname)
 
 
-def _is_frozen_record(value: Any, tp: type) -> bool:
-    """A frozen dataclass with the generated repr and only atomic fields: its repr cannot change."""
-    params = getattr(tp, "__dataclass_params__", None)
-    if params is None or not params.frozen or not params.repr:
-        return False
-    fields = getattr(tp, "__dataclass_fields__", {})
-    if len(fields) > 32:
-        return False
-    return all(isinstance(getattr(value, name, None), _ATOMS) for name in fields)
+def _is_atom(value: Any) -> bool:
+    """A value whose repr is builtin code of bounded cost."""
+    tp = type(value)
+    if tp is str:
+        return len(value) <= _ATOM_TEXT
+    if tp is int:
+        return value.bit_length() <= _ATOM_TEXT
+    return tp in _ATOM_TYPES
+
+
+def _frozen_record(value: Any, tp: type, qualname: str) -> str | None:
+    """A frozen dataclass's repr when it is the generated one and every field is an atom.
+
+    Formatted here, not by calling ``repr``: the fields are read through ``object``'s own
+    attribute lookup and printed as the generated ``__repr__`` prints them.
+    """
+    params = tp.__dict__.get("__dataclass_params__")
+    fields = tp.__dict__.get("__dataclass_fields__")
+    if params is None or not params.frozen or type(fields) is not dict or len(fields) > 32:
+        return None
+    generated = getattr(tp.__dict__.get("__repr__"), "__code__", None)
+    if generated is None or generated.co_filename != dataclasses.__file__:
+        return None  # no repr, or one the class wrote itself
+    parts = []
+    for name, field in dict.items(fields):
+        if field._field_type is not dataclasses._FIELD or not field.repr:  # type: ignore[attr-defined]
+            continue
+        item = object.__getattribute__(value, name)
+        text = repr(item) if _is_atom(item) else _enum_repr(item)
+        if text is None:
+            return None
+        parts.append(f"{name}={text}")
+    return f"{qualname}({', '.join(parts)})"
+
+
+_VALUE_REPRS = (None, int.__repr__, str.__repr__, float.__repr__)
+
+
+def _enum_repr(member: Any) -> str | None:
+    """``<Mode.A: 0>`` for a member of an enum with the standard repr and an atomic value."""
+    tp = type(member)
+    if not issubclass(tp, enum.Enum) or issubclass(tp, enum.Flag):
+        return None
+    if tp.__repr__ is not enum.Enum.__repr__ or tp._value_repr_ not in _VALUE_REPRS:  # type: ignore[attr-defined]
+        return None
+    inner = member._value_
+    if not _is_atom(inner):
+        return None
+    return f"<{type.__dict__['__name__'].__get__(tp)}.{member._name_}: {inner!r}>"
 
 
 def _is_numpy_scalar(tp: type) -> bool:
     numpy = sys.modules.get("numpy")  # only when the program imported numpy itself
-    return numpy is not None and issubclass(tp, numpy.generic)
+    return (
+        numpy is not None
+        and issubclass(tp, numpy.generic)
+        and type.__dict__["__module__"].__get__(tp) == "numpy"
+    )
 
 
 def _key_part(k: Any, index: int) -> str:

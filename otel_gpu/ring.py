@@ -31,10 +31,9 @@ import itertools
 import os
 import signal
 import threading
-import traceback
 from typing import Any
 
-from otel_gpu import _dump_target, _guard, _manifest, metadata
+from otel_gpu import _describe, _dump_target, _files, _guard, _manifest, metadata
 from otel_gpu.config import Settings, expand_path
 
 __all__ = ["ATTR_RING_DIR", "Ring", "make_observer"]
@@ -43,6 +42,7 @@ ATTR_RING_DIR = "otel_gpu.ring.dump.dir"
 """Span attribute: the ring dump this call triggered."""
 _TRIGGERS = itertools.count(1)
 _SEQ = itertools.count(1)
+_NAME_TRIES = 100  # ring dump names already taken (planted) before one is given up
 
 
 def make_observer(settings: Settings, pipeline: Any) -> Ring | None:
@@ -138,14 +138,9 @@ class Ring:
             return
         entry.end_ns = call.end_ns
         if call.exc is not None:
-            exc = call.exc
-            cls = type(exc)
             entry.status = "raised"
-            entry.exception = {
-                "type": f"{cls.__module__}.{cls.__qualname__}",
-                "message": _safe_str(exc),
-                "traceback": "".join(traceback.format_exception(cls, exc, call.tb)),
-            }
+            # message and traceback run the exception's own code: formatted off the caller's thread
+            entry.exception = _describe.exception_record(call.exc, call.tb)
         else:
             entry.status = "completed"
         self._keep(entry)
@@ -215,10 +210,8 @@ class Ring:
                 entries.append(trigger)
             if not entries:
                 return None
-            n = next(_TRIGGERS)
             span_id = trigger.span_id if trigger is not None else "0" * 16
-            directory = os.path.join(self.root, f"ring-{os.getpid()}-{n:04d}-{reason}-{span_id}")
-            os.makedirs(directory, 0o700, exist_ok=True)
+            directory = _make_ring_dir(self.root, reason, span_id)
             for entry in sorted(entries, key=lambda e: e.start_ns):
                 with_outputs = entry is trigger and reason == "nonfinite"
                 entry.dumped = dump.write_ring_call(
@@ -261,14 +254,26 @@ class Ring:
         self.dump(reason, last)
 
 
-def _safe_str(exc: BaseException) -> str:
-    try:
-        return str(exc)
-    except Exception:
-        return f"<str() of {type(exc).__name__} failed>"
-
-
 # --------------------------------------------------------------------------- SIGTERM
+
+
+def _make_ring_dir(root: str, reason: str, span_id: str) -> str:
+    """Create ``<root>/ring-<pid>-<n>-<reason>-<span id>/`` (0700, the root and its parents too).
+
+    The name is predictable, so it is created exclusively: a name that already exists (a
+    symlink or a folder somebody planted) is never used; the next trigger number is taken.
+    """
+    if not _files.make_dirs(root):
+        _files.warn_if_shared(root, "dump dir (OTEL_GPU_DUMP_DIR)")
+    pid = os.getpid()
+    for _ in range(_NAME_TRIES):
+        directory = os.path.join(root, f"ring-{pid}-{next(_TRIGGERS):04d}-{reason}-{span_id}")
+        try:
+            _files.make_dir(directory)
+            return directory
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free ring dump name below {root!r} after {_NAME_TRIES} tries")
 
 
 def _install_sigterm(ring: Ring) -> None:
