@@ -13,7 +13,7 @@ from dataclasses import asdict
 from typing import Any
 
 from otel_gpu import _manifest
-from otel_gpu._replay_call import Allow
+from otel_gpu._replay_call import _VALUE_TYPES, Allow, denied
 from otel_gpu.replay import (
     EXIT_USAGE,
     VERDICTS,
@@ -23,6 +23,7 @@ from otel_gpu.replay import (
     find_calls,
     replay,
     summarize,
+    verified_nothing,
 )
 
 __all__ = ["add_parser", "main"]
@@ -31,9 +32,11 @@ _DESCRIPTION = """\
 Re-run calls recorded by the flight recorder (OTEL_GPU_LOGLEVEL=10) and compare them with
 their recording. Verdicts: pass, mismatch, error, crashed-originally, unverified (the call
 ran but some outputs were never recorded, so they were not compared), skipped.
-Exit code: 0 when nothing failed, 1 when a call had a mismatch, an error, had crashed
-originally or is unverified (unless --allow-unverified), 2 for a usage error (no dumps,
-bad flags, imports not allowed).
+Exit code: 0 when nothing failed and at least one call was verified; 1 when a call had a
+mismatch, an error, had crashed originally or is unverified, or when nothing was verified
+(every call skipped or unverified), the last two unless --allow-unverified; 2 for a usage
+error (no dumps, bad flags, imports not allowed). A missing or corrupt dump file makes its
+call an error, naming the file; the other calls are still replayed.
 
 Dumps are untrusted input: replay imports only the modules you allow, and calls only
 functions decorated with @otel_gpu.api in them."""
@@ -54,7 +57,9 @@ def add_parser(sub: Any) -> None:
         action="append",
         default=[],
         metavar="PREFIX",
-        help="import modules named PREFIX or PREFIX.* (repeatable, or comma-separated)",
+        help="import modules named PREFIX or PREFIX.*, and rebuild their classes (repeatable, or "
+        "comma-separated); denylisted modules (os, subprocess, builtins, importlib, pickle...) "
+        "are refused",
     )
     p.add_argument(
         "--instrument",
@@ -67,7 +72,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--trust-dump",
         action="store_true",
-        help="import every module the dump names, without asking (only for dumps you made)",
+        help="allow every module the dump names for functions, receivers and argument types, and "
+        "its instrumentation targets, without asking (only for dumps you made; never a "
+        "denylisted module)",
     )
     p.add_argument(
         "--device",
@@ -100,7 +107,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--allow-unverified",
         action="store_true",
-        help="do not fail the run for calls whose outputs could not be compared (unverified)",
+        help="do not fail the run for calls whose outputs could not be compared (unverified), "
+        "nor for a run that verified nothing (every call skipped or unverified)",
     )
     p.add_argument("--isolate", action="store_true", help="run every call in its own process")
     p.add_argument(
@@ -115,7 +123,8 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.add_argument("--_child", action="store_true", help=argparse.SUPPRESS)
-    p.set_defaults(func=main)
+    # replay runs at level 1 without a journal whatever the environment says (see _provider)
+    p.set_defaults(func=main, settings_from_flags=_forced_settings)
 
 
 def _split(values: list[str]) -> tuple[str, ...]:
@@ -142,35 +151,85 @@ def _device_map(values: list[str]) -> dict[str, str]:
     return mapping
 
 
-def _recorded_modules(dirs: list[str]) -> list[str]:
-    modules = set()
+def _manifests(dirs: list[str]) -> Iterator[dict[str, Any]]:
     for d in dirs:
         try:
-            module = _manifest.read_manifest(d)["function"]["module"]
+            yield _manifest.read_manifest(d)
         except Exception:
+            continue  # replay gives that call its verdict
+
+
+_TYPED = ("enum", "namedtuple", "mapping", "from_dict")
+
+
+def _type_modules(enc: Any, out: set[str]) -> None:
+    """Modules of the types replay would resolve in one encoded value (bounded, no recursion)."""
+    stack, seen = [(enc, 0)], 0
+    while stack and seen < 100_000:
+        value, depth = stack.pop()
+        seen += 1
+        if isinstance(value, list) and depth <= 64:
+            stack.extend((v, depth + 1) for v in value)
             continue
-        if module:
-            modules.add(str(module))
-    return sorted(modules)
+        if not isinstance(value, dict):
+            continue
+        tag = value.get("t")
+        ref = value.get("v") if tag == "type" else value.get("type") if tag in _TYPED else None
+        if isinstance(ref, str) and ":" in ref and ref not in _VALUE_TYPES:
+            out.add(ref.partition(":")[0])
+        if tag in ("list", "tuple", "dict", "mapping", "namedtuple") and depth <= 64:
+            stack.append((value.get("items"), depth + 1))
+
+
+def _recorded_modules(dirs: list[str]) -> list[str]:
+    """Modules the dumps name for functions, receivers' classes and argument types.
+
+    Denylisted ones are left out: no flag allows them, and their calls are refused one by one.
+    """
+    modules: set[str] = set()
+    for manifest in _manifests(dirs):
+        fn = manifest.get("function")
+        module = fn.get("module") if isinstance(fn, dict) else None
+        if isinstance(module, str) and module:
+            modules.add(module)
+        rec = manifest.get("receiver")
+        if isinstance(rec, dict) and rec.get("t") in ("class", "module", "state"):
+            _type_modules({"t": "type", "v": rec.get("type")}, modules)
+            _type_modules(rec.get("state"), modules)
+            _type_modules(list((rec.get("init") or {}).values()), modules)
+        params = manifest.get("params")
+        for p in params if isinstance(params, list) else []:
+            _type_modules(p.get("value") if isinstance(p, dict) else None, modules)
+    return sorted(m for m in modules if m and denied(m) is None)
 
 
 def _recorded_targets(dirs: list[str]) -> list[str]:
     targets = set()
-    for d in dirs:
-        try:
-            spec = _manifest.read_manifest(d)["function"].get("instrumented")
-        except Exception:
-            continue
+    for manifest in _manifests(dirs):
+        fn = manifest.get("function")
+        spec = fn.get("instrumented") if isinstance(fn, dict) else None
         if spec:
             targets.add(str(spec))
     return sorted(targets)
 
 
 def _allow(args: argparse.Namespace, dirs: list[str]) -> Allow | None:
-    """The modules replay may import; None when the user has not allowed any."""
+    """The modules replay may import; None when the user has not allowed any, or asked for a
+    denylisted one (a usage error: no flag lifts the denylist)."""
     from otel_gpu import config
 
     prefixes = list(_split(args.allow_module))
+    for prefix in prefixes:
+        entry = denied(prefix)
+        if entry is not None:
+            print(
+                f"otel-gpu replay: --allow-module {prefix}: {entry!r} is on replay's denylist "
+                "(the standard library's process, shell, file, import and network machinery, "
+                "and torch's loaders): no flag allows it; see 'Threat model' in "
+                "docs/flight-recorder.md",
+                file=sys.stderr,
+            )
+            return None
     instrument = list(_split(args.instrument))
     try:
         instrument += list(config.current().instrument)
@@ -205,6 +264,14 @@ def _allow(args: argparse.Namespace, dirs: list[str]) -> Allow | None:
     return None
 
 
+def _forced_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The settings replay forces or takes from its flags, which beat the environment."""
+    overrides: dict[str, Any] = {"level": 1, "journal": False}
+    if args.dest:
+        overrides["dest"] = args.dest
+    return overrides
+
+
 def _provider(args: argparse.Namespace) -> tuple[Any, bool]:
     """Configure this process for replay (level 1, no journal) and build the replay spans' provider."""
     from opentelemetry.sdk.trace import TracerProvider
@@ -212,10 +279,7 @@ def _provider(args: argparse.Namespace) -> tuple[Any, bool]:
     import otel_gpu
     from otel_gpu import config
 
-    overrides: dict[str, Any] = {"level": 1, "journal": False}
-    if args.dest:
-        overrides["dest"] = args.dest
-    settings = config.load(overrides)
+    settings = config.load(_forced_settings(args))
     want = not args._child and settings.dest_explicit
     if want:
         from otel_gpu.exporters.destinations import build_provider
@@ -370,6 +434,7 @@ def main(args: argparse.Namespace) -> int:
             "dir": os.path.abspath(args.dir),
             "results": [asdict(r) for r in results],
             "summary": summary,
+            "verified_nothing": verified_nothing(results),
             "exit_code": code,
         }
         json.dump(_finite(report), sys.stdout, indent=1, default=str)
@@ -377,4 +442,14 @@ def main(args: argparse.Namespace) -> int:
     else:
         counts = ", ".join(f"{summary[v]} {v}" for v in VERDICTS)
         print(f"{summary['total']} call(s): {counts}")
+        if verified_nothing(results):
+            print(
+                "nothing was verified: every call was skipped or unverified"
+                + (
+                    " (accepted: --allow-unverified)"
+                    if args.allow_unverified
+                    else "; exit 1 (pass --allow-unverified to accept that)"
+                ),
+                file=sys.stderr,
+            )
     return code

@@ -48,18 +48,41 @@ def tolerance(dtype: torch.dtype, rtol: float | None, atol: float | None) -> tup
 
 @dataclass
 class Mismatch:
-    """One output that differs from its recording."""
+    """One output that differs from its recording.
+
+    The ``nan_*``/``inf_*``/``finite_*`` counts say how many elements differ by being non-finite
+    on one side only: such a difference has no size, so ``max_abs``/``max_rel`` cover the
+    finite elements only and are None when no finite element differs.
+    """
 
     output: str
     reason: str
     max_abs: float | None = None
     max_rel: float | None = None
+    nan_where_finite: int = 0
+    """Elements that are NaN now where the recording had a finite value."""
+    inf_where_finite: int = 0
+    """Elements that are infinite now where the recording had a finite value."""
+    finite_where_nonfinite: int = 0
+    """Elements that are finite now where the recording had NaN or an infinity."""
+    nonfinite_changed: int = 0
+    """Elements that are NaN or infinite on both sides, but not the same (NaN for Inf, -Inf for Inf)."""
 
     def describe(self) -> str:
         text = f"{self.output}: {self.reason}"
         if self.max_abs is not None:
-            text += f"; max abs diff {self.max_abs:.3g}, max rel diff {self.max_rel:.3g}"
+            among = " among finite values" if self.nonfinite_count() else ""
+            text += f"; max abs diff{among} {self.max_abs:.3g}, max rel diff {self.max_rel:.3g}"
         return text
+
+    def nonfinite_count(self) -> int:
+        """Elements that differ because one side is NaN or infinite and the other is not."""
+        return (
+            self.nan_where_finite
+            + self.inf_where_finite
+            + self.finite_where_nonfinite
+            + self.nonfinite_changed
+        )
 
 
 def compare_tensors(
@@ -85,14 +108,44 @@ def compare_tensors(
         close |= (a64.isnan() & e64.isnan()) | (a64 == e64)  # NaN reproduced; equal infinities
     if bool(close.all()):
         return None
-    bad = int((~close).sum())
-    finite = diff[diff.isfinite()]
-    max_abs = float(finite.max()) if finite.numel() else math.inf
-    rel = (diff / e64.abs())[diff.isfinite()]
-    rel = rel[rel.isfinite()]
-    max_rel = float(rel.max()) if rel.numel() else math.inf
-    reason = f"{bad} of {e.numel()} elements differ (rtol={rt:g}, atol={at:g})"
-    return Mismatch(path, reason, max_abs, max_rel)
+    bad = ~close
+    counts = _nonfinite_counts(a64, e64, bad)
+    finite_bad = bad & a64.isfinite() & e64.isfinite()
+    max_abs = max_rel = None
+    if bool(finite_bad.any()):  # a size only where both sides are numbers
+        both = a64.isfinite() & e64.isfinite()
+        max_abs = float(diff[both].max())
+        rel = (diff / e64.abs())[both]
+        rel = rel[rel.isfinite()]
+        max_rel = float(rel.max()) if rel.numel() else math.inf
+    reason = f"{int(bad.sum())} of {e.numel()} elements differ (rtol={rt:g}, atol={at:g})"
+    said = [f"{n} {what}" for what, n in zip(_NONFINITE_WORDS, counts) if n]
+    if said:
+        reason += ": " + ", ".join(said)
+    return Mismatch(path, reason, max_abs, max_rel, *counts)
+
+
+_NONFINITE_WORDS = (
+    "NaN where the recording had finite values",
+    "Inf where the recording had finite values",
+    "finite values where the recording had NaN/Inf",
+    "NaN/Inf other than the recorded NaN/Inf",
+)
+
+
+def _nonfinite_counts(
+    a: torch.Tensor, e: torch.Tensor, bad: torch.Tensor
+) -> tuple[int, int, int, int]:
+    """Among the differing elements: NaN now (recorded finite), Inf now (recorded finite),
+    finite now (recorded NaN/Inf), and non-finite on both sides but not the same."""
+    a_nan, a_inf = a.isnan(), a.isinf()
+    a_fin, e_fin = a.isfinite(), e.isfinite()
+    return (
+        int((bad & a_nan & e_fin).sum()),
+        int((bad & a_inf & e_fin).sum()),
+        int((bad & a_fin & ~e_fin).sum()),
+        int((bad & ~a_fin & ~e_fin).sum()),
+    )
 
 
 def compare(

@@ -4,8 +4,10 @@ Verdicts: ``pass`` (every output compared and matched), ``mismatch`` (which outp
 abs/rel difference), ``error`` (the exception), ``crashed-originally`` (the recorded call
 never completed; says whether it completes now), ``unverified`` (the call ran, but some or
 all of its outputs were never recorded, so they could not be compared) and ``skipped``
-(with the reason). Exit code 0 only when nothing failed; ``unverified`` counts as a failure
-unless ``--allow-unverified`` is given.
+(with the reason). Exit code 0 only when nothing failed and at least one call was verified;
+``unverified`` calls, and a run that verified nothing (every call skipped or unverified), fail
+it unless ``--allow-unverified`` is given. A missing, corrupt or out-of-place dump file makes
+its call ``error``, naming the file, and the run goes on.
 
 Dumps are untrusted input: tensors are loaded with ``torch.load(weights_only=True)`` or
 safetensors, manifests are plain JSON, and a module named by a dump is imported only
@@ -43,6 +45,7 @@ __all__ = [
     "replay",
     "replay_one",
     "summarize",
+    "verified_nothing",
 ]
 
 VERDICTS = ("pass", "mismatch", "error", "crashed-originally", "unverified", "skipped")
@@ -176,7 +179,13 @@ def replay_one(directory: str, opts: Options, tracer: Any = None) -> Result:
     )
     started = time.perf_counter()
     with _replay_span(tracer, result) as span:
-        _judge(directory, manifest, opts, result)
+        try:
+            _judge(directory, manifest, opts, result)
+        except _manifest.DumpFileError as exc:
+            result.verdict, result.detail = "error", str(exc)
+        except Exception as exc:  # a manifest of an unexpected shape: this call only, no traceback
+            result.verdict = "error"
+            result.detail = f"replay could not judge this call: {_exc_text(exc).splitlines()[0]}"
         result.duration_ms = round((time.perf_counter() - started) * 1000, 3)
         if span is not None:
             _annotate(span, result)
@@ -210,6 +219,8 @@ def _judge(directory: str, manifest: dict[str, Any], opts: Options, result: Resu
                 ("skipped" if isinstance(exc, Skip) else "error"),
                 str(exc),
             )
+        elif isinstance(exc, _manifest.DumpFileError):  # names the file and what is wrong
+            result.verdict, result.detail = "error", str(exc)
         else:
             result.verdict = "error"
             result.detail = f"cannot prepare the call: {type(exc).__name__}: {exc}"
@@ -462,10 +473,22 @@ def failed(result: Result, allow_unverified: bool = False) -> bool:
     return result.verdict in FAILED
 
 
+def verified_nothing(results: Sequence[Result]) -> bool:
+    """Whether no call was judged against its recording: every one skipped or unverified.
+
+    Such a run checked nothing, so it must not read as a success (a dump of a script's
+    ``__main__`` function replays as "0 pass, 1 skipped").
+    """
+    return not any(r.verdict not in ("skipped", "unverified") for r in results)
+
+
 def exit_code(results: Sequence[Result], allow_unverified: bool = False) -> int:
-    """0 only when nothing failed: no mismatch, error, crashed-originally, or unverified call
-    (unless ``allow_unverified``)."""
-    return EXIT_FAILED if any(failed(r, allow_unverified) for r in results) else EXIT_OK
+    """0 only when something was verified and nothing failed: no mismatch, error,
+    crashed-originally, or unverified call. ``allow_unverified`` accepts unverified calls and a
+    run that verified nothing (every call skipped or unverified)."""
+    if any(failed(r, allow_unverified) for r in results):
+        return EXIT_FAILED
+    return EXIT_FAILED if verified_nothing(results) and not allow_unverified else EXIT_OK
 
 
 def register(sub: Any) -> None:

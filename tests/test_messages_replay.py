@@ -266,12 +266,13 @@ def test_cli_without_an_allowed_module_lists_the_recorded_modules_and_imports_no
 
 def test_cli_with_no_module_named_needs_no_allow_list(tmp_path, capsys):
     """Dumps that name no module (a process that died while saving inputs) need nothing allowed:
-    no 'not importing any module' refusal, even with --trust-dump; the call is reported."""
+    no 'not importing any module' refusal, even with --trust-dump; the call is reported (and,
+    as nothing was verified, the run exits 1)."""
     call = tmp_path / "000001-20250101T000000.000000-0123456789abcdef-mylib.f"
     call.mkdir()
     (call / "inputs.pt").write_bytes(b"")
     for extra in ([], ["--trust-dump"]):
-        assert cli.main(["replay", "--dir", str(tmp_path), "--no-progress", *extra]) == 0
+        assert cli.main(["replay", "--dir", str(tmp_path), "--no-progress", *extra]) == 1
         out, err = capsys.readouterr()
         assert "not importing" not in err
         assert out.splitlines()[0].startswith("SKIPPED            mylib.f  [")
@@ -339,8 +340,8 @@ def test_functions_replay_cannot_import_by_name_are_skipped_with_a_true_reason(r
 
 
 def test_a_type_in_a_manifest_that_is_not_what_it_claims_is_refused(rec):
-    """An enum naming os:system, a namedtuple naming an Enum: error 'refused: <type> is not an
-    Enum / a namedtuple'; a type from a module neither allowed nor imported is skipped, naming
+    """An enum naming os:system: error, os is denylisted; a namedtuple naming an Enum: error
+    'refused: <type> is not a namedtuple'; a type from a module not allowed is skipped, naming
     the module and the flag."""
     m, root = rec
     m.take(torch.ones(1), m.Mode.A)
@@ -360,7 +361,11 @@ def test_a_type_in_a_manifest_that_is_not_what_it_claims_is_refused(rec):
     _edit(far_dir, retype("farawaylib:Mode"))
     results = _replay(m, root)
     assert [(r.verdict, r.detail) for r in results] == [
-        ("error", "refused: os:system is not an Enum"),
+        (
+            "error",
+            "refused: type os:system is in 'os', which replay never imports, resolves or calls "
+            "from a dump, whatever the flags (see 'Threat model' in docs/flight-recorder.md)",
+        ),
         ("error", f"refused: {m.__name__}:Mode is not a namedtuple"),
         (
             "skipped",

@@ -55,8 +55,9 @@ def test_an_instrumented_call_is_skipped_until_its_target_is_named(
 
 
 def test_a_crafted_dump_cannot_make_replay_call_os_system(tmp_path, capsys):
-    """A manifest naming os.system as an instrumented function, replayed with --allow-module os:
-    not instrumented, not called (the command it carries never runs), skipped with the reason."""
+    """A manifest naming os.system as an instrumented function: --allow-module os is a usage
+    error (exit 2, os is denylisted), and --trust-dump refuses the call (error, exit 1); never
+    instrumented, never called (the command it carries never runs)."""
     marker = tmp_path / "pwned"
     call_dir = tmp_path / "d" / "000001-20260101T000000.000000-0123456789abcdef-os.system"
     call_dir.mkdir(parents=True)
@@ -89,11 +90,15 @@ def test_a_crafted_dump_cannot_make_replay_call_os_system(tmp_path, capsys):
     }
     (call_dir / "manifest.json").write_text(json.dumps(manifest))
     code = cli.main(["replay", "--dir", str(tmp_path / "d"), "--allow-module", "os", "--json"])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == ""
+    assert "--allow-module os: 'os' is on replay's denylist" in err
+    code = cli.main(["replay", "--dir", str(tmp_path / "d"), "--trust-dump", "--json"])
     report = json.loads(capsys.readouterr().out)
     assert not marker.exists()
-    assert report["results"][0]["verdict"] == "skipped"
-    assert "--instrument os.system" in report["results"][0]["detail"]
-    assert code == 0
+    assert report["results"][0]["verdict"] == "error"
+    assert report["results"][0]["detail"].startswith("refused: function os.system is in 'os'")
+    assert code == 1
     assert "__otel_gpu_plan__" not in getattr(os.system, "__dict__", {})  # never patched
 
 
