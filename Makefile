@@ -23,20 +23,25 @@ demo: install
 FLASHINFER_PKGS ?= flashinfer-python==0.7.2.post1 apache-tvm-ffi==0.1.15.post2 tqdm
 
 install-test:
+	@echo "==> installing otel-gpu with its test dependencies and FlashInfer (pip; torch only if absent)"
 	@$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install torch==2.13.0
 	$(PIP) install -q -e ".[test]"
 	$(PIP) install -q --no-deps $(FLASHINFER_PKGS)
 
 lint: install-test
+	@echo "==> lint: ruff check, ruff format --check, mypy"
 	$(PYTHON) -m ruff check .
 	$(PYTHON) -m ruff format --check .
 	$(PYTHON) -m mypy
 
 ## test: install what the tests need (Phoenix in its own venv) and run every test
 test: lint
+	@echo "==> installing arize-phoenix$(PHOENIX_VERSION) into $(PHOENIX_VENV), the end-to-end tests' backend (an existing install is kept)"
 	PHOENIX_VENV=$(PHOENIX_VENV) PHOENIX_VERSION="$(PHOENIX_VERSION)" bash .ci/install-phoenix.sh
+	@echo "==> the full test suite, end-to-end Phoenix tests included: about 20 minutes, pytest shows progress"
 	OTEL_GPU_TEST_PHOENIX=$(abspath $(PHOENIX_VENV))/bin/phoenix $(PYTHON) -m pytest tests --benchmark-disable
 
 ## test-quick: the tests without the end-to-end Phoenix suite
 test-quick: install-test
+	@echo "==> the test suite without the end-to-end Phoenix tests"
 	$(PYTHON) -m pytest tests -m "not e2e" --benchmark-disable -q

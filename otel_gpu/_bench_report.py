@@ -151,12 +151,14 @@ def evaluate(configs: dict[str, Any], device: str) -> list[dict[str, Any]]:
         elif ours is None or other is None:
             entry.update(status="n/a", detail=_missing(configs, b.ours, b.other))
         elif b.kind == "identity":
+            # Met by identity, not by a ratio: the two rows call the very same function, so their
+            # ratio is noise around 1 and has no limit (showing one invited "[MET] 1.08× (limit 1×)").
             identity = bool(configs[b.ours].get("identity"))
             entry.update(
-                value=ours / other,
+                limit=None,
                 status="met" if identity else "missed",
                 detail=("decorator returned the function itself" if identity else "wrapped")
-                + f"; {ours:.3g} µs vs bare {other:.3g} µs",
+                + f"; {ours:.3g} µs vs bare {other:.3g} µs ({ours / other:.2f}×, not a budget)",
             )
         elif b.kind == "throughput":
             # The recorder's own cost: level 10 minus level 5 on the same call.
@@ -329,6 +331,20 @@ def _fmt(x: float | None, spec: str = ".3g", suffix: str = "") -> str:
     return f"{x:{spec}}{suffix}"
 
 
+def _against(value: float, limit: float) -> str:
+    """``value`` with enough decimals to fall on the same side of ``limit`` as the value itself:
+    1.0004 against 1.0 prints as 1.0004, not as a 1.000 that reads as within the limit."""
+    if math.isinf(value) or math.isnan(value):
+        return _fmt(value)
+    text = f"{value:.3f}"
+    for digits in range(3, 10):
+        text = f"{value:.{digits}f}"
+        shown = float(text)
+        if (shown > limit) == (value > limit) and (shown < limit) == (value < limit):
+            break
+    return text
+
+
 def render(report: dict[str, Any]) -> str:
     """The text table and the budget list."""
     m, v = report["machine"], report["versions"]
@@ -401,7 +417,9 @@ def render(report: dict[str, Any]) -> str:
     lines += ["", "budgets:"]
     for b in report["budgets"]:
         mark = {"met": "MET   ", "missed": "MISSED", "n/a": "n/a   "}[b["status"]]
-        value = "" if b["value"] is None else f" {_fmt(b['value'], '.3f')}× (limit {b['limit']}×);"
+        value = ""
+        if b["value"] is not None and b["limit"] is not None:
+            value = f" {_against(b['value'], b['limit'])}× (limit {b['limit']}×);"
         lines.append(f"  [{mark}] {b['name']}:{value} {b['detail']}")
     lines += [
         "",

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
 import select
@@ -290,9 +291,13 @@ def run(
             answer = ask(name, cmd="calibrate", target_s=target_s, max_n=max_n)
             if answer is not None:
                 results[name].n = answer["n"]
-        say("calls per round: " + ", ".join(f"{k}={results[k].n}" for k in workers))
+        say(
+            f"workers ready and calibrated in {time.monotonic() - started:.0f} s; calls per round: "
+            + ", ".join(f"{k}={results[k].n}" for k in workers)
+        )
         rng = random.Random(seed)
         for r in range(rounds):
+            round_started = time.monotonic()
             order = list(workers)
             rng.shuffle(order)
             for name in order:
@@ -301,7 +306,9 @@ def run(
                 if sample is not None:
                     res.caller.append(sample["caller_ns"] / sample["n"])
                     res.total.append(sample["total_ns"] / sample["n"])
-            say(f"round {r + 1}/{rounds} done ({time.monotonic() - started:.0f} s)")
+            # this round's own time: one round of every configuration, not the time since start
+            took = time.monotonic() - round_started
+            say(f"round {r + 1}/{rounds} done in {took:.{2 if took < 10 else 0}f} s")
         for name in list(workers):
             answer = ask(name, cmd="retained", n=max(1, min(results[name].n, 256)))
             if answer is not None:
@@ -370,7 +377,21 @@ def _main(args: argparse.Namespace) -> int:
     return 0 if report["ok"] else 1
 
 
+def _positive_ms(raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not 0 < value <= 60_000:  # also refuses nan and inf
+        raise argparse.ArgumentTypeError(
+            f"must be a number of milliseconds > 0 and <= 60000, not {raw!r}"
+        )
+    return value
+
+
 def register(sub: Any) -> None:
+    from otel_gpu.cli import whole_number
+
     p = sub.add_parser(
         "bench",
         help="measure each level's cost per call, side by side with FlashInfer and plain OTel",
@@ -388,10 +409,12 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--quick", action="store_true", help="3 short rounds: checks the harness, not the figures"
     )
-    p.add_argument("--rounds", type=int, default=0, help="interleaved rounds (default 15)")
+    p.add_argument(
+        "--rounds", type=whole_number(1), default=0, help="interleaved rounds (default 15)"
+    )
     p.add_argument(
         "--target-ms",
-        type=float,
+        type=_positive_ms,
         default=0.0,
         help="wall time of one configuration's round, loop plus flush (default 200)",
     )
@@ -403,7 +426,7 @@ def register(sub: Any) -> None:
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     p.add_argument(
         "--threads",
-        type=int,
+        type=whole_number(0),
         default=1,
         help="torch intra-op threads in every worker (default 1: on a shared machine OpenMP "
         "barriers turn other processes' load into noise); 0 keeps torch's default",

@@ -44,13 +44,24 @@ def _main(args: argparse.Namespace) -> int:
     return run(level=level, dest=args.dest)
 
 
+def _settings_from_flags(args: argparse.Namespace) -> dict[str, Any]:
+    return {"level": args.level, "dest": args.dest}
+
+
 def register(sub: Any) -> None:
+    from otel_gpu.cli import dest_flag, level_flag
+
     p = sub.add_parser(
         "demo",
         help="run a demo workload of decorated torch functions (default: level 5 to stdout)",
         description="Run a demo workload of decorated torch functions. Level defaults to 5 unless "
         "OTEL_GPU_LOGLEVEL is set; destination follows OTEL_GPU_LOGDEST (default stdout).",
     )
-    p.add_argument("--level", type=int, default=None, help="0, 1, 3, 5 or 10 (default: 5)")
-    p.add_argument("--dest", default=None, help="stdout, stderr, otlp, FILE.jsonl or FILE (text)")
-    p.set_defaults(func=_main)
+    p.add_argument("--level", type=level_flag, default=None, help="0, 1, 3, 5 or 10 (default: 5)")
+    p.add_argument(
+        "--dest",
+        type=dest_flag,
+        default=None,
+        help="stdout, stderr, otlp, FILE.jsonl or FILE (text)",
+    )
+    p.set_defaults(func=_main, settings_from_flags=_settings_from_flags)

@@ -15,10 +15,12 @@ patched at all. ``OTEL_GPU_INSTRUMENT`` lists targets for :func:`instrument_from
 
 from __future__ import annotations
 
+import atexit
 import fnmatch
 import importlib.abc
 import importlib.util
 import inspect
+import os
 import sys
 import threading
 import types
@@ -27,7 +29,14 @@ from typing import Any
 
 from otel_gpu import _guard, config
 
-__all__ = ["instrument", "instrument_from_settings", "instrumented", "uninstrument"]
+__all__ = [
+    "instrument",
+    "instrument_from_settings",
+    "instrumented",
+    "never_imported",
+    "report_at_exit",
+    "uninstrument",
+]
 
 _GLOB = set("*?[")
 _lock = threading.RLock()
@@ -36,6 +45,10 @@ _patches: dict[tuple[int, str], tuple[Any, str, Any, str]] = {}
 # pending string targets: spec -> (include, exclude, name)
 _pending: dict[str, tuple[tuple[str, ...], tuple[str, ...], str | None]] = {}
 _special: dict[str, Callable[[], None]] = {}  # targets with their own routing (flashinfer)
+_matched_globs: set[str] = set()  # glob targets that matched at least one imported module
+# the process that warns at exit about targets never imported (None: none, e.g. a run helper)
+_report_pid: int | None = os.getpid()
+_exit_hook = False
 
 
 def instrument(
@@ -71,10 +84,12 @@ def uninstrument(target: Any = None) -> int:
         elif isinstance(target, str):
             specs = {target.strip()}
             _pending.pop(target.strip(), None)
+            _matched_globs.discard(target.strip())
         else:
             specs = {_spec_of(target)}
         if target is None:
             _pending.clear()
+            _matched_globs.clear()
         restored = 0
         for key, (owner, attr, original, spec) in list(_patches.items()):
             if specs is None or spec in specs or any(_spec_covers(s, spec) for s in specs):
@@ -96,6 +111,50 @@ def instrumented() -> list[str]:
     with _lock:
         done = sorted(f"{_owner_name(o)}.{a}" for o, a, _, _ in _patches.values())
         return done + [f"{spec} (on import)" for spec in sorted(_pending)]
+
+
+def never_imported() -> list[str]:
+    """Targets still waiting for their module, for which nothing was instrumented: a dotted path
+    whose module was never imported, a glob that matched no imported module."""
+    with _lock:
+        return sorted(s for s in _pending if not (_GLOB & set(s)) or s not in _matched_globs)
+
+
+def report_at_exit(enabled: bool) -> None:
+    """Whether this process warns at exit about :func:`never_imported` targets (it does by default).
+
+    ``otel-gpu run``'s bootstrap turns it off in the Python processes the program starts: a
+    compile worker that never imports the model is not news.
+    """
+    global _report_pid
+    _report_pid = os.getpid() if enabled else None
+
+
+def _warn_never_imported() -> None:
+    """At exit: one line naming the targets that instrumented nothing, so a typo is not silent."""
+    if _report_pid != os.getpid():  # a forked child exiting normally: its parent reports
+        return
+    names = never_imported()
+    if not names:
+        return
+    listed = ", ".join(repr(n) for n in names)
+    one = len(names) == 1
+    _guard.warn_once(
+        "instrument.never_imported",
+        "otel-gpu: instrument target%s %s %s never imported in this process; nothing was "
+        "instrumented for %s",
+        "" if one else "s",
+        listed,
+        "was" if one else "were",
+        "it" if one else "them",
+    )
+
+
+def _ensure_exit_report() -> None:
+    global _exit_hook
+    if not _exit_hook:
+        _exit_hook = True
+        atexit.register(_warn_never_imported)
 
 
 def instrument_from_settings(settings: config.Settings | None = None) -> list[str]:
@@ -140,14 +199,17 @@ def _instrument_spec(
         for modname in sorted(sys.modules):
             module = sys.modules.get(modname)
             if module is not None and fnmatch.fnmatchcase(modname, spec):
+                _matched_globs.add(spec)
                 done += _apply(module, spec, inc, exc, None)
         _pending[spec] = (inc, exc, name)
         _ensure_hook()
+        _ensure_exit_report()
         return done
     module_name, attr_path = _split_imported(spec)
     if module_name is None:  # not imported yet: on import, so import order does not matter
         _pending[spec] = (inc, exc, name)
         _ensure_hook()
+        _ensure_exit_report()
         return []
     obj: Any = sys.modules[module_name]
     owner: Any = None
@@ -356,6 +418,7 @@ def _on_import(module: types.ModuleType) -> None:
             try:
                 if _GLOB & set(spec):
                     if fnmatch.fnmatchcase(name, spec):
+                        _matched_globs.add(spec)
                         _apply(module, spec, inc, exc, None)
                     continue
                 dotted = spec.replace(":", ".")
@@ -394,5 +457,6 @@ def _ensure_hook() -> None:
 
 def _reset_for_tests(targets: Iterable[str] = ()) -> None:
     uninstrument()
+    _matched_globs.clear()
     if _finder is not None and _finder in sys.meta_path:
         sys.meta_path.remove(_finder)

@@ -18,7 +18,12 @@ import shutil
 import sys
 from typing import Any
 
-__all__ = ["bootstrap_dir", "build_env", "register"]
+__all__ = ["PROGRAM_PID", "bootstrap_dir", "build_env", "register"]
+
+PROGRAM_PID = "OTEL_GPU_RUN_PID"
+"""Set by ``otel-gpu run`` for the program: the pid it keeps after ``execve``. Not a setting but
+a note from ``run`` to its bootstrap, so that only the program itself, not every Python process
+it starts (compile workers, helpers), warns at exit about targets that were never imported."""
 
 
 def bootstrap_dir() -> str:
@@ -65,12 +70,10 @@ def _main(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    env = build_env(dict(config.environ()), targets, args.level, args.dest)
-    try:  # the same validation as the program will do: fail here, with the variable named
-        settings = config.load(env=env)
-    except config.ConfigError as exc:
-        print(f"otel-gpu run: {exc}", file=sys.stderr)
-        return 2
+    level = None if args.level is None else str(args.level)
+    env = build_env(dict(config.environ()), targets, level, args.dest)
+    # the same validation as the program will do: a ConfigError fails here, at the front door
+    settings = config.load(env=env)
     if settings.level == 0:
         print(
             "otel-gpu run: OTEL_GPU_LOGLEVEL is 0, so nothing is instrumented; set --level or "
@@ -84,7 +87,7 @@ def _main(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     else:
-        env = _with_bootstrap(env)
+        env = {**_with_bootstrap(env), PROGRAM_PID: str(os.getpid())}
     program = shutil.which(command[0], path=env.get("PATH")) or command[0]
     try:
         os.execve(program, command, env)
@@ -94,7 +97,13 @@ def _main(args: argparse.Namespace) -> int:
     return 0  # not reached: execve replaced this process
 
 
+def _settings_from_flags(args: argparse.Namespace) -> dict[str, Any]:
+    return {"level": args.level, "dest": args.dest}
+
+
 def register(sub: Any) -> None:
+    from otel_gpu.cli import dest_flag, level_flag
+
     p = sub.add_parser(
         "run",
         help="run a program with OTEL_GPU_INSTRUMENT applied (no code change)",
@@ -112,8 +121,12 @@ def register(sub: Any) -> None:
         metavar="TARGET",
         help="a target to instrument (repeatable or comma-separated), added to OTEL_GPU_INSTRUMENT",
     )
-    p.add_argument("--level", default=None, help="sets OTEL_GPU_LOGLEVEL for the program")
-    p.add_argument("--dest", default=None, help="sets OTEL_GPU_LOGDEST for the program")
+    p.add_argument(
+        "--level", type=level_flag, default=None, help="sets OTEL_GPU_LOGLEVEL for the program"
+    )
+    p.add_argument(
+        "--dest", type=dest_flag, default=None, help="sets OTEL_GPU_LOGDEST for the program"
+    )
     p.add_argument("-m", dest="module", default=None, help="run a module, as python -m does")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- program [args]")
-    p.set_defaults(func=_main)
+    p.set_defaults(func=_main, settings_from_flags=_settings_from_flags)

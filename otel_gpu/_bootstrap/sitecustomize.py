@@ -13,7 +13,13 @@ def _instrument() -> None:
     # `otel-gpu run` puts this directory on PYTHONPATH only when there are targets and a level
     try:
         import otel_gpu
+        from otel_gpu import config, instrumentation
+        from otel_gpu.run import PROGRAM_PID
 
+        # only the program `otel-gpu run` executed (same pid after execve) warns at exit about
+        # targets never imported; the Python processes it starts stay quiet
+        program = config.environ().get(PROGRAM_PID)
+        instrumentation.report_at_exit(program is None or program == str(os.getpid()))
         otel_gpu.instrument_from_settings()
     except Exception as exc:  # never stop the program: say why and run it uninstrumented
         sys.stderr.write(
