@@ -29,7 +29,8 @@ from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from otel_gpu.exporters.console import ConsoleSpanExporter
 
-from otel_gpu import _guard, metadata
+from otel_gpu import _guard
+from otel_gpu.calls import metadata
 from otel_gpu.config import ConfigError, Settings, check_standard, environ, expand_path
 
 __all__ = [

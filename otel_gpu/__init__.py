@@ -9,10 +9,10 @@
 ``OTEL_GPU_LOGDEST`` where it goes. See docs/ for the full contract.
 """
 
-from otel_gpu.api import NonFiniteError, api, configure, flush
+from otel_gpu.calls.decorator import NonFiniteError, api, configure, flush
 from otel_gpu.config import ConfigError, Settings
-from otel_gpu.instrumentation import instrument, instrument_from_settings, uninstrument
-from otel_gpu.modules import instrument_module, uninstrument_module
+from otel_gpu.instrumentation.targets import instrument, instrument_from_settings, uninstrument
+from otel_gpu.instrumentation.torch_modules import instrument_module, uninstrument_module
 
 __all__ = [
     "ConfigError",

@@ -52,7 +52,7 @@ def another_library_setting(name: str, value: str) -> Iterator[None]:
     """Set another library's environment variable while it is imported, then restore it.
 
     The one place otel-gpu writes the environment: FlashInfer reads ``FLASHINFER_LOGLEVEL`` once,
-    at import, and its own logger must not run beside ours (see ``otel_gpu._flashinfer``).
+    at import, and its own logger must not run beside ours (see ``otel_gpu.instrumentation.flashinfer``).
     """
     old = os.environ.get(name)
     if old is None or old.strip() in ("", value):

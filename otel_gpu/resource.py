@@ -48,7 +48,7 @@ from importlib import metadata
 from opentelemetry.sdk.resources import OTELResourceDetector, Resource, ResourceDetector
 from opentelemetry.util.types import AttributeValue
 
-from otel_gpu import _nvml
+from otel_gpu.devices import nvml
 
 __all__ = [
     "CUDA_VISIBLE_DEVICES_ENV",
@@ -176,16 +176,16 @@ def _torch() -> Attributes:
 
 
 _report_lock = threading.Lock()
-_report: _nvml.NvmlReport | None = None
+_report: nvml.NvmlReport | None = None
 
 
-def _gpu_report() -> _nvml.NvmlReport:
+def _gpu_report() -> nvml.NvmlReport:
     # GPU inventory is machine-level, so it survives fork: re-querying NVML in
     # every DataLoader worker would cost an nvmlInit each time for nothing new.
     global _report
     with _report_lock:
         if _report is None:
-            _report = _nvml.query_gpus()
+            _report = nvml.query_gpus()
         return _report
 
 

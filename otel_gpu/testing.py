@@ -45,7 +45,8 @@ class CapturedSpans:
 @pytest.fixture
 def otel_gpu_spans() -> Iterator[Callable[..., CapturedSpans]]:
     """Returns ``start(level=..., **settings) -> CapturedSpans``; restores otel-gpu's state afterwards."""
-    from otel_gpu import _guard, config, pipeline
+    from otel_gpu import _guard, config
+    from otel_gpu.export import pipeline
 
     def start(
         level: int = 1, tracer_provider: TracerProvider | None = None, **settings: Any

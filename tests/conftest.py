@@ -32,7 +32,8 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.fixture(autouse=True)
 def _clean_otel_gpu(monkeypatch: pytest.MonkeyPatch):
     """Isolate each test: no inherited OTEL_* settings, fresh config and pipeline, strict mode on."""
-    from otel_gpu import _guard, config, pipeline
+    from otel_gpu import _guard, config
+    from otel_gpu.export import pipeline
 
     for name in list(os.environ):
         if name.startswith(_OUR_ENV):
@@ -44,9 +45,9 @@ def _clean_otel_gpu(monkeypatch: pytest.MonkeyPatch):
     _guard._reset()
     _guard.set_strict(True)
     yield
-    from otel_gpu import instrumentation
+    from otel_gpu.instrumentation import targets
 
-    instrumentation._reset_for_tests()
+    targets._reset_for_tests()
     pipeline.reset(timeout=2.0)
     pipeline.set_tracer_provider(None)
     config._reset()

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from otel_gpu import cli, pipeline
+from otel_gpu import cli
+from otel_gpu.export import pipeline
 from otel_gpu.replay import Allow, Options, replay
 
 LIB = """
@@ -134,9 +135,9 @@ def test_ring_dumps_of_module_methods_replay_with_the_recorded_state(
     """With OTEL_GPU_DUMP_MODULES, a module method in a ring dump finds its state (kept once
     below the dump directory) and replays."""
     import otel_gpu
-    from otel_gpu import _module_state
+    from otel_gpu.recorder import module_state
 
-    _module_state._reset_for_tests()
+    module_state._reset_for_tests()
     root = tmp_path / "d"
     otel_gpu_spans(level=5, ring=2, dump_modules=True, dump_dir=str(root))
     m = module_factory(
@@ -164,7 +165,7 @@ class Norm(nn.Module):
     otel_gpu.uninstrument()
     (result,) = replay(str(ring), Options(allow=Allow([m.__name__], any_instrument=True)))
     assert result.verdict == "pass" and "raised builtins.RuntimeError as recorded" in result.detail
-    _module_state._reset_for_tests()
+    module_state._reset_for_tests()
 
 
 def test_the_ring_is_bounded_and_holds_no_reference_to_the_callers_tensors(
@@ -341,9 +342,9 @@ def test_a_weight_set_to_nan_is_dumped_at_its_producer_and_replay_reproduces_it(
     module states on, that layer's call (finite input, NaN output) is dumped; replay rebuilds the
     layer from its recorded state and gets the NaN again; show --nonfinite names it."""
     import otel_gpu
-    from otel_gpu import _module_state
+    from otel_gpu.recorder import module_state
 
-    _module_state._reset_for_tests()
+    module_state._reset_for_tests()
     root = tmp_path / "d"
     trace = tmp_path / "t.jsonl"
     otel_gpu.configure(
@@ -402,4 +403,4 @@ class Net(nn.Module):
     report = capsys.readouterr().out
     assert "First producer of NaN/Inf: " in report and "Dense.forward[1]" in report, report
     assert producer["span_id"] in report
-    _module_state._reset_for_tests()
+    module_state._reset_for_tests()

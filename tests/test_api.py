@@ -442,7 +442,8 @@ def test_redaction_is_configurable(otel_gpu_spans):
 
 def test_internal_errors_never_reach_the_caller_outside_strict_mode(otel_gpu_spans, caplog):
     """A failure inside otel-gpu is logged once per kind; the call returns its normal result."""
-    from otel_gpu import _guard, metadata
+    from otel_gpu import _guard
+    from otel_gpu.calls import metadata
 
     spans = otel_gpu_spans(level=3, strict=False)
     _guard.set_strict(False)
@@ -568,7 +569,8 @@ def test_nonfinite_flag_survives_the_attribute_count_limit(otel_gpu_spans):
 
 def test_a_pipeline_that_cannot_be_built_leaves_calls_running(otel_gpu_spans, monkeypatch):
     """If building the export pipeline fails, the call still runs and returns, and the error is reported once."""
-    from otel_gpu import _guard, pipeline
+    from otel_gpu import _guard
+    from otel_gpu.export import pipeline
 
     otel_gpu.configure(level=1, dest="stderr", strict=False)
     _guard.set_strict(False)

@@ -19,9 +19,12 @@ import pytest
 import torch
 
 import otel_gpu
-from otel_gpu import _bench_report, _bench_worker, bench, cli, pipeline
+from otel_gpu import bench, cli
+from otel_gpu.bench import report as _bench_report
+from otel_gpu.bench import worker
+from otel_gpu.export import pipeline
 
-SHAPE = _bench_worker.SHAPE
+SHAPE = worker.SHAPE
 
 needs_transformers = pytest.mark.skipif(
     importlib.util.find_spec("transformers") is None, reason="transformers is not installed"
@@ -84,7 +87,7 @@ def test_benchmark_decorated_call(benchmark, tensors, tmp_path, level: int) -> N
     wrapped = otel_gpu.api(fn)
     assert benchmark(wrapped, q, k, scale=0.5) is q
     assert otel_gpu.flush(30.0)
-    assert _bench_worker.count_spans(path) == calls[0]
+    assert worker.count_spans(path) == calls[0]
 
 
 def test_benchmark_level_0_is_identity(benchmark, tensors) -> None:
@@ -116,7 +119,7 @@ def test_benchmark_otel_sdk_span(benchmark, tensors, tmp_path) -> None:
 
     benchmark(call)
     provider.force_flush()
-    assert _bench_worker.count_spans(path) == calls[0]
+    assert worker.count_spans(path) == calls[0]
     provider.shutdown()
 
 
@@ -128,8 +131,8 @@ def test_benchmark_gpt2_forward(benchmark, tmp_path, level: int) -> None:
     makes becomes one span on disk (none at level 0, where nothing is wrapped)."""
     path = str(tmp_path / "spans.jsonl")
     otel_gpu.configure(level=level, dest=path, provider="own")
-    model, ids = _bench_worker.tiny_gpt2()
-    per_forward = _bench_worker.module_calls(model, ids)
+    model, ids = worker.tiny_gpt2()
+    per_forward = worker.module_calls(model, ids)
     wrapped = otel_gpu.instrument_module(model)
     assert (wrapped == 0) == (level == 0)
     forwards = [0]
@@ -142,7 +145,7 @@ def test_benchmark_gpt2_forward(benchmark, tmp_path, level: int) -> None:
     benchmark(forward)
     assert otel_gpu.flush(30.0)
     expected = 0 if level == 0 else per_forward * forwards[0]
-    assert _bench_worker.count_spans(path) == expected
+    assert worker.count_spans(path) == expected
 
 
 # ---------------------------------------------------------------------------- worker configurations
@@ -151,8 +154,8 @@ def test_benchmark_gpt2_forward(benchmark, tmp_path, level: int) -> None:
 def test_worker_round_defers_export_then_writes_every_span(tensors, tmp_path, deferred_export):
     """A timed round's loop leaves export to the flush, and the flush puts every call's span on disk."""
     q, k = tensors
-    cfg = _bench_worker.Ours({"level": 1, "dir": str(tmp_path)}, q, k)
-    sample = _bench_worker._timed_round(cfg, 7, "cpu")
+    cfg = worker.Ours({"level": 1, "dir": str(tmp_path)}, q, k)
+    sample = worker._timed_round(cfg, 7, "cpu")
     assert sample["n"] == 7
     assert 0 < sample["caller_ns"] <= sample["total_ns"]
     assert cfg.count() == 7 == cfg.calls
@@ -161,7 +164,7 @@ def test_worker_round_defers_export_then_writes_every_span(tensors, tmp_path, de
 def test_worker_level_0_is_the_function_itself(tensors, tmp_path, deferred_export):
     """At level 0 the worker reports the decorator returned the function itself and writes no spans."""
     q, k = tensors
-    cfg = _bench_worker.Ours({"level": 0, "dir": str(tmp_path)}, q, k)
+    cfg = worker.Ours({"level": 0, "dir": str(tmp_path)}, q, k)
     assert cfg.identity
     assert cfg.count() is None
 
@@ -169,16 +172,16 @@ def test_worker_level_0_is_the_function_itself(tensors, tmp_path, deferred_expor
 def test_worker_level_10_unavailable_without_flight_recorder(
     tensors, tmp_path, deferred_export, monkeypatch
 ):
-    """Level 10 is reported unavailable, not failed, when otel_gpu.dump is not part of the build."""
-    real = _bench_worker.importlib.util.find_spec
+    """Level 10 is reported unavailable, not failed, when otel_gpu.recorder is not part of the build."""
+    real = worker.importlib.util.find_spec
     monkeypatch.setattr(
-        _bench_worker.importlib.util,
+        worker.importlib.util,
         "find_spec",
-        lambda name, *a: None if name == "otel_gpu.dump" else real(name, *a),
+        lambda name, *a: None if name == "otel_gpu.recorder.recorder" else real(name, *a),
     )
     q, k = tensors
-    with pytest.raises(_bench_worker.Unavailable, match=r"otel_gpu\.dump"):
-        _bench_worker.Ours({"level": 10, "dir": str(tmp_path)}, q, k)
+    with pytest.raises(worker.Unavailable, match=r"otel_gpu\.recorder\.recorder"):
+        worker.Ours({"level": 10, "dir": str(tmp_path)}, q, k)
 
 
 @pytest.mark.transformers
@@ -190,10 +193,10 @@ def test_worker_gpt2_round_writes_a_span_per_submodule_call(
     """The gpt2 worker runs whole forwards; at level 1/3 every submodule call of every forward
     reaches the file (about 30 per forward), at level 0 nothing is wrapped and nothing is written."""
     q, k = tensors
-    cfg = _bench_worker.Gpt2({"level": level, "dir": str(tmp_path)}, q, k)
+    cfg = worker.Gpt2({"level": level, "dir": str(tmp_path)}, q, k)
     assert cfg.spans_per_call >= 30  # root, transformer, embeddings, 2 blocks of ~13, ln_f, head
     assert cfg.identity == (level == 0)
-    sample = _bench_worker._timed_round(cfg, 3, "cpu")
+    sample = worker._timed_round(cfg, 3, "cpu")
     assert sample["n"] == 3 and 0 < sample["caller_ns"] <= sample["total_ns"]
     if level == 0:
         assert cfg.count() is None and cfg.instrumented == 0
@@ -211,9 +214,9 @@ def test_worker_gpt2_attention_only_writes_a_span_per_attention_call(
     layers), and every forward writes exactly one span per attention call."""
     q, k = tensors
     spec = {"level": 1, "dir": str(tmp_path), "include": ["*Attention"]}
-    cfg = _bench_worker.Gpt2(spec, q, k)
+    cfg = worker.Gpt2(spec, q, k)
     assert cfg.spans_per_call == 2 == cfg.instrumented
-    _bench_worker._timed_round(cfg, 3, "cpu")
+    worker._timed_round(cfg, 3, "cpu")
     assert cfg.count() == 6
 
 
@@ -223,8 +226,8 @@ def test_worker_ring_row_runs_level_5_with_the_ring_and_writes_every_span(
     """The ours5ring worker configures the ring (ring=8) at level 5: the Ring observer runs on
     every call, no dump is written, and every call's span reaches the file."""
     q, k = tensors
-    cfg = _bench_worker.Ours({"level": 5, "dir": str(tmp_path), "ring": 8}, q, k)
-    _bench_worker._timed_round(cfg, 10, "cpu")
+    cfg = worker.Ours({"level": 5, "dir": str(tmp_path), "ring": 8}, q, k)
+    worker._timed_round(cfg, 10, "cpu")
     assert "Ring" in cfg.observers()  # the pipeline starts with the first call
     assert cfg.count() == 10 == cfg.calls
     assert cfg.count_dumps() is None
@@ -232,30 +235,30 @@ def test_worker_ring_row_runs_level_5_with_the_ring_and_writes_every_span(
 
 def test_worker_gpt2_unavailable_without_transformers(tensors, tmp_path, monkeypatch):
     """Without transformers the gpt2 rows are unavailable, with the reason, as FlashInfer's are."""
-    real = _bench_worker.importlib.util.find_spec
+    real = worker.importlib.util.find_spec
     monkeypatch.setattr(
-        _bench_worker.importlib.util,
+        worker.importlib.util,
         "find_spec",
         lambda name, *a: None if name == "transformers" else real(name, *a),
     )
     q, k = tensors
-    with pytest.raises(_bench_worker.Unavailable, match="transformers is not installed"):
-        _bench_worker.Gpt2({"level": 1, "dir": str(tmp_path)}, q, k)
+    with pytest.raises(worker.Unavailable, match="transformers is not installed"):
+        worker.Gpt2({"level": 1, "dir": str(tmp_path)}, q, k)
 
 
 def test_worker_flashinfer_unavailable_names_the_reason(tensors, monkeypatch):
     """Without an importable flashinfer the FlashInfer rows are unavailable, with the import error."""
     monkeypatch.delitem(sys.modules, "flashinfer.api_logging", raising=False)
-    monkeypatch.setattr(_bench_worker, "_FLASHINFER_ERROR", "import flashinfer failed: boom")
+    monkeypatch.setattr(worker, "_FLASHINFER_ERROR", "import flashinfer failed: boom")
     q, k = tensors
-    with pytest.raises(_bench_worker.Unavailable, match="boom"):
-        _bench_worker.FlashInfer({"level": 1, "dir": "."}, q, k)
+    with pytest.raises(worker.Unavailable, match="boom"):
+        worker.FlashInfer({"level": 1, "dir": "."}, q, k)
 
 
 def test_worker_floor_sums_each_tensor_of_the_call(tensors, monkeypatch):
     """The floor is one torch.sum per tensor of the call: two inputs and the output."""
     q, k = tensors
-    cfg = _bench_worker.Floor({}, q, k)
+    cfg = worker.Floor({}, q, k)
     seen: list[int] = []
     real_sum = torch.Tensor.sum
     monkeypatch.setattr(
@@ -270,8 +273,8 @@ def test_count_spans_reads_every_line(tmp_path):
     path = tmp_path / "x.jsonl"
     line = {"resourceSpans": [{"scopeSpans": [{"spans": [{}, {}]}, {"spans": [{}]}]}]}
     path.write_text(json.dumps(line) + "\n\n" + json.dumps(line) + "\n")
-    assert _bench_worker.count_spans(str(path)) == 6
-    assert _bench_worker.count_spans(str(tmp_path / "missing.jsonl")) == 0
+    assert worker.count_spans(str(path)) == 6
+    assert worker.count_spans(str(tmp_path / "missing.jsonl")) == 0
 
 
 # ---------------------------------------------------------------------------- report and budgets

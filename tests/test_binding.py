@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import otel_gpu
-from otel_gpu import pipeline
+from otel_gpu.export import pipeline
 
 
 def _decorator(fn):

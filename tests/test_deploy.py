@@ -340,12 +340,12 @@ def test_collector_checker_fails_on_broken_configs() -> None:
 def test_jaeger_ui_links_dump_dir_and_is_mounted() -> None:
     """Jaeger's UI config (mounted where jaeger.yaml reads it) turns the span attribute
     ``otel_gpu.dump.dir``, the name the flight recorder sets, into a link to the dump server."""
-    from otel_gpu import dump
+    from otel_gpu.recorder import recorder
 
     ui = json.loads((COMPOSE / "jaeger-ui.json").read_text())
     [pattern] = ui["linkPatterns"]
-    assert (pattern["type"], pattern["key"]) == ("tags", dump.ATTR_DIR)
-    assert pattern["url"] == "http://localhost:8099/#{" + dump.ATTR_DIR + "}"
+    assert (pattern["type"], pattern["key"]) == ("tags", recorder.ATTR_DIR)
+    assert pattern["url"] == "http://localhost:8099/#{" + recorder.ATTR_DIR + "}"
     jaeger = yaml.safe_load((COMPOSE / "jaeger.yaml").read_text())
     assert jaeger["extensions"]["jaeger_query"]["ui"]["config_file"] == "/etc/jaeger/ui.json"
     services = yaml.safe_load((COMPOSE / "compose.yaml").read_text())["services"]
@@ -361,7 +361,7 @@ def test_grafana_datasources_and_dump_correlations() -> None:
     trace correlation whose regex takes ``otel_gpu.dump.dir`` out of the span's tags into the
     link's variable; ``$$`` keeps Grafana's env expansion off it; label and description are
     strings (Grafana's provisioning requires both)."""
-    from otel_gpu import dump
+    from otel_gpu.recorder import recorder
 
     sources = {
         d["type"]: d
@@ -372,7 +372,7 @@ def test_grafana_datasources_and_dump_correlations() -> None:
     tags = json.dumps(
         [
             {"key": "code.function.name", "value": "f"},
-            {"key": dump.ATTR_DIR, "value": "/tmp/d/7/f"},
+            {"key": recorder.ATTR_DIR, "value": "/tmp/d/7/f"},
         ],
         separators=(",", ":"),
     )
@@ -384,7 +384,10 @@ def test_grafana_datasources_and_dump_correlations() -> None:
         assert transformation["field"] == "tags"
         match = re.search(transformation["expression"], tags)
         assert match and match.group(1) == "/tmp/d/7/f"
-        assert re.search(transformation["expression"], tags.replace(dump.ATTR_DIR, "other")) is None
+        assert (
+            re.search(transformation["expression"], tags.replace(recorder.ATTR_DIR, "other"))
+            is None
+        )
         url = correlation["config"]["target"]["url"]
         assert url == "http://localhost:8099/$${" + transformation["mapValue"] + "}"
 

@@ -35,7 +35,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import otel_gpu
-from otel_gpu import ConfigError, pipeline
+from otel_gpu import ConfigError
+from otel_gpu.export import pipeline
 
 try:
     from otlp_receiver import attrs_of, grpc_receiver, hex_ids_to_base64, http_receiver

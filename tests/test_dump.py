@@ -13,7 +13,10 @@ import pytest
 import torch
 
 import otel_gpu
-from otel_gpu import _gpu, _manifest, dump, pipeline
+from otel_gpu.devices import cuda
+from otel_gpu.export import pipeline
+from otel_gpu.recorder import manifest
+from otel_gpu.recorder import recorder as dump
 
 LIB = """
 import collections
@@ -218,13 +221,13 @@ def test_strides_are_recorded_and_kept_by_the_torch_format(otel_gpu_spans, lib, 
     assert man["tensors"]["input.x"]["stride"] == [1, 4]
     ext = ".pt" if fmt == "torch" else ".safetensors"
     assert man["files"]["inputs"] == "inputs" + ext
-    stored = _manifest.load_tensors(transposed, man["files"]["inputs"])["input.x"]
+    stored = manifest.load_tensors(transposed, man["files"]["inputs"])["input.x"]
     assert torch.equal(stored, base.t())
     assert stored.is_contiguous() is (fmt == "safetensors")
     man = _manifest_of(sliced)
     meta = man["tensors"]["input.x"]
     assert (meta["shape"], meta["stride"], meta["storage_offset"]) == ([3, 3], [4, 1], 1)
-    stored = _manifest.load_tensors(sliced, man["files"]["inputs"])["input.x"]
+    stored = manifest.load_tensors(sliced, man["files"]["inputs"])["input.x"]
     assert torch.equal(stored, base[:, 1:]) and stored.untyped_storage().nbytes() == 9 * 4
 
 
@@ -268,9 +271,9 @@ def test_size_limit_counts_inputs_and_outputs_before_copying(
     spans = otel_gpu_spans(level=10, dump_dir=str(root), dump_max_size_gb=10_000 / 2**30)
     m = lib()
     copied = []
-    real = _manifest.host_copy
+    real = manifest.host_copy
     monkeypatch.setattr(
-        _manifest, "host_copy", lambda t, **kw: copied.append(t.numel()) or real(t, **kw)
+        manifest, "host_copy", lambda t, **kw: copied.append(t.numel()) or real(t, **kw)
     )
     with caplog.at_level(logging.WARNING, logger="otel_gpu"):
         m.big(x)  # inputs fit (4000), outputs would make 12000: not copied
@@ -307,13 +310,13 @@ def test_include_and_exclude_patterns_select_calls_by_span_name(otel_gpu_spans, 
 
 def test_nothing_is_copied_during_cuda_graph_capture(otel_gpu_spans, lib, tmp_path, monkeypatch):
     """While a CUDA graph is being captured the call is not dumped and its span says cuda_graph_capture."""
-    monkeypatch.setattr(_gpu, "cuda_available", lambda: True)
-    monkeypatch.setattr(_gpu, "is_capturing", lambda: True)
+    monkeypatch.setattr(cuda, "cuda_available", lambda: True)
+    monkeypatch.setattr(cuda, "is_capturing", lambda: True)
     root = tmp_path / "d"
     spans = otel_gpu_spans(level=10, dump_dir=str(root))
     m = lib()
     copied = []
-    monkeypatch.setattr(_manifest, "host_copy", lambda t, **kw: copied.append(t))
+    monkeypatch.setattr(manifest, "host_copy", lambda t, **kw: copied.append(t))
     m.combine(torch.ones(2), torch.ones(2))
     (span,) = spans.get()
     _finish()
@@ -343,15 +346,15 @@ def test_full_disk_stops_dumping_with_one_warning(
     spans = otel_gpu_spans(level=10, dump_dir=str(root))
     m = lib()
     m.combine(torch.ones(2), torch.ones(2))
-    real = _manifest.save_tensors
+    real = manifest.save_tensors
 
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(_manifest, "save_tensors", full)
+    monkeypatch.setattr(manifest, "save_tensors", full)
     with caplog.at_level(logging.WARNING, logger="otel_gpu"):
         out = [m.combine(torch.ones(2), torch.ones(2)) for _ in range(3)]
-    monkeypatch.setattr(_manifest, "save_tensors", real)
+    monkeypatch.setattr(manifest, "save_tensors", real)
     m.combine(torch.ones(2), torch.ones(2))
     got = spans.get()
     _finish()

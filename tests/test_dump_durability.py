@@ -14,7 +14,11 @@ from collections import Counter
 import pytest
 import torch
 
-from otel_gpu import _gpu, _manifest, config, dump, pipeline
+from otel_gpu import config
+from otel_gpu.devices import cuda
+from otel_gpu.export import pipeline
+from otel_gpu.recorder import manifest
+from otel_gpu.recorder import recorder as dump
 from otel_gpu.replay import Allow, Options, replay
 
 MODES = ("fsync", "process", "async")
@@ -54,7 +58,7 @@ def _dirs(root) -> list[str]:
 
 
 def _manifest_of(directory: str) -> dict:
-    with open(os.path.join(directory, _manifest.MANIFEST)) as f:
+    with open(os.path.join(directory, manifest.MANIFEST)) as f:
         return json.load(f)
 
 
@@ -107,7 +111,7 @@ def test_inputs_are_on_disk_before_the_call_runs(otel_gpu_spans, lib, tmp_path, 
     def check(x):
         (directory,) = _dirs(root)
         seen["status"] = _manifest_of(directory)["status"]
-        seen["x"] = _manifest.load_tensors(directory, "inputs.pt")["input.x"]
+        seen["x"] = manifest.load_tensors(directory, "inputs.pt")["input.x"]
 
     m.probe(torch.arange(4.0), check)
     assert seen["status"] == "inputs_saved"
@@ -131,8 +135,8 @@ def test_every_mode_leaves_complete_calls_that_replay_to_pass(
     for i, directory in enumerate(dirs):
         man = _manifest_of(directory)
         assert man["status"] == "completed"
-        inputs = _manifest.load_tensors(directory, man["files"]["inputs"])
-        outputs = _manifest.load_tensors(directory, man["files"]["outputs"])
+        inputs = manifest.load_tensors(directory, man["files"]["inputs"])
+        outputs = manifest.load_tensors(directory, man["files"]["outputs"])
         assert torch.equal(inputs["input.x"], torch.full((8,), float(i)))
         assert torch.equal(outputs["output"], torch.full((8,), 2.0 * i + 1))
     results = replay(str(root), Options(allow=Allow([m.__name__])))
@@ -152,8 +156,8 @@ def test_inputs_changed_in_place_by_the_call_are_recorded_as_they_were(
     _finish()
     (directory,) = _dirs(root)
     man = _manifest_of(directory)
-    assert torch.equal(_manifest.load_tensors(directory, "inputs.pt")["input.x"], torch.ones(16))
-    outputs = _manifest.load_tensors(directory, "outputs.pt")
+    assert torch.equal(manifest.load_tensors(directory, "inputs.pt")["input.x"], torch.ones(16))
+    outputs = manifest.load_tensors(directory, "outputs.pt")
     assert torch.equal(outputs[man["mutated"]["input.x"]["key"]], torch.full((16,), 101.0))
     assert torch.equal(outputs["output"], torch.full((16,), 202.0))
 
@@ -171,7 +175,7 @@ def test_outputs_changed_after_the_call_are_recorded_as_returned(
         out.fill_(-1.0)
     _finish()
     for i, directory in enumerate(_dirs(root)):
-        outputs = _manifest.load_tensors(directory, "outputs.pt")
+        outputs = manifest.load_tensors(directory, "outputs.pt")
         assert torch.equal(outputs["output"], torch.full((1024,), float(i)))
 
 
@@ -190,7 +194,7 @@ def test_a_raised_exception_is_recorded_and_reaches_the_caller_untouched(
     man = _manifest_of(directory)
     assert man["status"] == "raised"
     assert man["exception"]["type"] == "builtins.ValueError"
-    assert torch.equal(_manifest.load_tensors(directory, "inputs.pt")["input.x"], torch.ones(3))
+    assert torch.equal(manifest.load_tensors(directory, "inputs.pt")["input.x"], torch.ones(3))
 
 
 # --------------------------------------------------------------------------- who fsyncs
@@ -259,7 +263,7 @@ def test_async_writes_the_manifest_once_when_the_call_ends_first(
     m = lib()
     gate = threading.Event()
     writes: list[bytes] = []
-    real_save, real_write = _manifest.save_tensors, _manifest.write_bytes
+    real_save, real_write = manifest.save_tensors, manifest.write_bytes
 
     def slow_save(*args, **kwargs):
         gate.wait(5)
@@ -269,14 +273,14 @@ def test_async_writes_the_manifest_once_when_the_call_ends_first(
         writes.append(data)
         return real_write(directory, name, data, fsync)
 
-    monkeypatch.setattr(_manifest, "save_tensors", slow_save)
-    monkeypatch.setattr(_manifest, "write_bytes", recording_write)
+    monkeypatch.setattr(manifest, "save_tensors", slow_save)
+    monkeypatch.setattr(manifest, "write_bytes", recording_write)
     m.combine(torch.ones(4), torch.ones(4))  # returns while the writer is held
     gate.set()
     _finish()
     (directory,) = _dirs(root)
     assert [json.loads(w)["status"] for w in writes] == ["completed"]
-    assert not os.path.exists(os.path.join(directory, _manifest.RETURNED))
+    assert not os.path.exists(os.path.join(directory, manifest.RETURNED))
 
 
 def test_async_marks_a_call_returned_once_its_inputs_saved_manifest_exists(
@@ -293,7 +297,7 @@ def test_async_marks_a_call_returned_once_its_inputs_saved_manifest_exists(
 
     m.probe(torch.ones(4), wait_for_writer)
     (directory,) = _dirs(root)
-    assert os.path.exists(os.path.join(directory, _manifest.RETURNED))
+    assert os.path.exists(os.path.join(directory, manifest.RETURNED))
     _finish()
     assert _manifest_of(directory)["status"] == "completed"
 
@@ -311,7 +315,7 @@ def test_async_back_pressure_keeps_every_call_complete(otel_gpu_spans, lib, tmp_
     assert len(dirs) == 20
     for i, directory in enumerate(dirs):
         assert _manifest_of(directory)["status"] == "completed"
-        outputs = _manifest.load_tensors(directory, "outputs.pt")
+        outputs = manifest.load_tensors(directory, "outputs.pt")
         assert torch.equal(outputs["output"], torch.full((256,), float(i)))
 
 
@@ -320,7 +324,7 @@ def test_async_back_pressure_keeps_every_call_complete(otel_gpu_spans, lib, tmp_
 
 def test_host_buffers_are_reused_by_size_and_bounded():
     """A released buffer serves the next copy of the same size; beyond max_bytes none is kept."""
-    pool = _manifest.HostBuffers(max_bytes=4096)
+    pool = manifest.HostBuffers(max_bytes=4096)
     first = pool.copy({"a": torch.ones(256)})  # 1 KiB
     buf = first.buffers[0][0]
     pool.release(first)
@@ -342,10 +346,10 @@ class _FakeCuda:
         self.caller = threading.get_ident()
 
     def install(self, monkeypatch) -> None:
-        monkeypatch.setattr(_gpu, "is_cuda_tensor", lambda t: True)
-        monkeypatch.setattr(_gpu, "pinned_empty", self.pinned_empty)
-        monkeypatch.setattr(_gpu, "copy_to_host", self.copy_to_host)
-        monkeypatch.setattr(_gpu, "wait_copy", self.wait_copy)
+        monkeypatch.setattr(cuda, "is_cuda_tensor", lambda t: True)
+        monkeypatch.setattr(cuda, "pinned_empty", self.pinned_empty)
+        monkeypatch.setattr(cuda, "copy_to_host", self.copy_to_host)
+        monkeypatch.setattr(cuda, "wait_copy", self.wait_copy)
 
     def pinned_empty(self, nbytes: int) -> torch.Tensor:
         self.pinned += 1
@@ -385,10 +389,10 @@ def test_cuda_copies_use_pinned_buffers_and_are_waited_for_by_the_writer(
         man = _manifest_of(directory)
         assert man["status"] == "completed"
         assert torch.equal(
-            _manifest.load_tensors(directory, "inputs.pt")["input.x"], torch.full((64,), float(i))
+            manifest.load_tensors(directory, "inputs.pt")["input.x"], torch.full((64,), float(i))
         )
         assert torch.equal(
-            _manifest.load_tensors(directory, "outputs.pt")["output"],
+            manifest.load_tensors(directory, "outputs.pt")["output"],
             torch.full((64,), float(i) + 1),
         )
 
@@ -445,8 +449,8 @@ def test_a_process_killed_inside_the_call_leaves_loadable_inputs(tmp_path, mode)
     (directory,) = _dirs(root)
     man = _manifest_of(directory)
     assert man["status"] == "inputs_saved"
-    assert not os.path.exists(os.path.join(directory, _manifest.RETURNED))
-    inputs = _manifest.load_tensors(directory, man["files"]["inputs"])
+    assert not os.path.exists(os.path.join(directory, manifest.RETURNED))
+    inputs = manifest.load_tensors(directory, man["files"]["inputs"])
     assert torch.equal(inputs["input.x"], torch.arange(6.0).view(2, 3))
     assert torch.equal(inputs["input.y"], torch.full((3,), 7.0))
     assert {p["name"]: p["value"] for p in man["params"]}["tag"] == {"t": "str", "v": "last words"}
@@ -459,5 +463,5 @@ def test_async_kill_inside_the_call_leaves_loadable_inputs_once_the_writer_had_t
     (directory,) = _dirs(root)
     man = _manifest_of(directory)
     assert man["status"] == "inputs_saved"
-    inputs = _manifest.load_tensors(directory, man["files"]["inputs"])
+    inputs = manifest.load_tensors(directory, man["files"]["inputs"])
     assert torch.equal(inputs["input.x"], torch.arange(6.0).view(2, 3))

@@ -44,7 +44,7 @@ ZYGOTE = r"""
 import json, os, sys, time
 import torch
 import otel_gpu
-from otel_gpu import metadata  # noqa: F401  (imports the children would repeat)
+from otel_gpu.calls import metadata  # noqa: F401  (imports the children would repeat)
 import opentelemetry.exporter.otlp.proto.grpc.trace_exporter  # noqa: F401
 import opentelemetry.exporter.otlp.proto.http.trace_exporter  # noqa: F401
 import opentelemetry.exporter.otlp.json.file  # noqa: F401

@@ -17,7 +17,7 @@ import pytest
 from opentelemetry.sdk.trace import TracerProvider
 
 import otel_gpu
-from otel_gpu import pipeline
+from otel_gpu.export import pipeline
 
 THREADS = 16
 CALLS = 1000

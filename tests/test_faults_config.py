@@ -17,7 +17,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SpanProcessor
 
 import otel_gpu
-from otel_gpu import _guard, config, metadata
+from otel_gpu import _guard, config
+from otel_gpu.calls import metadata
 
 # Bad values per parser; every setting whose parser can reject something is covered.
 BAD_BY_PARSER = {

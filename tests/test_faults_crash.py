@@ -144,7 +144,8 @@ def _lab(modes: str, count: int, seed: int) -> None:  # pragma: no cover - runs 
     import opentelemetry.exporter.otlp.json.file  # noqa: F401
     from otel_gpu.exporters import destinations  # noqa: F401
 
-    from otel_gpu import journal, pipeline, resource  # noqa: F401
+    from otel_gpu import resource
+    from otel_gpu.export import pipeline  # noqa: F401
 
     resource._gpu_report()
     outer_ids: dict[str, int] = {}
@@ -403,7 +404,8 @@ def _stress_hits(crashes: dict[str, Any]) -> int:
 def test_normal_exits_leave_nothing_to_recover(tmp_path):
     """Normal exit, sys.exit() inside a call and a daemon thread still inside a call at exit
     all leave an empty journal directory: there is nothing to recover."""
-    from otel_gpu import config, recover
+    from otel_gpu import config
+    from otel_gpu.journal import recover
 
     code = (
         "import sys, threading, time, otel_gpu\n"

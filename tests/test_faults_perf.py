@@ -21,7 +21,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SpanProcessor
 
 import otel_gpu
-from otel_gpu import journal, pipeline
+from otel_gpu.export import pipeline
+from otel_gpu.journal import writer
 
 ROUNDS = 60
 CHUNK = 1000
@@ -60,14 +61,14 @@ def test_journal_cost_per_call(tmp_path, monkeypatch, level):
     f(q, k)
     pipe = pipeline.current()
     with_journal = pipe.observers
-    assert any(isinstance(o, journal.Journal) for o in with_journal)
+    assert any(isinstance(o, writer.Journal) for o in with_journal)
     # The pipeline keeps its observers per level too; toggle the journal in both views.
     views = {
         True: (with_journal, dict(getattr(pipe, "observers_at", {}))),
         False: (
-            tuple(o for o in with_journal if not isinstance(o, journal.Journal)),
+            tuple(o for o in with_journal if not isinstance(o, writer.Journal)),
             {
-                lvl: tuple(o for o in obs if not isinstance(o, journal.Journal))
+                lvl: tuple(o for o in obs if not isinstance(o, writer.Journal))
                 for lvl, obs in getattr(pipe, "observers_at", {}).items()
             },
         ),
@@ -109,8 +110,9 @@ def test_observer_start_end_cost(tmp_path):
 
     from opentelemetry.trace import SpanContext, TraceFlags
 
-    from otel_gpu import config, metadata
-    from otel_gpu._span import Call, CallSpan
+    from otel_gpu import config
+    from otel_gpu.calls import metadata
+    from otel_gpu.calls.record import Call, CallSpan
 
     class Plan:
         name = "bench.f"
@@ -118,7 +120,7 @@ def test_observer_start_end_cost(tmp_path):
 
     figures = {}
     for level in (1, 3):
-        j = journal.Journal(str(tmp_path), config.load(env={"OTEL_GPU_LOGLEVEL": str(level)}), None)
+        j = writer.Journal(str(tmp_path), config.load(env={"OTEL_GPU_LOGLEVEL": str(level)}), None)
         call = Call(Plan(), CallSpan(SpanContext(1, 2, False, TraceFlags(1)), "bench.f"), None, 1)
         if level == 3:
             t = torch.empty(32, 128, 128)

@@ -24,7 +24,7 @@ import torch
 from opentelemetry.trace import StatusCode
 
 import otel_gpu
-from otel_gpu import _flashinfer
+from otel_gpu.instrumentation import flashinfer as _flashinfer
 
 pytestmark = [
     pytest.mark.flashinfer,
@@ -221,7 +221,7 @@ _CHILD = textwrap.dedent(
     """
     import json, sys, warnings
     import otel_gpu
-    from otel_gpu import _flashinfer
+    from otel_gpu.instrumentation import flashinfer as _flashinfer
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter

@@ -19,7 +19,9 @@ import pytest
 from jsonl_spans import read_spans
 
 import otel_gpu
-from otel_gpu import _bench_report, bench, instrumentation
+from otel_gpu import bench
+from otel_gpu.bench import report as _bench_report
+from otel_gpu.instrumentation import targets
 
 REPO = Path(__file__).resolve().parent.parent
 COMMANDS = ("demo", "info", "run", "show", "replay", "recover", "ship", "bench")
@@ -307,11 +309,11 @@ def test_never_imported_forgets_a_target_once_its_module_is_imported(module_fact
     sys.path.insert(0, str(tmp_path))
     try:
         otel_gpu.instrument("frontdoor_late")
-        assert instrumentation.never_imported() == ["frontdoor_late"]
+        assert targets.never_imported() == ["frontdoor_late"]
         import frontdoor_late  # noqa: F401
 
-        assert instrumentation.never_imported() == []
-        assert "frontdoor_late.g" in instrumentation.instrumented()
+        assert targets.never_imported() == []
+        assert "frontdoor_late.g" in targets.instrumented()
     finally:
         sys.path.remove(str(tmp_path))
         sys.modules.pop("frontdoor_late", None)

@@ -1,6 +1,6 @@
-"""The crash journal (otel_gpu.journal): what is on disk while calls are in flight, and when.
+"""The crash journal (otel_gpu.journal.writer): what is on disk while calls are in flight, and when.
 
-These tests read the journal file with ``otel_gpu.recover.read`` from inside and
+These tests read the journal file with ``otel_gpu.journal.recover.read`` from inside and
 outside decorated calls; the fault suite (tests/test_faults_crash.py) kills real
 processes.
 """
@@ -23,15 +23,18 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanContext, TraceFlags
 
 import otel_gpu
-from otel_gpu import _guard, config, journal, metadata, pipeline
-from otel_gpu._span import Call, CallSpan
-from otel_gpu.recover import read
+from otel_gpu import _guard, config
+from otel_gpu.calls import metadata
+from otel_gpu.calls.record import Call, CallSpan
+from otel_gpu.export import pipeline
+from otel_gpu.journal import writer
+from otel_gpu.journal.recover import read
 
 
-def _journal() -> journal.Journal:
+def _journal() -> writer.Journal:
     pipe = pipeline.current()
     assert pipe is not None
-    found = [o for o in pipe.observers if isinstance(o, journal.Journal)]
+    found = [o for o in pipe.observers if isinstance(o, writer.Journal)]
     assert len(found) == 1
     return found[0]
 
@@ -105,7 +108,7 @@ def test_level_1_records_ids_without_inputs(otel_gpu_spans, jdir):
 
     f(torch.ones(2))
     assert len(got) == 1 and got[0].inputs is None and not got[0].inputs_truncated
-    assert _journal().stride == journal.SMALL_SLOT
+    assert _journal().stride == writer.SMALL_SLOT
 
 
 def test_journal_and_directory_are_private(otel_gpu_spans, jdir):
@@ -130,15 +133,15 @@ def test_journal_and_directory_are_private(otel_gpu_spans, jdir):
 def test_default_location_follows_xdg_runtime_dir_then_tmpdir(monkeypatch, tmp_path):
     """Default: $XDG_RUNTIME_DIR/otel-gpu; without it (or if it is not a directory) <tmp>/otel-gpu-<uid>."""
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
-    assert journal.default_dir() == str(tmp_path / "otel-gpu")
-    assert journal.journal_dir(config.load()) == str(tmp_path / "otel-gpu")
+    assert writer.default_dir() == str(tmp_path / "otel-gpu")
+    assert writer.journal_dir(config.load()) == str(tmp_path / "otel-gpu")
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "missing"))
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
-    assert journal.default_dir() == str(tmp_path / "tmp" / f"otel-gpu-{os.getuid()}")
+    assert writer.default_dir() == str(tmp_path / "tmp" / f"otel-gpu-{os.getuid()}")
     monkeypatch.delenv("XDG_RUNTIME_DIR")
-    assert journal.default_dir() == str(tmp_path / "tmp" / f"otel-gpu-{os.getuid()}")
+    assert writer.default_dir() == str(tmp_path / "tmp" / f"otel-gpu-{os.getuid()}")
     explicit = config.load(env={"OTEL_GPU_JOURNAL_DIR": "~/j"})
-    assert journal.journal_dir(explicit) == os.path.expanduser("~/j")
+    assert writer.journal_dir(explicit) == os.path.expanduser("~/j")
 
 
 def test_default_directory_is_created_private_and_loose_modes_are_tightened(
@@ -187,7 +190,7 @@ def test_default_directory_of_another_user_or_a_symlink_is_refused(
 
         with caplog.at_level("WARNING", logger="otel_gpu"):
             assert [f(i) for i in range(3)] == [1, 2, 3]
-        assert not any(isinstance(o, journal.Journal) for o in pipeline.current().observers)
+        assert not any(isinstance(o, writer.Journal) for o in pipeline.current().observers)
         assert sum("crash journal disabled" in r.getMessage() for r in caplog.records) == 1
         assert len(spans.get()) == 3
         assert os.listdir(default) == []
@@ -228,7 +231,7 @@ def test_journal_off_writes_nothing(otel_gpu_spans, jdir):
         return 1
 
     f()
-    assert not any(isinstance(o, journal.Journal) for o in pipeline.current().observers)
+    assert not any(isinstance(o, writer.Journal) for o in pipeline.current().observers)
     assert not jdir.exists() or list(jdir.iterdir()) == []
 
 
@@ -383,7 +386,7 @@ def test_inputs_that_cannot_be_encoded_still_leave_a_record(otel_gpu_spans, jdir
     def broken(*args):
         raise RuntimeError("cannot encode")
 
-    monkeypatch.setattr(journal, "_encode", broken)
+    monkeypatch.setattr(writer, "_encode", broken)
     got = []
 
     @otel_gpu.api
@@ -398,7 +401,7 @@ def test_inputs_that_cannot_be_encoded_still_leave_a_record(otel_gpu_spans, jdir
 
 def test_slots_are_exhausted_gracefully(monkeypatch, otel_gpu_spans, jdir):
     """More calls in flight than slots: extra calls are counted in ``overflow``, others stay intact."""
-    monkeypatch.setattr(journal, "SLOTS_SMALL", 3)
+    monkeypatch.setattr(writer, "SLOTS_SMALL", 3)
     otel_gpu_spans(level=1, journal_dir=str(jdir))
     depth_seen = []
 
@@ -434,12 +437,12 @@ def test_slot_reuse_never_mixes_records(tmp_path, ops):
     each with its own ids, parent, start time, plan and inputs, although slots are reused
     (4 slots, so the pool wraps and overflows constantly)."""
     settings_ = config.load(env={"OTEL_GPU_LOGLEVEL": "3"})
-    old = journal.SLOTS_LARGE
-    journal.SLOTS_LARGE = 4
+    old = writer.SLOTS_LARGE
+    writer.SLOTS_LARGE = 4
     try:
-        j = journal.Journal(str(tmp_path), settings_, None)
+        j = writer.Journal(str(tmp_path), settings_, None)
     finally:
-        journal.SLOTS_LARGE = old
+        writer.SLOTS_LARGE = old
     plans = [_Plan(f"plan{n}") for n in range(3)]
     live: dict[int, Call] = {}
     counter = 0
@@ -566,8 +569,8 @@ def test_a_full_plan_table_never_mislabels_a_record(tmp_path, monkeypatch):
     """Span names live in a table written once per function; when it is full, further functions'
     records read back as "unknown", and a small entry that still fits after a big one that did
     not keeps every record's name right."""
-    monkeypatch.setattr(journal, "PLANS_SIZE", 160)
-    j = journal.Journal(str(tmp_path), config.load(env={"OTEL_GPU_LOGLEVEL": "1"}), None)
+    monkeypatch.setattr(writer, "PLANS_SIZE", 160)
+    j = writer.Journal(str(tmp_path), config.load(env={"OTEL_GPU_LOGLEVEL": "1"}), None)
     plans = [_Plan("a" * 40), _Plan("b" * 200), _Plan("c"), _Plan("d" * 300)]
     calls = [_fake_call(p, i, None, None) for i, p in enumerate(plans)]
     try:
@@ -585,10 +588,11 @@ def test_the_encoding_cache_keeps_scalar_types_apart(tmp_path):
     after one with 1 (same layout) is journaled as True, not as the cached 1."""
     import pickle
 
-    from otel_gpu import config, journal
+    from otel_gpu import config
+    from otel_gpu.journal import writer
 
     settings = config.load({"level": 3, "journal_dir": str(tmp_path)})
-    j = journal.Journal(str(tmp_path), settings, None)
+    j = writer.Journal(str(tmp_path), settings, None)
     try:
         decoded = []
         for value in (1, True, 1.0, 1):

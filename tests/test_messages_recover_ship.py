@@ -24,8 +24,10 @@ from opentelemetry.sdk.trace.export import SpanExportResult
 from opentelemetry.trace import StatusCode
 from test_faults_crash import child_env, error_spans, jsonl_spans, recover_cli, run_lab
 
-from otel_gpu import config, journal, recover, ship
+from otel_gpu import config
 from otel_gpu.cli import main
+from otel_gpu.journal import recover, writer
+from otel_gpu.traces import ship
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -203,10 +205,10 @@ def test_running_and_other_host_journals_are_left_alone_and_say_whose(
     """A journal of this (running) process: "pid N is still running: left alone"; one written
     on another host names that host: "ran on host H ... run otel-gpu recover there"."""
     settings = config.load(env={"OTEL_GPU_LOGLEVEL": "1"})
-    mine = journal.Journal(str(tmp_path), settings, None)
-    other = journal.Journal(str(tmp_path), settings, None)
+    mine = writer.Journal(str(tmp_path), settings, None)
+    other = writer.Journal(str(tmp_path), settings, None)
     with monkeypatch.context() as m:
-        m.setattr(journal.socket, "gethostname", lambda: "gpu-node-7")
+        m.setattr(writer.socket, "gethostname", lambda: "gpu-node-7")
         other._write_meta(None)
     try:
         assert main(["recover", str(tmp_path)]) == 0
@@ -239,7 +241,7 @@ def test_files_that_are_not_journals_say_why_and_are_left_alone(tmp_path, capsys
     """Junk and a symbolic link named like journals: "not a journal this otel-gpu can
     recover (why): left alone", with the reason of each, and both stay."""
     junk = tmp_path / "otel-gpu-1-deadbeef.journal"
-    junk.write_bytes(b"\0" * (journal.HEADER_SIZE + 10))
+    junk.write_bytes(b"\0" * (writer.HEADER_SIZE + 10))
     link = tmp_path / "otel-gpu-2-deadbeef.journal"
     link.symlink_to(junk)
     assert main(["recover", str(tmp_path)]) == 0
@@ -713,13 +715,13 @@ def test_ship_help_states_the_exit_codes_the_code_returns():
 
 def _closed_journal(directory: Path) -> Path:
     """A journal closed normally whose file could not be deleted then."""
-    j = journal.Journal(str(directory), config.load(env={"OTEL_GPU_LOGLEVEL": "1"}), None)
-    real = journal._unlink
+    j = writer.Journal(str(directory), config.load(env={"OTEL_GPU_LOGLEVEL": "1"}), None)
+    real = writer._unlink
     try:
-        journal._unlink = lambda p: None
+        writer._unlink = lambda p: None
         j.close()
     finally:
-        journal._unlink = real
+        writer._unlink = real
     return Path(j.path)
 
 

@@ -19,7 +19,9 @@ import textwrap
 import pytest
 import torch
 
-from otel_gpu import cli, dump, pipeline
+from otel_gpu import cli
+from otel_gpu.export import pipeline
+from otel_gpu.recorder import recorder
 from otel_gpu.replay import Allow, Options, replay
 
 LIB = """
@@ -177,7 +179,7 @@ def test_a_call_that_returned_but_whose_outputs_were_never_written_is_skipped(
     def disk_full(self, *args):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(dump.Recorder, "_write_outputs", disk_full)
+    monkeypatch.setattr(recorder.Recorder, "_write_outputs", disk_full)
     m.scale(torch.ones(2))
     (directory,) = _dirs(root)
     monkeypatch.undo()

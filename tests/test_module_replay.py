@@ -9,7 +9,8 @@ import pytest
 import torch
 
 import otel_gpu
-from otel_gpu import _module_state, pipeline
+from otel_gpu.export import pipeline
+from otel_gpu.recorder import module_state
 from otel_gpu.replay import Allow, Options, replay
 
 LIB = """
@@ -38,9 +39,9 @@ class Opaque(nn.Module):
 
 @pytest.fixture(autouse=True)
 def _fresh_states():
-    _module_state._reset_for_tests()
+    module_state._reset_for_tests()
     yield
-    _module_state._reset_for_tests()
+    module_state._reset_for_tests()
 
 
 def _record(otel_gpu_spans, module_factory, tmp_path, **settings):

@@ -40,7 +40,7 @@ from otel_gpu.exporters.otlp_proto import ProtoEncoder
 from otel_gpu.exporters.spandata import SpanData
 
 import otel_gpu
-from otel_gpu import pipeline
+from otel_gpu.export import pipeline
 
 try:
     from otlp_receiver import attrs_of, grpc_receiver, hex_ids_to_base64, http_receiver
@@ -248,7 +248,7 @@ def test_plan_attributes_the_pipeline_rewrites_or_the_sdk_cleans_are_not_hinted(
     """Constant attributes given at decoration that a call overwrites (an otel_gpu.input.* key)
     or that BoundedAttributes may change (a mixed list, which older SDKs drop) are not
     hinted, and both paths agree."""
-    from otel_gpu.api import _decorate
+    from otel_gpu.calls.decorator import _decorate
 
     otel_gpu.configure(level=3, dest=str(tmp_path / "t.jsonl"), provider="own")
 

@@ -1,4 +1,4 @@
-"""``otel-gpu recover`` (otel_gpu.recover): which journals it recovers, what it exports, and where.
+"""``otel-gpu recover`` (otel_gpu.journal.recover): which journals it recovers, what it exports, and where.
 
 Dead processes are made by the crash lab of tests/test_faults_crash.py (forked
 children SIGKILLed inside a nested decorated call).
@@ -27,7 +27,9 @@ from test_faults_crash import (
 )
 
 import otel_gpu
-from otel_gpu import config, journal, pipeline, recover
+from otel_gpu import config
+from otel_gpu.export import pipeline
+from otel_gpu.journal import recover, writer
 
 
 def _settings(env: dict[str, str]) -> config.Settings:
@@ -119,7 +121,7 @@ def _waitable_zombie() -> subprocess.Popen:
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
-        info = journal.process_start_ticks(proc.pid)
+        info = writer.process_start_ticks(proc.pid)
         if info is not None and info[1] == "Z":
             return proc
         time.sleep(0.02)
@@ -130,14 +132,14 @@ def test_liveness_tells_pid_reuse_zombies_reboots_and_other_hosts(monkeypatch):
     """judge(): our own pid with our start time is alive; the same pid with another start time
     (pid reuse), a zombie, a pid that no longer exists and a journal from before a reboot are
     dead; a journal written on another host is not ours to judge."""
-    ticks, _ = journal.process_start_ticks(os.getpid())
+    ticks, _ = writer.process_start_ticks(os.getpid())
 
     def jf(pid: int, start: int, boot: bytes | None = None, host: str | None = None):
         return recover.JournalFile(
             path="x",
             pid=pid,
             start_ticks=start,
-            boot_id=boot if boot is not None else journal.boot_id(),
+            boot_id=boot if boot is not None else writer.boot_id(),
             created_ns=0,
             heartbeat_ns=0,
             level=1,
@@ -306,7 +308,7 @@ def test_recover_on_start_runs_in_the_background_of_the_next_process(
         return real(*args, **kwargs)
 
     monkeypatch.setattr(recover, "recover", slow_recover)
-    monkeypatch.setattr(journal, "_recovery_thread", None)
+    monkeypatch.setattr(writer, "_recovery_thread", None)
     spans = otel_gpu_spans(level=1, journal_dir=env["OTEL_GPU_JOURNAL_DIR"], recover_on_start=True)
 
     @otel_gpu.api
@@ -317,7 +319,7 @@ def test_recover_on_start_runs_in_the_background_of_the_next_process(
     first()
     elapsed = time.perf_counter() - t0
     assert started.wait(5) and elapsed < 1.0
-    journal._recovery_thread.join(20)
+    writer._recovery_thread.join(20)
     first()
     recovered = [s for s in spans.get() if s.status.status_code is StatusCode.ERROR]
     assert sorted(f"{s.context.span_id:016x}" for s in recovered) == sorted(
@@ -359,7 +361,7 @@ def test_files_that_are_not_our_journals_are_left_alone(crashes, tmp_path):
     jdir = tmp_path / "journal"
     jdir.mkdir(mode=0o700)
     junk = jdir / "otel-gpu-1-deadbeef.journal"
-    junk.write_bytes(b"\0" * (journal.HEADER_SIZE + 10))
+    junk.write_bytes(b"\0" * (writer.HEADER_SIZE + 10))
     env = child_env(tmp_path)
     outcomes = recover.recover(_settings(env), processor=_memory()[0])
     assert [(o.state, "not an otel-gpu journal" in o.detail) for o in outcomes] == [
@@ -377,14 +379,14 @@ def test_files_that_are_not_our_journals_are_left_alone(crashes, tmp_path):
 def test_a_journal_closed_normally_but_not_deleted_is_cleaned_up(tmp_path):
     """If deleting failed at exit, the header says closed: recover removes the file, exports nothing."""
     settings = config.load(env={"OTEL_GPU_LOGLEVEL": "1"})
-    j = journal.Journal(str(tmp_path), settings, None)
+    j = writer.Journal(str(tmp_path), settings, None)
     path = j.path
-    monkey_unlink = journal._unlink
+    monkey_unlink = writer._unlink
     try:
-        journal._unlink = lambda p: None
+        writer._unlink = lambda p: None
         j.close()
     finally:
-        journal._unlink = monkey_unlink
+        writer._unlink = monkey_unlink
     assert os.path.exists(path)
     processor, exporter = _memory()
     (outcome,) = recover.recover(settings, str(tmp_path), processor=processor)
@@ -406,7 +408,9 @@ def test_register_wires_the_subcommand():
     parser = cli.build_parser()
     args = parser.parse_args(["recover", "--dry-run", "/nonexistent"])
     assert (
-        args.func.__module__ == "otel_gpu.recover" and args.dry_run and args.path == "/nonexistent"
+        args.func.__module__ == "otel_gpu.journal.recover"
+        and args.dry_run
+        and args.path == "/nonexistent"
     )
 
 
@@ -416,7 +420,7 @@ def test_pipeline_reset_while_recovery_runs_does_not_break(
     """Shutting the pipeline down while auto-recovery runs waits for it (bounded): no error, and
     no half-done claim is left behind."""
     env, _ = crashes()
-    monkeypatch.setattr(journal, "_recovery_thread", None)
+    monkeypatch.setattr(writer, "_recovery_thread", None)
     otel_gpu_spans(level=1, journal_dir=env["OTEL_GPU_JOURNAL_DIR"], recover_on_start=True)
 
     @otel_gpu.api
@@ -425,5 +429,5 @@ def test_pipeline_reset_while_recovery_runs_does_not_break(
 
     f()
     pipeline.reset()
-    journal._recovery_thread.join(20)
+    writer._recovery_thread.join(20)
     assert [p.name for p in (tmp_path / "journal").iterdir()] == []

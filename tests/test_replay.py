@@ -12,8 +12,9 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from otel_gpu import _replay_compare, cli, pipeline
-from otel_gpu.replay import Allow, Options, replay
+from otel_gpu import cli
+from otel_gpu.export import pipeline
+from otel_gpu.replay import Allow, Options, compare, replay
 
 LIB = """
 import collections
@@ -257,9 +258,9 @@ def test_default_tolerances_follow_the_dtype(otel_gpu_spans, lib, tmp_path, monk
     assert float((torch.full((8,), 300.2)).half()[0]) == 300.25
     assert _verdicts(replay(str(root), _opts(m))) == ["pass"]
     assert _verdicts(replay(str(root), _opts(m, rtol=0.0, atol=0.0))) == ["mismatch"]
-    assert _replay_compare.tolerance(torch.float32, None, None) == (1.3e-6, 1e-5)
-    assert _replay_compare.tolerance(torch.bfloat16, None, 0.1) == (1.6e-2, 0.1)
-    assert _replay_compare.tolerance(torch.int64, None, None) == (0.0, 0.0)
+    assert compare.tolerance(torch.float32, None, None) == (1.3e-6, 1e-5)
+    assert compare.tolerance(torch.bfloat16, None, 0.1) == (1.6e-2, 0.1)
+    assert compare.tolerance(torch.int64, None, None) == (0.0, 0.0)
 
 
 def test_methods_replay_through_the_state_hook_or_are_skipped_as_stateful(

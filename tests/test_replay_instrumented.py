@@ -10,7 +10,8 @@ import shutil
 import torch
 
 import otel_gpu
-from otel_gpu import cli, pipeline
+from otel_gpu import cli
+from otel_gpu.export import pipeline
 from otel_gpu.replay import Allow, Options, replay
 
 LIB = """

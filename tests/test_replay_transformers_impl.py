@@ -14,9 +14,11 @@ import pytest
 import torch
 
 import otel_gpu
-from otel_gpu import _manifest, _module_state, pipeline
-from otel_gpu._replay_call import prepare_call
+from otel_gpu.export import pipeline
+from otel_gpu.recorder import manifest as _manifest
+from otel_gpu.recorder import module_state
 from otel_gpu.replay import Allow, Options, replay
+from otel_gpu.replay.call import prepare_call
 
 pytest.importorskip("transformers")
 
@@ -25,9 +27,9 @@ pytestmark = [pytest.mark.transformers]
 
 @pytest.fixture(autouse=True)
 def _fresh_states():
-    _module_state._reset_for_tests()
+    module_state._reset_for_tests()
     yield
-    _module_state._reset_for_tests()
+    module_state._reset_for_tests()
 
 
 def _bert():

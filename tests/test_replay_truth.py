@@ -13,7 +13,8 @@ import os
 import pytest
 import torch
 
-from otel_gpu import cli, pipeline
+from otel_gpu import cli
+from otel_gpu.export import pipeline
 from otel_gpu.replay import Allow, Options, exit_code, replay
 
 LIB = """

@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 from opentelemetry.sdk.resources import Resource, get_aggregated_resources
 
-from otel_gpu import _nvml, resource
+from otel_gpu import resource
+from otel_gpu.devices import nvml
 from otel_gpu.resource import (
     DISTRIBUTED_ENV,
     K8S_ENV,
@@ -139,7 +140,7 @@ def _isolated(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 @pytest.fixture
 def fake_nvml(monkeypatch: pytest.MonkeyPatch) -> FakeNvml:
     fake = FakeNvml(_two_gpus())
-    monkeypatch.setattr(_nvml, "_load_pynvml", lambda: fake)
+    monkeypatch.setattr(nvml, "_load_pynvml", lambda: fake)
     return fake
 
 
@@ -177,7 +178,7 @@ def test_two_gpus_give_every_per_gpu_key(fake_nvml: FakeNvml) -> None:
 def test_mig_enabled_is_reported(fake_nvml: FakeNvml) -> None:
     """A current MIG mode equal to NVML_DEVICE_MIG_ENABLE reads as "enabled"."""
     fake_nvml.gpus[0]["mig"] = 1
-    assert _nvml.query_gpus().gpus[0].mig_mode == "enabled"
+    assert nvml.query_gpus().gpus[0].mig_mode == "enabled"
 
 
 def test_library_not_found_gives_zero_gpus_and_reason(
@@ -194,7 +195,7 @@ def test_library_not_found_gives_zero_gpus_and_reason(
 
 def test_pynvml_not_importable_gives_zero_gpus_and_reason(monkeypatch: pytest.MonkeyPatch) -> None:
     """If pynvml itself cannot be imported, count is 0 and the error names pynvml."""
-    monkeypatch.setattr(_nvml, "_load_pynvml", _raise(ImportError("No module named 'pynvml'")))
+    monkeypatch.setattr(nvml, "_load_pynvml", _raise(ImportError("No module named 'pynvml'")))
     attrs = detect_attributes()
     assert attrs["otel_gpu.gpu.count"] == 0
     assert "pynvml" in str(attrs["otel_gpu.gpu.error"])
@@ -205,7 +206,7 @@ def test_unexpected_exception_in_init_never_escapes(
 ) -> None:
     """Even a non-NVML exception from nvmlInit becomes a recorded reason, not a crash."""
     monkeypatch.setattr(fake_nvml, "nvmlInit", _raise(RuntimeError("boom")))
-    report = _nvml.query_gpus()
+    report = nvml.query_gpus()
     assert report.gpus == ()
     assert report.error == "RuntimeError: boom"
 
@@ -274,7 +275,7 @@ def test_unreachable_device_is_skipped(
 
 def test_real_pynvml_without_gpus_reports_reason() -> None:
     """The real pynvml on a machine without NVIDIA GPUs yields count 0 and a reason, no exception."""
-    if _nvml.query_gpus().gpus:
+    if nvml.query_gpus().gpus:
         pytest.skip("this machine has NVIDIA GPUs; the GPU-less path cannot be observed here")
     attrs = detect_attributes()
     assert attrs["otel_gpu.gpu.count"] == 0
@@ -502,7 +503,7 @@ def test_describe_lines_with_gpus(fake_nvml: FakeNvml, monkeypatch: pytest.Monke
 
 def test_describe_lines_without_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
     """With no GPUs the header states the count 0 and why."""
-    monkeypatch.setattr(_nvml, "_load_pynvml", _raise(ImportError("no pynvml")))
+    monkeypatch.setattr(nvml, "_load_pynvml", _raise(ImportError("no pynvml")))
     lines = describe_resource_lines(build_resource())
     assert len(lines) == 1
     assert "0 GPUs: pynvml not importable" in lines[0]

@@ -27,7 +27,7 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode,
 from opentelemetry.trace.span import TraceState
 from otlp_receiver import attrs_of, grpc_receiver, hex_id, http_receiver
 
-from otel_gpu import ship
+from otel_gpu.traces import ship
 
 REPO = Path(__file__).resolve().parent.parent
 PROTOCOLS = ["grpc", "http/protobuf"]
@@ -88,7 +88,7 @@ def demo_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     env.update(OTEL_GPU_LOGDEST=str(path), OTEL_GPU_LOGLEVEL="5")
     subprocess.run(
-        [sys.executable, "-c", "from otel_gpu import demo; demo.run()"],
+        [sys.executable, "-c", "from otel_gpu.cli import demo; demo.run()"],
         env=env,
         check=True,
         capture_output=True,
@@ -269,7 +269,7 @@ def test_ship_sends_the_files_spans_with_original_ids(
         assert got == want
         assert got_res == want_res
     names = {s.name for _, s in received}
-    assert {"demo.Decoder.run", "otel_gpu._demo_lib.gather_rows", "root", "child"} <= names
+    assert {"demo.Decoder.run", "otel_gpu.cli._demo_lib.gather_rows", "root", "child"} <= names
     assert f"{len(expected)} spans sent, 0 failed" in out.getvalue()
 
 

@@ -24,7 +24,7 @@ import torch
 
 import otel_gpu
 from otel_gpu.cli import main
-from otel_gpu.show import show
+from otel_gpu.traces.show import show
 
 ANSI = "\x1b["
 

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 import otel_gpu
-from otel_gpu import _gpu, stats
+from otel_gpu.calls import stats
+from otel_gpu.devices import cuda
 
 
 def _events(span):
@@ -175,10 +176,10 @@ def test_one_host_read_per_clean_call_for_all_tensors(otel_gpu_spans, monkeypatc
     def three(a, b, c):
         return a + b, c
 
-    monkeypatch.setattr(_gpu, "host_reads", 0)
+    monkeypatch.setattr(cuda, "host_reads", 0)
     for _ in range(5):
         three(torch.ones(8), torch.ones(8), torch.ones(8))
-    assert _gpu.host_reads == 5
+    assert cuda.host_reads == 5
     assert len(_events(spans.get()[0])) == 5
 
 
@@ -190,29 +191,29 @@ def test_nan_call_pays_exactly_one_extra_read(otel_gpu_spans, monkeypatch):
     def f(a, b):
         return a
 
-    monkeypatch.setattr(_gpu, "host_reads", 0)
+    monkeypatch.setattr(cuda, "host_reads", 0)
     f(torch.tensor([1.0, float("nan")]), torch.tensor([float("inf"), 1.0]))
-    assert _gpu.host_reads == 2
+    assert cuda.host_reads == 2
     ev = _events(spans.get()[0])
     assert ev["input.a"]["nan_count"] == 1 and ev["input.b"]["inf_count"] == 1
 
 
 def test_cuda_graph_capture_skips_statistics(otel_gpu_spans, monkeypatch):
     """While a CUDA graph is captured, no reduction or read happens and each event says why (faked capture)."""
-    monkeypatch.setattr(_gpu, "cuda_available", lambda: True)
-    monkeypatch.setattr(_gpu, "is_capturing", lambda: True)
+    monkeypatch.setattr(cuda, "cuda_available", lambda: True)
+    monkeypatch.setattr(cuda, "is_capturing", lambda: True)
     spans = otel_gpu_spans(level=5)
 
     @otel_gpu.api
     def captured(x):
         return x + 1
 
-    monkeypatch.setattr(_gpu, "host_reads", 0)
+    monkeypatch.setattr(cuda, "host_reads", 0)
     monkeypatch.setattr(
         stats, "compute", lambda *a: pytest.fail("reduction launched during capture")
     )
     captured(torch.ones(4))
-    assert _gpu.host_reads == 0
+    assert cuda.host_reads == 0
     ev = _events(spans.get()[0])
     assert set(ev) == {"input.x", "output.0"}
     for attrs in ev.values():

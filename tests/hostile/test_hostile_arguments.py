@@ -22,7 +22,8 @@ import pytest
 import torch
 
 import otel_gpu
-from otel_gpu import _describe, _manifest
+from otel_gpu.calls import _describe
+from otel_gpu.recorder import manifest as _manifest
 
 SLEEP_S = 5.0
 BOUND_S = 1.0  # behavioural bound: "returns well before the 5 s hook would end"

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 import otel_gpu
-from otel_gpu import instrumentation
+from otel_gpu.instrumentation import targets
 from otel_gpu.replay import Allow, Options, Result, replay
 
 VICTIM = """
@@ -419,7 +419,7 @@ def test_instrumented_denied_targets_are_refused_under_trust_dump(
     result = _replay_api(tmp_path, dump, Allow(any_instrument=True), marker, watch)
     assert result.verdict == "error"
     assert result.detail.startswith(f"refused: function {module}.{qualname} is in {module!r}")
-    assert instrumentation.instrumented() == []
+    assert targets.instrumented() == []
 
 
 def test_instrumented_target_reexporting_os_system_is_refused(tmp_path, victim, marker, watch):
@@ -454,7 +454,7 @@ def test_instrumented_patterns_with_no_package_are_refused(tmp_path, victim, mar
         tmp_path, dump, Allow([victim.__name__], any_instrument=True), marker, watch
     )
     assert result.verdict == "error" and "is a pattern with no package before it" in result.detail
-    assert instrumentation.instrumented() == []
+    assert targets.instrumented() == []
 
 
 def test_instrumented_subprocess_from_the_command_line(tmp_path, victim, marker):
@@ -567,7 +567,7 @@ def test_trust_dump_allows_named_modules_but_never_denylisted_ones(tmp_path):
     """--trust-dump allows the modules a dump names for its function, its receiver's class and
     its argument types (nested ones included), and leaves out denylisted ones (os, builtins)
     and the plain value types, which need no allowing."""
-    from otel_gpu._replay_cli import _recorded_modules
+    from otel_gpu.replay.cli import _recorded_modules
 
     dump = tmp_path / "d"
     fn = {"span_name": "run", "module": "mylib", "qualname": "Scaler.run", "receiver": True}

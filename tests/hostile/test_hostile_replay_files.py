@@ -19,7 +19,9 @@ import pytest
 import torch
 
 import otel_gpu
-from otel_gpu import _module_state, cli, pipeline
+from otel_gpu import cli
+from otel_gpu.export import pipeline
+from otel_gpu.recorder import module_state
 from otel_gpu.replay import Allow, Options, Result, exit_code, replay
 
 LIB = """
@@ -44,9 +46,9 @@ class Block(nn.Module):
 
 @pytest.fixture(autouse=True)
 def _fresh_states():
-    _module_state._reset_for_tests()
+    module_state._reset_for_tests()
     yield
-    _module_state._reset_for_tests()
+    module_state._reset_for_tests()
 
 
 @pytest.fixture

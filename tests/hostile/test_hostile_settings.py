@@ -24,8 +24,9 @@ from otel_gpu.exporters.destinations import CountingExporter, FileStream, build_
 from otel_gpu.exporters.otlp_json import JsonLinesSpanExporter
 
 import otel_gpu
-from otel_gpu import _guard, config, pipeline
+from otel_gpu import _guard, config
 from otel_gpu.config import STANDARD, Bounded, ConfigError
+from otel_gpu.export import pipeline
 
 HOSTILE = ["nan", "NaN", "inf", "-inf", "-1", "1e21", "1e30", "abc", "", "0x10"]
 

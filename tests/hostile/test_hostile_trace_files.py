@@ -29,9 +29,11 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanContext, Status, StatusCode
 from otel_gpu.exporters.console import ConsoleSpanExporter
 
-from otel_gpu import _trace_file, config, journal, recover, ship
+from otel_gpu import config
 from otel_gpu.cli import main
-from otel_gpu.show import show
+from otel_gpu.journal import recover, writer
+from otel_gpu.traces import reader, ship
+from otel_gpu.traces.show import show
 
 # --------------------------------------------------------------------------- payloads
 
@@ -373,13 +375,13 @@ def test_nesting_bombs_are_refused_with_the_bound(tmp_path: Path, name: str) -> 
 def test_depth_at_the_bound_is_read() -> None:
     """64 levels are read and 65 are not: the bound is what the docs say, and real OTLP (13
     levels to an attribute value) is far below it."""
-    assert _trace_file.MAX_DEPTH == 64
-    assert not _trace_file.too_deep(("[" * 64 + "]" * 64).encode())
-    assert _trace_file.too_deep(("[" * 65 + "]" * 65).encode())
+    assert reader.MAX_DEPTH == 64
+    assert not reader.too_deep(("[" * 64 + "]" * 64).encode())
+    assert reader.too_deep(("[" * 65 + "]" * 65).encode())
     # brackets inside strings, and escaped quotes, do not count
     text = json.dumps([["[[[[" * 100, '\\"]]]']])
-    assert not _trace_file.too_deep(text.encode())
-    assert not _trace_file.too_deep(otlp_line(text=EVIL).encode())
+    assert not reader.too_deep(text.encode())
+    assert not reader.too_deep(otlp_line(text=EVIL).encode())
 
 
 def test_an_over_long_line_is_skipped_without_holding_it(tmp_path: Path) -> None:
@@ -387,10 +389,10 @@ def test_an_over_long_line_is_skipped_without_holding_it(tmp_path: Path) -> None
     as FILE:LINE with the bound and skipped; the line after it is read."""
     path = tmp_path / "long.jsonl"
     with open(path, "wb") as f:
-        f.write(b'{"x": "' + b"a" * (_trace_file.MAX_LINE_BYTES + 10) + b'"}\n')
+        f.write(b'{"x": "' + b"a" * (reader.MAX_LINE_BYTES + 10) + b'"}\n')
         f.write(otlp_line(name="after").encode() + b"\n")
     problems: list[str] = []
-    spans = list(_trace_file.read_spans(str(path), problem=lambda e: problems.append(str(e))))
+    spans = list(reader.read_spans(str(path), problem=lambda e: problems.append(str(e))))
     assert [s.name for s in spans] == ["after"]
     assert problems == [f"{path}:1: line longer than 64 MiB (the most a line may hold): skipped"]
 
@@ -434,8 +436,8 @@ def test_every_field_replaced_by_every_odd_value_is_a_line_error_or_read(tmp_pat
     ]
     path = tmp_path / "confused.jsonl"
     path.write_text("\n".join(lines) + "\n")
-    problems: list[_trace_file.TraceFileError] = []
-    spans = _trace_file.read_all([str(path)], problem=problems.append)
+    problems: list[reader.TraceFileError] = []
+    spans = reader.read_all([str(path)], problem=problems.append)
     assert spans and problems
     assert all(re.match(rf"{re.escape(str(path))}:\d+: ", str(p)) for p in problems)
     out = io.StringIO()
@@ -457,17 +459,17 @@ def _journal_bytes(
     plans: list[bytes],
     inputs: bytes | None = None,
     *,
-    magic: bytes = journal.MAGIC,
+    magic: bytes = writer.MAGIC,
     count: int = 1,
 ) -> bytes:
     """A journal as a dead process leaves it: header, plans, one committed slot."""
-    header_size, plans_size, stride = journal.HEADER_SIZE, 4096, journal.LARGE_SLOT
+    header_size, plans_size, stride = writer.HEADER_SIZE, 4096, writer.LARGE_SLOT
     data = bytearray(header_size + plans_size + stride)
-    journal._HEADER.pack_into(
+    writer._HEADER.pack_into(
         data,
         0,
         magic,
-        journal.VERSION,
+        writer.VERSION,
         header_size,
         plans_size,
         stride,
@@ -478,21 +480,21 @@ def _journal_bytes(
         bytes(16),
         10**18,
         10**18 + 5,
-        journal.OPEN,
+        writer.OPEN,
         len(meta),
     )
-    data[journal._META_AT : journal._META_AT + len(meta)] = meta
+    data[writer._META_AT : writer._META_AT + len(meta)] = meta
     at = header_size
     for plan in plans:
-        journal._U32.pack_into(data, at, len(plan))
+        writer._U32.pack_into(data, at, len(plan))
         data[at + 4 : at + 4 + len(plan)] = plan
         at += 4 + ((len(plan) + 7) & ~7)
     slot = header_size + plans_size
-    flags = journal.F_INPUTS if inputs else 0
-    journal._BODY.pack_into(data, slot + 8, 1, 2, 3, 0, 10**18, 1, 0, flags, len(inputs or b""))
+    flags = writer.F_INPUTS if inputs else 0
+    writer._BODY.pack_into(data, slot + 8, 1, 2, 3, 0, 10**18, 1, 0, flags, len(inputs or b""))
     if inputs:
-        data[slot + journal._INPUTS_AT : slot + journal._INPUTS_AT + len(inputs)] = inputs
-    journal._COMMIT.pack_into(data, slot, journal._COMMITTED)
+        data[slot + writer._INPUTS_AT : slot + writer._INPUTS_AT + len(inputs)] = inputs
+    writer._COMMIT.pack_into(data, slot, writer._COMMITTED)
     return bytes(data)
 
 

@@ -16,7 +16,10 @@ import pytest
 import torch
 
 import otel_gpu
-from otel_gpu import _files, _module_state, journal, pipeline, ring
+from otel_gpu import _files
+from otel_gpu.export import pipeline
+from otel_gpu.journal import writer as journal
+from otel_gpu.recorder import module_state, ring
 from otel_gpu.replay import Allow, Options, replay
 
 LIB = """
@@ -51,9 +54,9 @@ VICTIM_BYTES = b"the victim's own data\n"
 
 @pytest.fixture(autouse=True)
 def _fresh_states():
-    _module_state._reset_for_tests()
+    module_state._reset_for_tests()
     yield
-    _module_state._reset_for_tests()
+    module_state._reset_for_tests()
 
 
 @pytest.fixture
@@ -109,7 +112,7 @@ def test_a_symlink_at_the_old_predictable_state_temp_name_is_not_written_through
     torch.manual_seed(0)
     block = lib.Block(4)
     state = {k: v.detach().contiguous() for k, v in block.state_dict().items()}
-    name = _module_state._content_hash(state) + ".pt"
+    name = module_state._content_hash(state) + ".pt"
     (root / "modules").mkdir(parents=True)
     os.symlink(victim, root / "modules" / f"{name}.{os.getpid()}.tmp")
     block(torch.ones(2, 4))
@@ -135,7 +138,7 @@ def test_a_symlink_at_the_state_final_name_is_replaced_not_followed(
     otel_gpu.instrument(lib.Block)
     block = lib.Block(3)
     state = {k: v.detach().contiguous() for k, v in block.state_dict().items()}
-    name = _module_state._content_hash(state) + ".pt"
+    name = module_state._content_hash(state) + ".pt"
     (root / "modules").mkdir(parents=True)
     os.symlink(victim, root / "modules" / name)
     block(torch.ones(1, 3))

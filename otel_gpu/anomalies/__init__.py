@@ -1,0 +1,1 @@
+"""Watching calls as they run: the stuck-call watchdog."""

@@ -1,0 +1,477 @@
+"""``@otel_gpu.api``: the decorator, and ``configure``/``flush``.
+
+Everything that can be decided when a function is decorated is decided then: the
+level, the span name, the ``code.*`` attributes, the argument binder, which
+parameters are redacted. The wrapper returned for level N does only level N's
+work. At level 0 the decorator returns the function object itself.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import os
+import random
+import time
+import types
+from collections.abc import Callable
+from typing import Any, TypeVar, overload
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.trace import NonRecordingSpan, SpanContext, Status, StatusCode, TraceFlags
+
+from otel_gpu import _guard, config
+from otel_gpu.calls import metadata, stats
+from otel_gpu.calls.record import Call, CallSpan
+from otel_gpu.devices import cuda
+from otel_gpu.export import pipeline
+
+__all__ = ["NonFiniteError", "api", "configure", "flush"]
+
+
+class NonFiniteError(FloatingPointError):
+    """Raised after a call whose tensors hold NaN/Inf, with ``OTEL_GPU_ON_NONFINITE=raise``.
+
+    ``tensors`` maps each non-finite tensor (``"output.0"``, ``"input.q"``) to its NaN and Inf
+    counts; ``span_id`` is the call's span id (16 hex digits); ``result`` is what the call
+    returned, so a debugger can inspect it.
+    """
+
+    def __init__(
+        self, message: str, tensors: dict[str, tuple[int, int]], span_id: str, result: Any
+    ) -> None:
+        super().__init__(message)
+        self.tensors = tensors
+        self.span_id = span_id
+        self.result = result
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+_NOT_SAMPLED = TraceFlags(TraceFlags.DEFAULT)
+_get_current_span = trace.get_current_span
+_set_span_in_context = trace.set_span_in_context
+_attach = otel_context.attach
+_detach = otel_context.detach
+_getrandbits = random.getrandbits  # reseeded in fork children by the random module
+_time_ns = time.time_ns
+
+
+def _qualified_name(fn: Any) -> str:
+    """module.Class.method from __qualname__; partials and callable objects fall back to their type."""
+    module = getattr(fn, "__module__", None) or type(fn).__module__
+    qualname = getattr(fn, "__qualname__", None) or type(fn).__qualname__
+    return f"{module}.{qualname}"
+
+
+class _Plan:
+    """What a decorated function's calls must do, fixed at decoration time."""
+
+    __slots__ = (
+        "attributes",
+        "binder",
+        "capture_stats",
+        "instrumented",
+        "level",
+        "max_items",
+        "module",
+        "name",
+        "on_nonfinite",
+        "qualname",
+        "receiver",
+        "receiver_passed",
+        "redact",
+        "redacted",
+        "replay_note",
+    )
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        name: str,
+        settings: config.Settings,
+        shape: _Shape | None = None,
+        attributes: dict[str, Any] | None = None,
+    ) -> None:
+        shape = shape or _Shape(fn, fn, True, None)
+        self.name = name
+        self.level = settings.level
+        self.max_items = settings.max_items
+        self.on_nonfinite = settings.on_nonfinite
+        code = getattr(fn, "__code__", None)
+        self.module = getattr(fn, "__module__", None) or type(fn).__module__
+        self.qualname = getattr(fn, "__qualname__", None) or type(fn).__qualname__
+        self.attributes: dict[str, Any] = {"code.function.name": f"{self.module}.{self.qualname}"}
+        if code is not None:
+            self.attributes["code.file.path"] = code.co_filename
+            self.attributes["code.line.number"] = code.co_firstlineno
+        if attributes:
+            self.attributes.update(attributes)
+        # Calls pass the receiver as args[0] only for functions decorated in a class body (or taken
+        # from the class); a bound method or a callable object carries its receiver itself.
+        self.receiver_passed = shape.receiver_passed
+        self.receiver = shape.receiver
+        self.replay_note = shape.replay_note
+        self.instrumented: str | None = None  # the otel_gpu.instrument() target that made this
+        signed = shape.signature_source
+        self.binder = (
+            metadata.make_binder(signed, skip_self=shape.receiver_passed)
+            if self.level >= 3
+            else None
+        )
+        self.redact = settings.redact
+        try:
+            names = list(inspect.signature(signed).parameters)
+        except (TypeError, ValueError):
+            names = []
+        # top-level parameter names that look like secrets (the flight recorder uses this)
+        self.redacted = frozenset(n for n in names if metadata.is_secret(n, self.redact))
+        # CUDA graph capture can only be in progress where CUDA exists; decide the check now.
+        self.capture_stats: Callable[[], bool] | None = None
+        if self.level >= 5:
+            self.capture_stats = cuda.is_capturing if cuda.cuda_available() else None
+
+
+class _Shape:
+    """How a callable is called: where its signature comes from and where its receiver is."""
+
+    __slots__ = ("receiver", "receiver_passed", "replay_note", "signature_source", "target")
+
+    def __init__(
+        self,
+        target: Any,
+        signature_source: Any,
+        receiver_passed: bool,
+        receiver: Any,
+        replay_note: str | None = None,
+    ) -> None:
+        self.target = target  # the innermost function: name and code.* come from it
+        self.signature_source = signature_source  # what inspect.signature() binds the call to
+        self.receiver_passed = receiver_passed  # args[0] is self/cls
+        self.receiver = receiver  # a bound method's __self__, or a callable object itself
+        self.replay_note = replay_note
+
+
+def _innermost(fn: Any) -> Any:
+    try:
+        return inspect.unwrap(fn) if hasattr(fn, "__wrapped__") else fn
+    except ValueError:  # a __wrapped__ cycle
+        return fn
+
+
+def _shape_of(fn: Any) -> _Shape:
+    """Decide, once, how calls of ``fn`` bind: every callable shape gets the right names and receiver.
+
+    A bound method whose function carries ``__wrapped__`` (``functools.wraps``, ``torch.no_grad``)
+    unwraps to a plain function with ``self`` first, yet its calls never pass ``self``: binding
+    must follow the bound method's own signature, or every argument shifts by one.
+    """
+    if isinstance(fn, types.MethodType):
+        return _Shape(_innermost(fn.__func__), fn, False, fn.__self__)
+    if isinstance(fn, functools.partial):
+        note = "a functools.partial: replay cannot rebuild the arguments it binds"
+        return _Shape(_innermost(fn.func), fn, False, None, note)
+    if inspect.isfunction(fn) or hasattr(fn, "__wrapped__"):
+        return _Shape(_innermost(fn), fn, True, None)
+    if inspect.isbuiltin(fn) or inspect.isroutine(fn) or isinstance(fn, type):
+        return _Shape(fn, fn, False, None)
+    # a callable object: its __call__ is bound to it; the object is the receiver
+    return _Shape(fn, fn, False, fn, None)
+
+
+def _capture_inputs(plan: _Plan, bound: list[tuple[str, Any, bool]], tensors: Any) -> tuple:
+    out: list[tuple[str, int, Any]] = []
+    for name, value, is_default in bound:
+        mark = len(out)
+        try:
+            metadata.capture(out, name, value, plan.max_items, tensors)
+        except BaseException as exc:  # a hostile argument costs only its own metadata
+            del out[mark:]
+            out.append((name, metadata.VALUE, f"<metadata unavailable: {type(exc).__name__}>"))
+            _guard.internal_error("metadata", exc)
+        if is_default:
+            out.append((name, metadata.DEFAULT, True))
+    if plan.redact:
+        metadata.redact(out, plan.redact)
+    return tuple(out)  # queued until export: the GC can untrack a tuple of atoms, never a list
+
+
+def _traceback_of(exc: BaseException) -> Any:
+    """``exc.__traceback__``, or None when a ``__traceback__`` property raises: the user's own
+    exception must reach the caller, never one that reading it raised."""
+    try:
+        return exc.__traceback__
+    except BaseException:  # a property on the user's exception class
+        return None
+
+
+def _nonfinite(call: Call, result: Any) -> NonFiniteError | None:
+    """OTEL_GPU_ON_NONFINITE=error/raise: status ERROR naming the tensors (dump: the ring writes)."""
+    bad = {
+        s.key: (s.values.get("nan_count", 0), s.values.get("inf_count", 0))
+        for s in call.stats
+        if s.nonfinite
+    }
+    if not bad:
+        return None
+    message = "non-finite values in " + ", ".join(
+        f"{key} ({nan} NaN, {inf} Inf)" for key, (nan, inf) in bad.items()
+    )
+    if call.plan.on_nonfinite in ("error", "raise"):
+        call.span.set_status(Status(StatusCode.ERROR, message[:256]))
+    span_id = format(call.span.get_span_context().span_id, "016x")
+    return NonFiniteError(f"{call.plan.name}: {message} (span {span_id})", bad, span_id, result)
+
+
+def _launch_stats(plan: _Plan, prefix: str, tensors: list[tuple[str, Any]]) -> list[stats.Pending]:
+    """Start the reductions for a call's tensors, or record why not (CUDA graph capture)."""
+    if plan.capture_stats is not None and plan.capture_stats():
+        return [stats.skipped(prefix + k, t.numel(), stats.CAPTURE_NOTE) for k, t in tensors]
+    return [stats.compute(prefix + k, t) for k, t in tensors]
+
+
+def _begin(plan: _Plan, pipe: pipeline.Pipeline) -> Call | NonRecordingSpan | None:
+    """Ids and context for a new call; None when the parent says the trace is not sampled."""
+    parent: SpanContext | None = _get_current_span().get_span_context()
+    if parent is not None and parent.is_valid:
+        if not parent.trace_flags.sampled:
+            return None
+        trace_id = parent.trace_id
+        state = parent.trace_state
+    else:
+        parent = None
+        trace_id = _getrandbits(128) or 1
+        state = None
+        sampler = pipe.root_sampler
+        if sampler is not None and not sampler(trace_id, plan.name):
+            return NonRecordingSpan(
+                SpanContext(trace_id, _getrandbits(64) or 1, False, _NOT_SAMPLED)
+            )
+    ctx = SpanContext(trace_id, _getrandbits(64) or 1, False, _SAMPLED, state)
+    return Call(plan, CallSpan(ctx, plan.name), parent, _time_ns())
+
+
+def _run_unsampled(
+    span: NonRecordingSpan, fn: Callable[..., Any], args: tuple, kwargs: dict
+) -> Any:
+    """Run a call the sampler dropped, with its unsampled context current so children agree."""
+    token = _attach(_set_span_in_context(span))
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        _detach(token)
+
+
+def _make_wrapper(
+    fn: Callable[..., Any], plan: _Plan, settings: config.Settings
+) -> Callable[..., Any]:
+    level = plan.level
+    get_pipeline = pipeline.get
+    internal = _guard.internal_error
+
+    def before(call: Call, pipe: pipeline.Pipeline, args: tuple, kwargs: dict) -> list | None:
+        """Work before the call runs: inputs captured and stats launched (level 3+), observers told."""
+        pending = None
+        call.args = args
+        if level >= 3:
+            try:
+                tensors: list | None = [] if level >= 5 else None
+                call.bound = plan.binder(args, kwargs)  # type: ignore[misc]
+                call.inputs = _capture_inputs(plan, call.bound, tensors)
+                if tensors:
+                    pending = _launch_stats(plan, "input.", tensors)
+            except BaseException as exc:  # user hooks run here
+                internal("metadata", exc)
+        for observer in pipe.observers_at[level]:
+            try:
+                observer.start(call)
+            except BaseException as exc:  # user hooks run here
+                internal("observer", exc)
+        return pending
+
+    def after(call: Call, pipe: pipeline.Pipeline, result: Any, pending: list | None) -> None:
+        if level >= 3 and call.exc is None:
+            tensors: list | None = [] if level >= 5 else None
+            try:
+                call.outputs = tuple(metadata.capture_output(result, plan.max_items, tensors))
+            except BaseException as exc:  # user hooks run here
+                internal("metadata", exc)
+            if tensors:
+                try:
+                    pending = (pending or []) + _launch_stats(plan, "output.", tensors)
+                except BaseException as exc:  # user hooks run here
+                    internal("statistics", exc)
+        nonfinite: NonFiniteError | None = None
+        if pending:
+            try:
+                call.stats = stats.finish(pending)
+                if plan.on_nonfinite != "mark":
+                    nonfinite = _nonfinite(call, result)
+            except BaseException as exc:  # user hooks run here
+                internal("statistics", exc)
+        observers = pipe.observers_at[level]
+        if observers:
+            call.result = result
+            for observer in observers:
+                try:
+                    observer.end(call)
+                except BaseException as exc:  # user hooks run here
+                    internal("observer", exc)
+            call.result = None
+        call.bound = None
+        call.args = None
+        pipe.submit(call)
+        if nonfinite is not None and plan.on_nonfinite == "raise" and call.exc is None:
+            # after the span is queued, so the trace shows the call; never instead of the
+            # user's own exception, which passes through untouched
+            raise nonfinite
+
+    if inspect.iscoroutinefunction(fn):
+
+        @functools.wraps(fn)
+        async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+            pipe = get_pipeline()
+            call = _begin(plan, pipe) if pipe is not None else None
+            if call is None or pipe is None:
+                return await fn(*args, **kwargs)
+            if not isinstance(call, Call):  # not sampled: children must see the decision
+                token = _attach(_set_span_in_context(call))
+                try:
+                    return await fn(*args, **kwargs)
+                finally:
+                    _detach(token)
+            pending = before(call, pipe, args, kwargs)
+            token = _attach(_set_span_in_context(call.span))
+            call.start_ns = _time_ns()
+            try:
+                result = await fn(*args, **kwargs)
+            except BaseException as exc:
+                call.end_ns = _time_ns()
+                _detach(token)
+                call.exc = exc
+                call.tb = _traceback_of(exc)
+                after(call, pipe, None, pending)
+                raise
+            call.end_ns = _time_ns()
+            _detach(token)
+            after(call, pipe, result, pending)
+            return result
+
+        return async_wrapper
+
+    heavy = level >= 3  # metadata (and stats) to capture around every call
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        pipe = get_pipeline()
+        call = _begin(plan, pipe) if pipe is not None else None
+        if call is None or pipe is None:
+            return fn(*args, **kwargs)
+        if not isinstance(call, Call):
+            return _run_unsampled(call, fn, args, kwargs)
+        # Level 1 with no observer skips before()/after(): ids, clocks and one append.
+        busy = heavy or pipe.observers_at[level]
+        pending = before(call, pipe, args, kwargs) if busy else None
+        token = _attach(_set_span_in_context(call.span))
+        call.start_ns = _time_ns()
+        try:
+            result = fn(*args, **kwargs)
+        except BaseException as exc:
+            call.end_ns = _time_ns()
+            _detach(token)
+            call.exc = exc
+            call.tb = _traceback_of(exc)
+            if busy:
+                after(call, pipe, None, pending)
+            else:
+                pipe.submit(call)
+            raise
+        call.end_ns = _time_ns()
+        _detach(token)
+        if busy:
+            after(call, pipe, result, pending)
+        else:
+            pipe.submit(call)
+        return result
+
+    return wrapper
+
+
+def _decorate(
+    fn: Any,
+    name: str | None,
+    attributes: dict[str, Any] | None = None,
+    instrumented: str | None = None,
+) -> Any:
+    # staticmethod/classmethod objects: wrap the function inside and re-wrap.
+    if isinstance(fn, (staticmethod, classmethod)):
+        return type(fn)(_decorate(fn.__func__, name, attributes, instrumented))
+    settings = config.current()
+    if settings.level == 0:
+        return fn  # level 0: the function itself, no wrapper, no per-call check
+    if settings.strict:
+        _guard.set_strict(True)
+    shape = _shape_of(fn)
+    span_name = name or _qualified_name(shape.target)
+    plan = _Plan(shape.target, span_name, settings, shape, attributes)
+    plan.instrumented = instrumented
+    wrapper = _make_wrapper(fn, plan, settings)
+    wrapper.__otel_gpu_plan__ = plan  # type: ignore[attr-defined]
+    return wrapper
+
+
+@overload
+def api(fn: F, /, *, name: str | None = None) -> F: ...
+@overload
+def api(*, name: str | None = None) -> Callable[[F], F]: ...
+
+
+def api(fn: Any = None, /, *, name: str | None = None) -> Any:
+    """Turn every call of ``fn`` into an OpenTelemetry span, at the level ``OTEL_GPU_LOGLEVEL`` sets.
+
+    Use bare (``@otel_gpu.api``) or with a span name (``@otel_gpu.api(name="BatchDecode.run")``).
+    The level is read when the function is decorated: call :func:`configure` before importing
+    the library whose functions are decorated.
+    """
+    if fn is None:
+        return lambda f: _decorate(f, name)
+    if isinstance(fn, str):
+        raise TypeError(
+            "otel_gpu.api takes the span name as a keyword: @otel_gpu.api(name=...), "
+            f"not @otel_gpu.api({fn!r})"
+        )
+    return _decorate(fn, name)
+
+
+def configure(
+    *,
+    level: int | str | None = None,
+    dest: str | list[str] | tuple[str, ...] | None = None,
+    tracer_provider: Any = None,
+    **settings: Any,
+) -> config.Settings:
+    """Set otel-gpu's settings from code; wins over the environment.
+
+    Call it before importing the libraries whose functions are decorated: the level is fixed
+    when a function is decorated. A new destination takes effect at the next call (queued spans
+    are flushed to the old one first). ``tracer_provider`` sends spans to that SDK
+    TracerProvider instead of the global or otel-gpu's own one. Other keyword arguments are the
+    field names of :class:`otel_gpu.config.Settings` (``max_items``, ``provider``, ``strict``…).
+    Raises :class:`otel_gpu.ConfigError` naming the invalid value and what is allowed.
+    """
+    new = config._set_overrides({"level": level, "dest": dest, **settings})
+    _guard.set_strict(new.strict)
+    pipeline.reset()
+    if tracer_provider is not None:
+        pipeline.set_tracer_provider(tracer_provider)
+    return new
+
+
+def flush(timeout: float | None = None) -> bool:
+    """Export every span recorded so far. True when all reached the exporters within ``timeout`` s."""
+    pipe = pipeline.current()
+    if pipe is None or pipe.pid != os.getpid():
+        return True
+    return pipe.flush(timeout)

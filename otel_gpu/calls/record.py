@@ -1,0 +1,176 @@
+"""The per-call record and the light span that stands in the context during the call.
+
+The caller's thread builds one :class:`Call` per decorated call: ids, clocks and
+raw captures, nothing formatted. The export thread turns it into an SDK
+``ReadableSpan`` (see :mod:`otel_gpu.export.pipeline`).
+
+:class:`CallSpan` is what ``trace.get_current_span()`` returns inside a decorated
+call. It carries the call's real ``SpanContext``, so decorated calls and user spans
+opened inside become children; attributes and events a user adds to it are kept
+and merged into the exported span.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.trace import Link, SpanContext, Status, StatusCode
+from opentelemetry.util import types
+
+__all__ = ["Call", "CallSpan"]
+
+
+class CallSpan(trace.Span):
+    """A recording span without SDK bookkeeping: costs one small object per call."""
+
+    __slots__ = ("_ctx", "attributes", "events", "links", "name", "status")
+
+    def __init__(self, ctx: SpanContext, name: str) -> None:
+        self._ctx = ctx
+        self.name = name
+        self.attributes: dict[str, Any] | None = None
+        self.events: list[tuple[str, Mapping[str, Any] | None, int]] | None = None
+        self.links: list[Link] | None = None
+        self.status: Status | None = None
+
+    def get_span_context(self) -> SpanContext:
+        return self._ctx
+
+    def is_recording(self) -> bool:
+        return True
+
+    def set_attributes(self, attributes: Mapping[str, types.AttributeValue]) -> None:
+        if self.attributes is None:
+            self.attributes = {}
+        self.attributes.update(attributes)
+
+    def set_attribute(self, key: str, value: types.AttributeValue) -> None:
+        if self.attributes is None:
+            self.attributes = {}
+        self.attributes[key] = value
+
+    def add_event(
+        self, name: str, attributes: types.Attributes = None, timestamp: int | None = None
+    ) -> None:
+        if self.events is None:
+            self.events = []
+        self.events.append((name, attributes, timestamp or time.time_ns()))
+
+    def add_link(self, context: SpanContext, attributes: types.Attributes = None) -> None:
+        if self.links is None:
+            self.links = []
+        self.links.append(Link(context, attributes))
+
+    def update_name(self, name: str) -> None:
+        self.name = name
+
+    def set_status(self, status: Status | StatusCode, description: str | None = None) -> None:
+        if isinstance(status, StatusCode):
+            status = Status(status, description)
+        self.status = status
+
+    def record_exception(
+        self,
+        exception: BaseException,
+        attributes: types.Attributes = None,
+        timestamp: int | None = None,
+        escaped: bool = False,
+    ) -> None:
+        attrs: dict[str, Any] = dict(exception_attributes(exception, exception.__traceback__))
+        if attributes:
+            attrs.update(attributes)
+        self.add_event("exception", attrs, timestamp)
+
+    def end(self, end_time: int | None = None) -> None:
+        """Ignored: the decorator ends the call's span when the call returns."""
+
+
+def exception_attributes(exc: BaseException, tb: Any) -> dict[str, str]:
+    """The semantic-convention ``exception.*`` attributes."""
+    cls = type(exc)
+    qualname = cls.__qualname__
+    module = cls.__module__
+    return {
+        "exception.type": qualname
+        if module in ("builtins", "__main__")
+        else f"{module}.{qualname}",
+        "exception.message": _head(_safe_str(exc), _MAX_BYTES),
+        "exception.stacktrace": _tail(_safe_traceback(cls, exc, tb), _MAX_BYTES),
+    }
+
+
+def _safe_traceback(cls: type, exc: BaseException, tb: Any) -> str:
+    try:
+        return "".join(traceback.format_exception(cls, exc, tb))
+    except BaseException as err:  # a hostile __class__/__str__ or chained exception: keep the span
+        return f"<traceback could not be formatted: {type(err).__name__}>"
+
+
+_MAX_BYTES = 2048  # Tempo's default cut for attribute values
+
+
+def _safe_str(exc: BaseException) -> str:
+    try:
+        return str(exc)
+    except BaseException as err:  # a hostile __str__ must not lose the span
+        return f"<str() failed: {type(err).__name__}>"
+
+
+def _head(text: str, limit: int) -> str:
+    data = text.encode("utf-8", "replace")
+    if len(data) <= limit:
+        return text
+    return data[: limit - 3].decode("utf-8", "ignore") + "..."
+
+
+def _tail(text: str, limit: int) -> str:
+    """The end of a stack trace: the innermost frames and the exception line matter most."""
+    data = text.encode("utf-8", "replace")
+    if len(data) <= limit:
+        return text
+    return "...\n" + data[-(limit - 4) :].decode("utf-8", "ignore")
+
+
+class Call:
+    """One decorated call, as recorded on the caller's thread. Plain slots, no methods on the hot path."""
+
+    __slots__ = (
+        "args",
+        "bound",
+        "end_ns",
+        "exc",
+        "inputs",
+        "outputs",
+        "parent",
+        "plan",
+        "result",
+        "span",
+        "start_ns",
+        "stats",
+        "tb",
+        "token",
+    )
+
+    def __init__(
+        self, plan: Any, span: CallSpan, parent: SpanContext | None, start_ns: int
+    ) -> None:
+        self.plan = plan
+        self.span = span
+        self.parent = parent
+        self.start_ns = start_ns
+        self.end_ns = 0
+        self.exc: BaseException | None = None
+        self.tb: Any = None
+        self.inputs: Sequence[tuple[str, int, Any]] | None = None
+        self.outputs: Sequence[tuple[str, int, Any]] | None = None
+        self.stats: Any = None
+        self.token: Any = None  # observers' per-call state, e.g. a journal slot
+        # Live argument values and return value: set only while observers run, then cleared,
+        # so queued records never keep user tensors alive.
+        self.bound: list[tuple[str, Any, bool]] | None = None
+        self.args: tuple[Any, ...] | None = None  # the positional arguments as passed (self first)
+        self.result: Any = None

@@ -1,0 +1,67 @@
+"""``otel-gpu demo``: a small workload of decorated torch functions, by default at level 5 on the console."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+__all__ = ["register", "run"]
+
+
+def run(level: int | None = None, dest: str | None = None) -> int:
+    """Configure, import the decorated demo library, and call it: nested calls, a NaN, an error."""
+    import torch
+
+    import otel_gpu
+
+    otel_gpu.configure(level=level, dest=dest)
+    from otel_gpu.cli import _demo_lib as lib
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 8, 32)
+    weight = torch.ones(32)
+    _out, logp = lib._decoder_layer(x, weight)
+    table = torch.randn(4, 32)
+    try:
+        lib.gather_rows(table, torch.tensor([0, 9]))  # index 9 is out of range: an ERROR span
+    except IndexError as exc:
+        print(f"demo: gather_rows raised {type(exc).__name__} as expected: {exc}", file=sys.stderr)
+    otel_gpu.flush()
+    nan = int(torch.isnan(logp).sum())
+    print(
+        f"demo: done; {nan} NaN values in log_probs' output, flagged in its stats", file=sys.stderr
+    )
+    return 0
+
+
+def _main(args: argparse.Namespace) -> int:
+    from otel_gpu import config
+
+    level = args.level
+    if level is None and "OTEL_GPU_LOGLEVEL" not in config.environ():
+        level = 5
+    return run(level=level, dest=args.dest)
+
+
+def _settings_from_flags(args: argparse.Namespace) -> dict[str, Any]:
+    return {"level": args.level, "dest": args.dest}
+
+
+def register(sub: Any) -> None:
+    from otel_gpu.cli import dest_flag, level_flag
+
+    p = sub.add_parser(
+        "demo",
+        help="run a demo workload of decorated torch functions (default: level 5 to stdout)",
+        description="Run a demo workload of decorated torch functions. Level defaults to 5 unless "
+        "OTEL_GPU_LOGLEVEL is set; destination follows OTEL_GPU_LOGDEST (default stdout).",
+    )
+    p.add_argument("--level", type=level_flag, default=None, help="0, 1, 3, 5 or 10 (default: 5)")
+    p.add_argument(
+        "--dest",
+        type=dest_flag,
+        default=None,
+        help="stdout, stderr, otlp, FILE.jsonl or FILE (text)",
+    )
+    p.set_defaults(func=_main, settings_from_flags=_settings_from_flags)

@@ -1,0 +1,1 @@
+"""The seams to the hardware: CUDA (capture, copies, sync) and NVML."""

@@ -1,0 +1,462 @@
+"""``otel_gpu.instrument()``: spans for code you do not own, without editing it.
+
+A target is a module (its public functions and the public methods of its public classes), a
+class, a function or method, or a dotted path string. A string whose module is not imported yet
+is instrumented when it is first imported (a post-import hook), so the order of imports does
+not matter; glob patterns (``transformers.models.*.modeling_*``) match module names.
+
+Patching replaces the attribute in its owner (module or class) with ``@otel_gpu.api``'s wrapper,
+named after the library's own ``module.qualname``; other modules that imported the same object
+under the same top-level package are patched too. Instrumenting twice never wraps twice, and
+:func:`uninstrument` puts back exactly the objects that were there. At level 0 nothing is
+patched at all. ``OTEL_GPU_INSTRUMENT`` lists targets for :func:`instrument_from_settings`, which
+``otel-gpu run`` and the ``opentelemetry-instrument`` entry point call.
+"""
+
+from __future__ import annotations
+
+import atexit
+import fnmatch
+import importlib.abc
+import importlib.util
+import inspect
+import os
+import sys
+import threading
+import types
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from otel_gpu import _guard, config
+
+__all__ = [
+    "instrument",
+    "instrument_from_settings",
+    "instrumented",
+    "never_imported",
+    "report_at_exit",
+    "uninstrument",
+]
+
+_GLOB = set("*?[")
+_lock = threading.RLock()
+# (id(owner), attribute) -> (owner, attribute, original object, spec)
+_patches: dict[tuple[int, str], tuple[Any, str, Any, str]] = {}
+# pending string targets: spec -> (include, exclude, name)
+_pending: dict[str, tuple[tuple[str, ...], tuple[str, ...], str | None]] = {}
+_special: dict[str, Callable[[], None]] = {}  # targets with their own routing (flashinfer)
+_matched_globs: set[str] = set()  # glob targets that matched at least one imported module
+# the process that warns at exit about targets never imported (None: none, e.g. a run helper)
+_report_pid: int | None = os.getpid()
+_exit_hook = False
+
+
+def instrument(
+    target: Any,
+    *,
+    include: Sequence[str] | str | None = None,
+    exclude: Sequence[str] | str | None = None,
+    name: str | None = None,
+) -> list[str]:
+    """Turn the calls of ``target`` into spans, at the level in force. Returns what was patched.
+
+    ``target``: a module, a class, a function or method, or a dotted path string (``"pkg.mod"``,
+    ``"pkg.mod.Class.method"``, ``"pkg.*"``), instrumented now if imported, else on import.
+    ``include``/``exclude``: fnmatch patterns on ``module.qualname`` of each function found.
+    ``name``: the span name, for a single function target only.
+    """
+    settings = config.current()
+    if settings.level == 0:
+        return []  # level 0 stays free: nothing is patched
+    inc, exc = _patterns(include), _patterns(exclude)
+    with _lock:
+        if isinstance(target, str):
+            return _instrument_spec(target.strip(), inc, exc, name)
+        spec = _spec_of(target)
+        return _apply(target, spec, inc, exc, name)
+
+
+def uninstrument(target: Any = None) -> int:
+    """Restore what :func:`instrument` patched for ``target`` (everything when None). Returns the count."""
+    with _lock:
+        if target is None:
+            specs = None
+        elif isinstance(target, str):
+            specs = {target.strip()}
+            _pending.pop(target.strip(), None)
+            _matched_globs.discard(target.strip())
+        else:
+            specs = {_spec_of(target)}
+        if target is None:
+            _pending.clear()
+            _matched_globs.clear()
+        restored = 0
+        for key, (owner, attr, original, spec) in list(_patches.items()):
+            if specs is None or spec in specs or any(_spec_covers(s, spec) for s in specs):
+                try:
+                    setattr(owner, attr, original)
+                except (AttributeError, TypeError):
+                    continue
+                del _patches[key]
+                restored += 1
+        for spec_name, undo in list(_special.items()):
+            if specs is None or spec_name in specs:
+                undo()
+                del _special[spec_name]
+        return restored
+
+
+def instrumented() -> list[str]:
+    """``module.qualname`` of every function currently patched, and the pending targets."""
+    with _lock:
+        done = sorted(f"{_owner_name(o)}.{a}" for o, a, _, _ in _patches.values())
+        return done + [f"{spec} (on import)" for spec in sorted(_pending)]
+
+
+def never_imported() -> list[str]:
+    """Targets still waiting for their module, for which nothing was instrumented: a dotted path
+    whose module was never imported, a glob that matched no imported module."""
+    with _lock:
+        return sorted(s for s in _pending if not (_GLOB & set(s)) or s not in _matched_globs)
+
+
+def report_at_exit(enabled: bool) -> None:
+    """Whether this process warns at exit about :func:`never_imported` targets (it does by default).
+
+    ``otel-gpu run``'s bootstrap turns it off in the Python processes the program starts: a
+    compile worker that never imports the model is not news.
+    """
+    global _report_pid
+    _report_pid = os.getpid() if enabled else None
+
+
+def _warn_never_imported() -> None:
+    """At exit: one line naming the targets that instrumented nothing, so a typo is not silent."""
+    if _report_pid != os.getpid():  # a forked child exiting normally: its parent reports
+        return
+    names = never_imported()
+    if not names:
+        return
+    listed = ", ".join(repr(n) for n in names)
+    one = len(names) == 1
+    _guard.warn_once(
+        "instrument.never_imported",
+        "otel-gpu: instrument target%s %s %s never imported in this process; nothing was "
+        "instrumented for %s",
+        "" if one else "s",
+        listed,
+        "was" if one else "were",
+        "it" if one else "them",
+    )
+
+
+def _ensure_exit_report() -> None:
+    global _exit_hook
+    if not _exit_hook:
+        _exit_hook = True
+        atexit.register(_warn_never_imported)
+
+
+def instrument_from_settings(settings: config.Settings | None = None) -> list[str]:
+    """Instrument every target of ``OTEL_GPU_INSTRUMENT`` (comma-separated; globs allowed)."""
+    settings = settings or config.current()
+    done: list[str] = []
+    for spec in settings.instrument:
+        try:
+            done += instrument(spec)
+        except Exception as exc:  # one bad target must not stop the program or the others
+            _guard.warn_once(
+                f"instrument.{spec}",
+                "otel-gpu: OTEL_GPU_INSTRUMENT target %r could not be instrumented: %s: %s",
+                spec,
+                type(exc).__name__,
+                exc,
+            )
+    return done
+
+
+# --------------------------------------------------------------------------- resolution
+
+
+def _patterns(value: Sequence[str] | str | None) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        value = value.split(",")
+    return tuple(v.strip() for v in value if v.strip())
+
+
+def _instrument_spec(
+    spec: str, inc: tuple[str, ...], exc: tuple[str, ...], name: str | None
+) -> list[str]:
+    if not spec:
+        raise ValueError("empty instrumentation target")
+    special = _special_target(spec)
+    if special is not None:
+        return special
+    if _GLOB & set(spec):
+        done: list[str] = []
+        for modname in sorted(sys.modules):
+            module = sys.modules.get(modname)
+            if module is not None and fnmatch.fnmatchcase(modname, spec):
+                _matched_globs.add(spec)
+                done += _apply(module, spec, inc, exc, None)
+        _pending[spec] = (inc, exc, name)
+        _ensure_hook()
+        _ensure_exit_report()
+        return done
+    module_name, attr_path = _split_imported(spec)
+    if module_name is None:  # not imported yet: on import, so import order does not matter
+        _pending[spec] = (inc, exc, name)
+        _ensure_hook()
+        _ensure_exit_report()
+        return []
+    obj: Any = sys.modules[module_name]
+    owner: Any = None
+    for part in attr_path:
+        owner, obj = obj, getattr(obj, part, _MISSING)
+        if obj is _MISSING:
+            raise ValueError(
+                f"{spec!r}: module {module_name!r} has no attribute {'.'.join(attr_path)!r}"
+            )
+    if owner is not None and not isinstance(obj, (type, types.ModuleType)):
+        return _patch(owner, attr_path[-1], spec, name)
+    return _apply(obj, spec, inc, exc, name)
+
+
+_MISSING = object()
+
+
+def _split_imported(spec: str) -> tuple[str | None, list[str]]:
+    """The longest imported module prefix of ``spec`` and the attribute path after it."""
+    parts = spec.replace(":", ".").split(".")
+    for i in range(len(parts), 0, -1):
+        if ".".join(parts[:i]) in sys.modules:
+            return ".".join(parts[:i]), parts[i:]
+    return None, parts
+
+
+def _spec_of(target: Any) -> str:
+    if isinstance(target, types.ModuleType):
+        return target.__name__
+    fn = getattr(target, "__func__", target)
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', '?')}"
+
+
+def _spec_covers(spec: str, patched_spec: str) -> bool:
+    return patched_spec == spec or patched_spec.startswith(spec + ".")
+
+
+def _owner_name(owner: Any) -> str:
+    if isinstance(owner, types.ModuleType):
+        return owner.__name__
+    return f"{owner.__module__}.{owner.__qualname__}"
+
+
+def _special_target(spec: str) -> list[str] | None:
+    """Targets that route a library's own decorator to ours instead of patching attributes."""
+    if spec != "flashinfer":
+        return None
+    from otel_gpu.instrumentation import flashinfer
+
+    flashinfer.install(lambda fn, span_name: _wrap(fn, span_name, "flashinfer"))
+    _special["flashinfer"] = flashinfer.uninstall
+    return ["flashinfer (its @flashinfer_api decorator)"]
+
+
+# --------------------------------------------------------------------------- patching
+
+
+def _apply(
+    target: Any, spec: str, inc: tuple[str, ...], exc: tuple[str, ...], name: str | None
+) -> list[str]:
+    if isinstance(target, types.ModuleType):
+        done: list[str] = []
+        for attr, value in list(vars(target).items()):
+            if attr.startswith("_"):
+                continue
+            if inspect.isfunction(value) and value.__module__ == target.__name__:
+                if _selected(f"{target.__name__}.{value.__qualname__}", inc, exc):
+                    done += _patch(target, attr, spec, None)
+            elif isinstance(value, type) and value.__module__ == target.__name__:
+                done += _apply_class(value, spec, inc, exc)
+        return done
+    if isinstance(target, type):
+        return _apply_class(target, spec, inc, exc)
+    fn = getattr(target, "__func__", target)
+    owner_name, _, attr = getattr(fn, "__qualname__", "").rpartition(".")
+    module = sys.modules.get(getattr(fn, "__module__", "") or "")
+    owner: Any = module
+    for part in owner_name.split(".") if owner_name else ():
+        owner = getattr(owner, part, None)
+    if owner is None or "<locals>" in owner_name or getattr(owner, attr, None) is None:
+        raise ValueError(
+            f"cannot instrument {target!r}: it is not reachable by its import path "
+            f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', '?')}; "
+            "decorate it with @otel_gpu.api, or pass the object that holds it"
+        )
+    return _patch(owner, attr, spec, name)
+
+
+def _apply_class(cls: type, spec: str, inc: tuple[str, ...], exc: tuple[str, ...]) -> list[str]:
+    done: list[str] = []
+    for attr, value in list(vars(cls).items()):
+        if attr.startswith("_"):
+            continue
+        fn = value.__func__ if isinstance(value, (staticmethod, classmethod)) else value
+        if inspect.isfunction(fn) and _selected(f"{cls.__module__}.{fn.__qualname__}", inc, exc):
+            done += _patch(cls, attr, spec, None)
+    return done
+
+
+def _selected(full: str, inc: tuple[str, ...], exc: tuple[str, ...]) -> bool:
+    if inc and not any(fnmatch.fnmatchcase(full, p) for p in inc):
+        return False
+    return not any(fnmatch.fnmatchcase(full, p) for p in exc)
+
+
+def _patch(owner: Any, attr: str, spec: str, name: str | None) -> list[str]:
+    """Replace ``owner.attr`` with our wrapper (once), and the same object elsewhere in its package."""
+    key = (id(owner), attr)
+    if key in _patches:
+        return []  # idempotent: one span per call, however often it is instrumented
+    raw = inspect.getattr_static(owner, attr)  # keeps staticmethod/classmethod objects
+    if _is_ours(raw):
+        return []  # decorated with @otel_gpu.api already
+    fn = raw.__func__ if isinstance(raw, (staticmethod, classmethod)) else raw
+    full = f"{getattr(fn, '__module__', None) or _owner_name(owner)}.{getattr(fn, '__qualname__', attr)}"
+    wrapped = _wrap(raw, name or full, spec)
+    if wrapped is raw:
+        return []
+    setattr(owner, attr, wrapped)
+    _patches[key] = (owner, attr, raw, spec)
+    if isinstance(owner, types.ModuleType):
+        _patch_aliases(owner, raw, wrapped, spec)
+    return [full]
+
+
+def _wrap(fn: Any, span_name: str, spec: str) -> Any:
+    from otel_gpu.calls.decorator import _decorate
+
+    return _decorate(fn, span_name, instrumented=spec)
+
+
+def _is_ours(obj: Any) -> bool:
+    inner = obj.__func__ if isinstance(obj, (staticmethod, classmethod)) else obj
+    return "__otel_gpu_plan__" in getattr(inner, "__dict__", {})
+
+
+def _patch_aliases(owner: types.ModuleType, raw: Any, wrapped: Any, spec: str) -> None:
+    """``pkg.f`` re-exported from ``pkg.mod.f``: callers through the package get spans too."""
+    top = owner.__name__.split(".", 1)[0]
+    for modname, module in list(sys.modules.items()):
+        if module is None or module is owner or modname.split(".", 1)[0] != top:
+            continue
+        for attr, value in list(vars(module).items()):
+            if value is raw and (id(module), attr) not in _patches:
+                setattr(module, attr, wrapped)
+                _patches[(id(module), attr)] = (module, attr, raw, spec)
+
+
+# --------------------------------------------------------------------------- on import
+
+
+class _PostImportFinder(importlib.abc.MetaPathFinder):
+    """Wraps the loader of modules a pending target names, to instrument them once executed."""
+
+    def __init__(self) -> None:
+        self._busy = threading.local()
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if getattr(self._busy, "on", False) or not _wanted(fullname):
+            return None
+        self._busy.on = True
+        try:
+            spec = importlib.util.find_spec(fullname)
+        except (ImportError, ValueError):
+            return None
+        finally:
+            self._busy.on = False
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return None
+        spec.loader = _Loader(spec.loader)
+        return spec
+
+
+class _Loader(importlib.abc.Loader):
+    def __init__(self, loader: Any) -> None:
+        self.loader = loader
+
+    def create_module(self, spec: Any) -> Any:
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        self.loader.exec_module(module)
+        _on_import(module)
+
+    def __getattr__(self, name: str) -> Any:  # get_source, is_package, …
+        return getattr(self.loader, name)
+
+
+def _wanted(modname: str) -> bool:
+    """Whether a pending target names this module or something inside it (cheap string tests)."""
+    for spec in _pending:
+        if _GLOB & set(spec):
+            if fnmatch.fnmatchcase(modname, spec):
+                return True
+        else:
+            dotted = spec.replace(":", ".")
+            if dotted == modname or dotted.startswith(modname + "."):
+                return True
+    return False
+
+
+def _on_import(module: types.ModuleType) -> None:
+    name = module.__name__
+    with _lock:
+        for spec, (inc, exc, fn_name) in list(_pending.items()):
+            try:
+                if _GLOB & set(spec):
+                    if fnmatch.fnmatchcase(name, spec):
+                        _matched_globs.add(spec)
+                        _apply(module, spec, inc, exc, None)
+                    continue
+                dotted = spec.replace(":", ".")
+                if dotted == name:
+                    del _pending[spec]
+                    _apply(module, spec, inc, exc, None)
+                elif dotted.startswith(name + "."):
+                    first = dotted[len(name) + 1 :].split(".")[0]
+                    value = getattr(module, first, _MISSING)
+                    # a submodule of a package imported first: wait for the module that owns it
+                    if value is _MISSING or isinstance(value, types.ModuleType):
+                        continue
+                    del _pending[spec]
+                    _instrument_spec(spec, inc, exc, fn_name)
+            except Exception as err:  # instrumentation must never break the user's import
+                _guard.warn_once(
+                    f"instrument.{spec}",
+                    "otel-gpu: could not instrument %r when %s was imported: %s: %s",
+                    spec,
+                    name,
+                    type(err).__name__,
+                    err,
+                )
+
+
+_finder: _PostImportFinder | None = None
+
+
+def _ensure_hook() -> None:
+    global _finder
+    if _finder is None:
+        _finder = _PostImportFinder()
+    if _finder not in sys.meta_path:
+        sys.meta_path.insert(0, _finder)
+
+
+def _reset_for_tests(targets: Iterable[str] = ()) -> None:
+    uninstrument()
+    _matched_globs.clear()
+    if _finder is not None and _finder in sys.meta_path:
+        sys.meta_path.remove(_finder)

@@ -1,0 +1,1 @@
+"""The crash journal: its writer (the observer) and ``otel-gpu recover``, its reader."""

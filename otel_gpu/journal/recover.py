@@ -1,0 +1,806 @@
+"""``otel-gpu recover``: the calls that were in flight when a process died, as ERROR spans.
+
+It reads the crash journals (:mod:`otel_gpu.journal.writer`) of dead processes and
+exports each in-flight call as a span with status ERROR ``process died during
+call``, with the call's original trace id, span id, parent, start time, name and
+input metadata, under the dead process's resource. The span ends at the last
+sign of life of the process (the export thread's heartbeat, every 100 ms), or
+at its start if there was none.
+
+A journal is recovered once: it is claimed by an atomic rename to
+``<name>.recovering.<pid>-<random>`` and deleted once its spans are handed to the
+exporters, so running ``recover`` twice, or in several processes at once,
+exports nothing twice. Journals of live processes are left alone; a pid reused
+by a new process is told apart by the process start time and the boot id.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import io
+import json
+import mmap
+import os
+import pickle
+import socket
+import stat
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from otel_gpu._text import brief, printable
+from otel_gpu.calls import metadata
+from otel_gpu.config import Settings, expand_path
+from otel_gpu.journal import writer as _journal
+from otel_gpu.journal.writer import (
+    _BODY,
+    _COMMIT,
+    _COMMITTED,
+    _HEADER,
+    _INPUTS_AT,
+    _META_AT,
+    _U32,
+    CLOSED,
+    F_INPUTS,
+    F_INPUTS_FAILED,
+    F_PARENT,
+    F_PARENT_REMOTE,
+    F_TRUNCATED,
+    HEADER_SIZE,
+    MAGIC,
+    SMALL_SLOT,
+    VERSION,
+    _unlink,
+)
+from otel_gpu.traces.reader import too_deep
+
+__all__ = [
+    "STATUS_MESSAGE",
+    "JournalFile",
+    "Outcome",
+    "Record",
+    "judge",
+    "read",
+    "recover",
+    "register",
+    "spans_of",
+]
+
+STATUS_MESSAGE = "process died during call"
+_CLAIM = ".recovering."
+_KEYWORDS = ("stdout", "stderr", "otlp")
+
+
+@dataclass
+class Outcome:
+    """What happened to one journal file."""
+
+    path: str
+    state: str
+    """recovered (every destination confirmed the spans), unconfirmed (handed to the exporters,
+    not confirmed by all of them; journal removed all the same), failed (not exported, journal
+    kept), empty (died with no call in flight), dead (dry run), alive, other-host, clean (closed
+    normally), taken (another recoverer has it, or it is gone), invalid (not a journal we read),
+    unreadable (``path`` is a directory that could not be listed)."""
+    pid: int = 0
+    spans: int = 0
+    detail: str = ""
+    """Why, for unconfirmed, failed, taken, invalid, unreadable, and clean when the file could
+    not be removed; the host for other-host."""
+    to: str = ""
+    """Where the spans were handed: the destinations, or this process's span processor."""
+
+
+# --------------------------------------------------------------------------- reading journals
+
+
+@dataclass
+class Record:
+    """One call that was in flight when the journal was last written."""
+
+    trace_id: int
+    span_id: int
+    parent_span_id: int | None
+    parent_remote: bool
+    start_ns: int
+    thread_id: int
+    name: str
+    code: dict[str, Any]
+    inputs: list[tuple[Any, ...]] | None
+    inputs_truncated: bool = False
+    inputs_error: str | None = None
+
+
+@dataclass
+class JournalFile:
+    """A journal as read from disk: whose it is and which calls were in flight."""
+
+    path: str
+    pid: int
+    start_ticks: int
+    boot_id: bytes
+    created_ns: int
+    heartbeat_ns: int
+    level: int
+    closed: bool
+    host: str | None
+    resource: dict[str, Any]
+    records: list[Record] = field(default_factory=list)
+
+
+def read(path: str) -> JournalFile:
+    """Parse a journal file. Raises ``ValueError`` when it is not one, ``OSError`` when unreadable."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        if exc.errno == errno.ELOOP and os.path.islink(path):
+            raise ValueError("a symbolic link, not followed") from None
+        raise
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError("not a regular file")
+        if hasattr(os, "getuid") and info.st_uid != os.getuid():
+            raise ValueError(f"owned by uid {info.st_uid}, not by this user")
+        if info.st_size < HEADER_SIZE:
+            raise ValueError("too short to be a journal")
+        with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as mm:
+            return _parse(path, mm, info.st_size)
+    finally:
+        os.close(fd)
+
+
+def _parse(path: str, mm: Any, size: int) -> JournalFile:
+    (
+        magic,
+        version,
+        header_size,
+        plans_size,
+        stride,
+        count,
+        level,
+        pid,
+        ticks,
+        boot,
+        created,
+        heartbeat,
+        state,
+        meta_len,
+    ) = _HEADER.unpack_from(mm, 0)
+    if magic != MAGIC:
+        raise ValueError("not an otel-gpu journal")
+    if version != VERSION:
+        raise ValueError(f"journal format {version}, this otel-gpu reads {VERSION}")
+    base = header_size + plans_size
+    if (
+        stride < SMALL_SLOT
+        or header_size < _META_AT
+        or base + stride * count > size
+        or meta_len > header_size - _META_AT
+    ):
+        raise ValueError("inconsistent journal header")
+    meta = _json(bytes(mm[_META_AT : _META_AT + meta_len])) if meta_len else {}
+    if not isinstance(meta, dict):
+        meta = {}
+    plans: list[tuple[str, dict[str, Any]]] = []
+    at = header_size
+    while at + 4 <= base:
+        (length,) = _U32.unpack_from(mm, at)
+        if not length or at + 4 + length > base:
+            break
+        try:
+            name, code = _json(bytes(mm[at + 4 : at + 4 + length]))
+            plans.append((str(name), dict(code)))
+        except (ValueError, TypeError):
+            plans.append(("unknown", {}))
+        at += 4 + ((length + 7) & ~7)
+    host = meta.get("host")
+    resource = meta.get("resource")
+    journal = JournalFile(
+        path=path,
+        pid=pid,
+        start_ticks=ticks,
+        boot_id=bytes(boot),
+        created_ns=created,
+        heartbeat_ns=heartbeat,
+        level=level,
+        closed=state == CLOSED,
+        host=host if isinstance(host, str) else None,
+        resource=resource if isinstance(resource, dict) else {},
+    )
+    for slot in range(count):
+        offset = base + slot * stride
+        (commit,) = _COMMIT.unpack_from(mm, offset)
+        if commit != _COMMITTED:
+            continue
+        hi, lo, span_id, parent_id, start, thread, plan, flags, size = _BODY.unpack_from(
+            mm, offset + 8
+        )
+        trace_id = hi << 64 | lo
+        if not trace_id or not span_id:
+            continue
+        name, code = plans[plan] if plan < len(plans) else ("unknown", {})
+        inputs = None
+        error = None
+        if flags & F_INPUTS and size and _INPUTS_AT + size <= stride:
+            try:
+                inputs = decode_inputs(bytes(mm[offset + _INPUTS_AT : offset + _INPUTS_AT + size]))
+            except Exception as exc:
+                error = f"{type(exc).__name__}: {exc}"
+        elif flags & F_INPUTS_FAILED:
+            error = "input metadata could not be encoded"
+        journal.records.append(
+            Record(
+                trace_id=trace_id,
+                span_id=span_id,
+                parent_span_id=parent_id if flags & F_PARENT else None,
+                parent_remote=bool(flags & F_PARENT_REMOTE),
+                start_ns=start,
+                thread_id=thread,
+                name=name,
+                code=code,
+                inputs=inputs,
+                inputs_truncated=bool(flags & F_TRUNCATED),
+                inputs_error=error,
+            )
+        )
+    journal.records.sort(key=lambda r: r.start_ns)
+    return journal
+
+
+def _json(raw: bytes) -> Any:
+    """A JSON field of the journal; None when it is not JSON or nests deeper than the
+    trace-file bound (a nesting bomb would end ``json.loads`` in ``RecursionError``)."""
+    if too_deep(raw):
+        return None
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
+
+
+class _NoGlobals(pickle.Unpickler):
+    """Journal entries are tuples of builtins: refuse anything that would import or call."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise pickle.UnpicklingError(f"journal entries hold no objects ({module}.{name})")
+
+
+def decode_inputs(blob: bytes) -> list[tuple[Any, ...]]:
+    """The compact input records of a journal slot (raises on anything malformed).
+
+    Each record must have exactly the shape the journal writes (``journal._compact``): a key,
+    a kind and atoms (str, int, float, bool, None, tuples of ints). Anything else, such as a
+    nested container (a nesting bomb) or a shared reference expanding on a walk, is refused
+    before it is used.
+    """
+    entries = _NoGlobals(io.BytesIO(blob)).load()
+    if not isinstance(entries, list) or not all(map(_valid_record, entries)):
+        raise ValueError("malformed journal input records")
+    return entries
+
+
+_ATOMS = (str, int, float, bool, type(None))
+
+
+def _ints(value: Any) -> bool:
+    return type(value) is tuple and all(type(v) is int for v in value)
+
+
+def _valid_record(e: Any) -> bool:
+    """Whether ``e`` is one of the record shapes ``journal._compact`` writes."""
+    if type(e) is not tuple or len(e) < 2 or type(e[0]) is not str or type(e[1]) is not int:
+        return False
+    kind, payload = e[1], e[2:]
+    if kind == metadata.TENSOR:
+        if len(payload) == 1:
+            return type(payload[0]) is str
+        return (
+            len(payload) == 6
+            and _ints(payload[0])
+            and type(payload[1]) is str
+            and type(payload[2]) is str
+            and (payload[3] is None or _ints(payload[3]))
+            and type(payload[4]) is bool
+            and type(payload[5]) is bool
+        )
+    if kind == metadata.VALUE:
+        return len(payload) == 1 and type(payload[0]) in _ATOMS
+    if kind == metadata.CONTAINER:
+        return len(payload) == 2 and type(payload[0]) is str and type(payload[1]) is int
+    if kind == metadata.OBJECT:
+        return len(payload) == 1 and type(payload[0]) is str
+    return kind in (metadata.DEFAULT, metadata.REDACTED) and not payload
+
+
+# --------------------------------------------------------------------------- liveness
+
+
+def _pid_state(pid: int) -> str:
+    """alive or dead, for a pid on this host (zombies count as dead)."""
+    info = _journal.process_start_ticks(pid)
+    if info is not None:
+        return "dead" if info[1] in ("Z", "X", "x") else "alive"
+    if os.path.exists("/proc/self/stat"):
+        return "dead"
+    try:  # no /proc (macOS): existence only, pid reuse is not detected
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return "dead"
+    except PermissionError:
+        return "alive"
+    return "alive"
+
+
+def judge(journal: JournalFile) -> str:
+    """dead, alive or other-host: may this journal be recovered?"""
+    if journal.host is not None and journal.host != socket.gethostname():
+        return "other-host"  # its pid means nothing here; run recover on that host
+    ours = _journal.boot_id()
+    if any(journal.boot_id) and any(ours) and journal.boot_id != ours:
+        return "dead"  # written before the last reboot
+    info = _journal.process_start_ticks(journal.pid)
+    if info is None:
+        return _pid_state(journal.pid)
+    ticks, state = info
+    if state in ("Z", "X", "x"):
+        return "dead"
+    if journal.start_ticks and ticks != journal.start_ticks:
+        return "dead"  # the pid now belongs to another process
+    return "alive"
+
+
+# --------------------------------------------------------------------------- spans
+
+
+def _input_attributes(entries: list[tuple[Any, ...]], limit: int, attrs: dict[str, Any]) -> None:
+    raw: list[tuple[str, int, Any]] = []
+    for entry in entries:
+        key, kind = entry[0], entry[1]
+        if kind == metadata.TENSOR:
+            raw.append((key, kind, entry[2] if len(entry) == 3 else tuple(entry[2:8])))
+        elif kind == metadata.VALUE:
+            raw.append((key, kind, entry[2]))
+        elif kind == metadata.CONTAINER:
+            raw.append((key, kind, (entry[2], entry[3])))
+        elif kind == metadata.OBJECT:  # the repr was never taken on the caller's thread
+            attrs[f"otel_gpu.input.{key}.type"] = metadata._truncate(str(entry[2]), limit)
+        elif kind == metadata.DEFAULT:
+            raw.append((key, kind, True))
+        elif kind == metadata.REDACTED:
+            raw.append((key, kind, None))
+    metadata.to_attributes("otel_gpu.input.", raw, limit, attrs)
+
+
+def _resource(attrs: dict[str, Any]) -> Any:
+    from opentelemetry.sdk.resources import Resource
+
+    clean = {k: tuple(v) if isinstance(v, list) else v for k, v in attrs.items()}
+    return Resource(clean)
+
+
+def spans_of(journal: JournalFile, limit: int = 256) -> list[Any]:
+    """The in-flight records of ``journal`` as SDK ``ReadableSpan``s with status ERROR."""
+    from opentelemetry.attributes import BoundedAttributes
+    from opentelemetry.sdk.trace import ReadableSpan, SpanLimits
+    from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
+
+    from otel_gpu.export.pipeline import SCOPE
+
+    resource = _resource(journal.resource)
+    limits = SpanLimits()
+    sampled = TraceFlags(TraceFlags.SAMPLED)
+    spans = []
+    for record in journal.records:
+        attrs: dict[str, Any] = dict(record.code)
+        if record.inputs:
+            try:
+                _input_attributes(record.inputs, limit, attrs)
+            except Exception as exc:
+                attrs["otel_gpu.recovered.inputs_error"] = f"{type(exc).__name__}: {exc}"[:limit]
+        if record.inputs_error:
+            attrs["otel_gpu.recovered.inputs_error"] = record.inputs_error[:limit]
+        if record.inputs_truncated:
+            attrs["otel_gpu.recovered.inputs_truncated"] = True
+        attrs["thread.id"] = record.thread_id
+        attrs["otel_gpu.recovered"] = True
+        parent = None
+        if record.parent_span_id:
+            parent = SpanContext(
+                record.trace_id, record.parent_span_id, record.parent_remote, sampled
+            )
+        spans.append(
+            ReadableSpan(
+                name=record.name,
+                context=SpanContext(record.trace_id, record.span_id, False, sampled),
+                parent=parent,
+                resource=resource,
+                attributes=BoundedAttributes(
+                    limits.max_span_attributes,
+                    attrs,
+                    immutable=True,
+                    max_value_len=limits.max_span_attribute_length,
+                ),
+                events=(),
+                links=(),
+                kind=SpanKind.INTERNAL,
+                status=Status(StatusCode.ERROR, STATUS_MESSAGE),
+                start_time=record.start_ns,
+                end_time=max(record.start_ns, journal.heartbeat_ns),
+                instrumentation_scope=SCOPE,
+            )
+        )
+    return spans
+
+
+# --------------------------------------------------------------------------- export
+
+
+def _bounded(fn: Callable[[], Any], timeout: float) -> tuple[bool, Any]:
+    """Run ``fn`` on a daemon thread for at most ``timeout`` s: (finished, result)."""
+    result: list[Any] = []
+
+    def target() -> None:
+        try:
+            result.append(fn())
+        except Exception as exc:
+            result.append(exc)
+
+    worker = threading.Thread(target=target, name="otel-gpu-recover-flush", daemon=True)
+    worker.start()
+    worker.join(max(timeout, 0.0))
+    return (bool(result), result[0] if result else None)
+
+
+def _dead_process_settings(settings: Settings, journal: JournalFile) -> Settings:
+    """The destinations as the dead process saw them: ``%i`` is its pid, ``%r`` its rank."""
+    from otel_gpu.config import with_changes
+
+    rank = str(journal.resource.get("otel_gpu.rank", "0"))
+    if not (rank.isascii() and rank.isdigit()) and any("%r" in d for d in settings.dest):
+        # read from the journal: it must not steer a file name (``../``) outside its folder
+        raise ValueError(
+            f"its rank {brief(rank)} is not a whole number, and the destination names %r"
+        )
+    dest = tuple(
+        d if d.lower() in _KEYWORDS else d.replace("%i", str(journal.pid)).replace("%r", rank)
+        for d in settings.dest
+    )
+    return with_changes(settings, dest=dest)
+
+
+def _end_torn_line(settings: Settings) -> None:
+    # A process killed while writing a JSON line leaves it unterminated; our line must not join it.
+    for dest in settings.dest:
+        if dest.lower() in _KEYWORDS or not dest.endswith(".jsonl"):
+            continue
+        try:
+            with open(expand_path(dest), "rb+") as f:
+                if f.seek(0, os.SEEK_END) == 0:
+                    continue
+                f.seek(-1, os.SEEK_END)
+                if f.read(1) != b"\n":
+                    f.write(b"\n")
+        except OSError:
+            pass
+
+
+def _raise_unopened(own: Any) -> None:
+    """Raise the error of the first file destination of ``own`` that could not be opened."""
+    for exporter in own.exporters:
+        error = getattr(exporter.stream, "open_error", None)
+        if error is not None:
+            raise error
+
+
+def _why(exc: BaseException, path: str = "") -> str:
+    """An error as a user reads it: the OS reason and the file, unless the file is ``path``
+    (the line names it already), else the exception's own text."""
+    if isinstance(exc, OSError) and exc.strerror:
+        other = exc.filename is not None and str(exc.filename) != path
+        return f"{exc.strerror}: {exc.filename}" if other else exc.strerror
+    return str(exc) or type(exc).__name__
+
+
+def _flush(fn: Callable[[], Any], timeout: float) -> str:
+    """Run a flush for at most ``timeout`` s: "" when it finished and said so, else why not."""
+    done, result = _bounded(fn, timeout)
+    if not done:
+        return f"no answer within {timeout:g} s"
+    if isinstance(result, Exception):
+        return f"{type(result).__name__}: {result}"
+    return "the flush reported a failure" if result is False else ""
+
+
+def _to_processor(spans: list[Any], processor: Any, timeout: float) -> str:
+    """In-process: where this process's own spans go. "" when the flush confirmed them."""
+    for span in spans:
+        processor.on_end(span)
+    why = _flush(lambda: processor.force_flush(int(timeout * 1000)), timeout)
+    return f"the span processor did not confirm them: {why}" if why else ""
+
+
+def _to_destinations(spans: list[Any], own: Any, timeout: float) -> str:
+    """Empty when every destination's exporter confirmed every span, else which did not, and why.
+
+    The exporters' own counts decide: a flush that returns in time says nothing about delivery
+    (the SDK's batch processor reports a refused export as a finished flush).
+    """
+    provider = own.provider
+
+    def flush() -> Any:
+        for hook in own.after_drain:
+            hook()
+        return provider.force_flush(int(timeout * 1000))
+
+    try:
+        for span in spans:
+            provider._active_span_processor.on_end(span)
+        why = _flush(flush, timeout)
+    finally:
+        _bounded(provider.shutdown, min(timeout, 2.0))
+    short = [c.name for c in own.exporters if c.confirmed < len(spans)]
+    if not short:
+        return ""
+    return f"{', '.join(short)} did not confirm them" + (f": {why}" if why else "")
+
+
+# --------------------------------------------------------------------------- recovery
+
+
+def _candidates(path: str) -> list[str]:
+    """The journals at ``path`` (none when it does not exist); OSError when it cannot be listed."""
+    if os.path.isfile(path):
+        return [path]
+    try:
+        names = os.listdir(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    return sorted(
+        os.path.join(path, name)
+        for name in names
+        if name.startswith(_journal.PREFIX)
+        and (name.endswith(_journal.SUFFIX) or _journal.SUFFIX + _CLAIM in name)
+    )
+
+
+def _recover_one(
+    path: str, settings: Settings, processor: Any, timeout: float, dry_run: bool
+) -> Outcome:
+    base, claim, claimer = path.partition(_CLAIM)
+    if claim:  # a recoverer claimed it; recover it only if that recoverer died
+        owner = claimer.partition("-")[0]
+        if not owner.isdigit():
+            return Outcome(path, "invalid", detail="unexpected file name for a claimed journal")
+        if int(owner) == os.getpid() or _pid_state(int(owner)) == "alive":
+            return Outcome(path, "taken", detail=f"claimed by pid {owner}, which is running")
+    try:
+        journal = read(path)
+    except FileNotFoundError:
+        return Outcome(path, "taken", detail="gone before it could be read")
+    except (OSError, ValueError) as exc:
+        return Outcome(path, "invalid", detail=_why(exc, path))
+    if journal.closed:  # closed normally, but the file could not be deleted then
+        if not dry_run:
+            try:
+                _unlink(path)
+            except OSError as exc:
+                return Outcome(
+                    path, "clean", journal.pid, detail=f"cannot remove it: {_why(exc, path)}"
+                )
+        return Outcome(path, "clean", journal.pid)
+    verdict = judge(journal)
+    if verdict != "dead":
+        host = (journal.host or "") if verdict == "other-host" else ""
+        return Outcome(path, verdict, journal.pid, detail=host)
+    if dry_run:
+        return Outcome(path, "dead", journal.pid, len(journal.records))
+    own = None
+    to = "this process's span processor"
+    if journal.records and processor is None:
+        try:
+            target = _dead_process_settings(settings, journal)
+        except ValueError as exc:
+            return Outcome(path, "invalid", journal.pid, detail=str(exc))
+        # Opened before the claim: a destination that cannot be opened keeps the journal.
+        to = ", ".join(target.dest)
+        try:
+            from otel_gpu.exporters.destinations import build_provider
+
+            _end_torn_line(target)
+            own = build_provider(target)
+            # A live process's file destination retries its open at each write; recover must
+            # know now, or it would claim and delete a journal whose spans go nowhere.
+            _raise_unopened(own)
+        except Exception as exc:
+            if own is not None:
+                _bounded(own.provider.shutdown, min(timeout, 2.0))
+            detail = f"cannot open the destinations: {_why(exc)}"
+            return Outcome(path, "failed", journal.pid, len(journal.records), detail, to)
+    # Unique per recoverer, threads included; the pid lets others tell a dead recoverer's claim.
+    claimed = f"{base}{_CLAIM}{os.getpid()}-{os.urandom(4).hex()}"
+    try:
+        os.rename(path, claimed)  # atomic: exactly one recoverer wins
+        journal = read(claimed)
+    except (OSError, ValueError) as exc:
+        if own is not None:
+            _bounded(own.provider.shutdown, min(timeout, 2.0))
+        if isinstance(exc, FileNotFoundError):
+            return Outcome(path, "taken", journal.pid, detail="another recoverer claimed it first")
+        if os.path.exists(claimed):
+            return Outcome(claimed, "invalid", journal.pid, detail=_why(exc, claimed))
+        detail = f"cannot claim it: {_why(exc, path)}"
+        return Outcome(path, "failed", journal.pid, len(journal.records), detail, to)
+    spans = spans_of(journal, settings.repr_limit)
+    detail = ""
+    try:
+        if own is not None:
+            detail = _to_destinations(spans, own, timeout)
+        elif spans:
+            detail = _to_processor(spans, processor, timeout)
+    finally:
+        # Handed to the exporters: never again, even if delivery failed (at most once).
+        _unlink(claimed)
+    if not spans:
+        return Outcome(path, "empty", journal.pid)
+    return Outcome(
+        path, "unconfirmed" if detail else "recovered", journal.pid, len(spans), detail, to
+    )
+
+
+def recover(
+    settings: Settings | None = None,
+    path: str | None = None,
+    *,
+    processor: Any = None,
+    timeout: float | None = None,
+    dry_run: bool = False,
+) -> list[Outcome]:
+    """Recover the journals in ``path`` (a directory or one file; default: the journal directory).
+
+    One :class:`Outcome` per journal found; a directory that cannot be listed is one outcome
+    with state ``unreadable``.
+
+    With ``processor`` (an SDK span processor), spans go there; otherwise to otel-gpu's own
+    provider for ``settings.dest``, with ``%i``/``%r`` naming the dead process's files.
+    """
+    from otel_gpu import config
+
+    settings = config.current() if settings is None else settings
+    timeout = settings.flush_timeout if timeout is None else timeout
+    where = path if path is not None else _journal.journal_dir(settings)
+    try:
+        paths = _candidates(where)
+    except OSError as exc:  # not "no journals": there may well be some
+        return [Outcome(where, "unreadable", detail=_why(exc, where))]
+    return [_recover_one(p, settings, processor, timeout, dry_run) for p in paths]
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def _line(o: Outcome, dry_run: bool) -> str:
+    """What happened to one journal, in words that claim only what was checked."""
+    calls = f"pid {o.pid} died with {o.spans} call(s) in flight"
+    kept = "journal kept" if dry_run else "journal removed"
+    if o.state == "recovered":
+        return f"{calls}: exported as ERROR spans to {o.to}"
+    if o.state == "unconfirmed":
+        return (
+            f"{calls}: handed as ERROR spans to {o.to}, but {o.detail}; journal removed all "
+            "the same (delivery is at most once)"
+        )
+    if o.state == "failed":
+        return f"{calls}: not exported ({o.detail}); journal kept for another run"
+    if o.state == "dead":
+        return f"{calls} (dry run: not exported, journal kept)"
+    if o.state == "empty":
+        return f"pid {o.pid} died with no call in flight: nothing to export, journal removed"
+    if o.state == "alive":
+        return f"pid {o.pid} is still running: left alone"
+    if o.state == "other-host":
+        return f"pid {o.pid} ran on host {o.detail}: left alone, run otel-gpu recover there"
+    if o.state == "clean":
+        if o.detail:
+            return f"pid {o.pid} exited normally, but its journal remains ({o.detail})"
+        return f"pid {o.pid} exited normally: nothing to export, {kept}"
+    if o.state == "taken":
+        return f"not recovered here: {o.detail}"
+    if o.state == "invalid":
+        return f"not a journal this otel-gpu can recover ({o.detail}): left alone"
+    if o.state == "unreadable":
+        return f"cannot list the directory ({o.detail})"
+    return f"{o.state} ({o.detail})" if o.detail else o.state
+
+
+def _summary(outcomes: list[Outcome], where: str, dry_run: bool) -> str:
+    if not outcomes:
+        missing = "" if os.path.lexists(where) else " (it does not exist)"
+        return f"no journals in {where}{missing}"
+    if [o.state for o in outcomes] == ["unreadable"]:
+        return f"nothing recovered: cannot list {where}"
+
+    def calls(*states: str) -> tuple[int, int]:
+        chosen = [o for o in outcomes if o.state in states]
+        return sum(o.spans for o in chosen), len(chosen)
+
+    if dry_run:
+        found, dead = calls("dead")
+        return (
+            f"dry run: {found} call(s) in flight in {dead} dead process(es); "
+            "nothing exported or removed"
+        )
+    dead = calls("recovered", "unconfirmed", "failed", "empty")[1]
+    text = f"{calls('recovered')[0]} call(s) recovered from {dead} dead process(es)"
+    lost, lost_in = calls("unconfirmed")
+    if lost:
+        text += f"; {lost} call(s) of {lost_in} process(es) not confirmed by the exporters"
+    kept, kept_in = calls("failed")
+    if kept:
+        text += f"; {kept} call(s) of {kept_in} process(es) not exported, journal(s) kept"
+    return text
+
+
+def _main(args: argparse.Namespace) -> int:
+    from otel_gpu import config
+
+    try:
+        settings = config.current()
+        where = args.path or _journal.journal_dir(settings)
+        timeout = args.timeout if args.timeout is not None else max(settings.flush_timeout, 10.0)
+        outcomes = recover(settings, where, timeout=timeout, dry_run=args.dry_run)
+    except config.ConfigError as exc:
+        print(f"otel-gpu recover: {exc}", file=sys.stderr)
+        return 2
+    # Paths come from a directory listing, hosts and reasons from the journals: escaped.
+    for o in outcomes:
+        print(printable(f"{o.path}: {_line(o, args.dry_run)}"), file=sys.stderr)
+    summary = _summary(outcomes, where, args.dry_run)
+    print(printable(f"otel-gpu recover: {summary}"), file=sys.stderr)
+    failures = ("unconfirmed", "failed", "unreadable")
+    return 1 if any(o.state in failures for o in outcomes) else 0
+
+
+def _seconds(raw: str) -> float:
+    # ArgumentTypeError, not ValueError: argparse would name this function in the message.
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not value >= 0:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"must be a number of seconds >= 0, not {raw!r}")
+    return value
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "recover",
+        help="export the calls that were in flight when a process died, as ERROR spans",
+        description="Turn the crash journals of dead processes into ERROR spans "
+        "('process died during call') with their original ids, start times and inputs, "
+        "exported to the destinations OTEL_GPU_LOGDEST names. Journals of running processes "
+        "are left alone; a journal is exported at most once. Exit codes: 0 every dead process's calls "
+        "were confirmed by the destinations (or there was nothing to export); 1 some calls were "
+        "not confirmed or not exported, or the directory could not be listed; 2 invalid "
+        "configuration.",
+    )
+    p.add_argument(
+        "path",
+        nargs="?",
+        default=None,
+        help="a journal directory or file (default: OTEL_GPU_JOURNAL_DIR, else "
+        "$XDG_RUNTIME_DIR/otel-gpu, else <tmp>/otel-gpu-<uid>)",
+    )
+    p.add_argument(
+        "--dry-run", action="store_true", help="list what would be recovered; export nothing"
+    )
+    p.add_argument(
+        "--timeout",
+        type=_seconds,
+        default=None,
+        help="seconds to wait for the exporters (default: OTEL_GPU_FLUSH_TIMEOUT, at least 10)",
+    )
+    p.set_defaults(func=_main)

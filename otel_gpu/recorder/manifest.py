@@ -1,0 +1,881 @@
+"""The flight recorder's on-disk format, shared by the recorder (:mod:`otel_gpu.recorder.recorder`) and replay.
+
+One directory per call holds ``manifest.json`` and one tensor file each for inputs
+and outputs. Values are encoded as tagged JSON (``{"t": "int", "v": 3}``) so replay
+rebuilds them without unpickling anything; tensors are referenced by their key in
+the tensor file. The schema is documented in ``docs/flight-recorder.md``.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import json
+import math
+import os
+import pickle
+import re
+import threading
+import types
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+
+from otel_gpu import _files
+from otel_gpu.calls import _describe
+from otel_gpu.recorder.kernel_choices import implementation_choices
+
+__all__ = [
+    "MANIFEST",
+    "MAX_BYTES",
+    "MAX_ITEMS",
+    "RETURNED",
+    "SCHEMA_VERSION",
+    "Encoder",
+    "HostBuffers",
+    "HostCopies",
+    "call_dir_name",
+    "encode_json",
+    "host_copy",
+    "load_tensors",
+    "public_fields",
+    "pytree_children",
+    "read_manifest",
+    "restore_layout",
+    "save_tensors",
+    "stored_nbytes",
+    "type_ref",
+    "write_bytes",
+    "write_json",
+]
+
+SCHEMA_VERSION = 1
+MANIFEST = "manifest.json"
+RETURNED = "returned"
+"""Empty marker file: the call returned (written on the caller's thread before outputs are queued)."""
+
+TENSOR_FILES = {".pt": "torch", ".safetensors": "safetensors"}
+MAX_DEPTH = 16
+_NAME_BAD = re.compile(r"[^A-Za-z0-9._-]+")
+MAX_ITEMS = 1000
+"""Items of one container (list, tuple, dict, pytree, namedtuple) a manifest records."""
+MAX_BYTES = 1 << 20
+"""About how many bytes of values one manifest's arguments (and, apart, its outputs) may hold."""
+
+
+def call_dir_name(seq: int, time_ns: int, span_id: int, name: str) -> str:
+    """``000042-20250101T120000.123456-<16 hex span id>-<api name>``: sorts in call order."""
+    import time
+
+    secs, ns = divmod(time_ns, 1_000_000_000)
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(secs)) + f".{ns // 1000:06d}"
+    safe = _NAME_BAD.sub("_", name)[-80:].strip("._") or "call"
+    return f"{seq:06d}-{stamp}-{span_id:016x}-{safe}"
+
+
+def type_ref(tp: type) -> str:
+    """``module:qualname`` — the colon makes the module/qualname split unambiguous."""
+    return f"{tp.__module__}:{tp.__qualname__}"
+
+
+_MAX_FIELDS = 64
+
+
+def pytree_children(value: Any) -> list[tuple[str, Any]] | None:
+    """``(key, child)`` pairs of a type registered with ``torch.utils._pytree``, else None.
+
+    The flatten function is registered code: anything it raises, ``SystemExit`` included,
+    means None.
+    """
+    from torch.utils import _pytree as pytree
+
+    node = pytree.SUPPORTED_NODES.get(type(value))
+    if node is None:
+        return None
+    try:
+        if node.flatten_with_keys_fn is not None:
+            pairs, _ = node.flatten_with_keys_fn(value)
+            return [(_key_name(k, i), child) for i, (k, child) in enumerate(pairs)]
+        children, _ = node.flatten_fn(value)
+        return [(str(i), child) for i, child in enumerate(children)]
+    except BaseException:  # registered user code
+        return None
+
+
+def _from_dict(value: Any, tp: type) -> dict[str, Any] | None:
+    """The fields of a ``from_dict`` encoding, when ``tp.from_dict`` exists and ``value.to_dict()``
+    is plain JSON, else None: ``v`` (the dict) and ``implementation`` (the kernel choices the
+    config carries outside it, such as ``_attn_implementation``; replay restores them, see
+    :mod:`otel_gpu.recorder.kernel_choices`)."""
+    to_dict = getattr(value, "to_dict", None)
+    if not callable(to_dict) or not callable(getattr(tp, "from_dict", None)):
+        return None
+    try:
+        data = to_dict()
+        choices = implementation_choices(value)
+        json.dumps([data, choices], allow_nan=False)
+    except Exception:
+        return None
+    return {"v": data, "implementation": choices} if isinstance(data, dict) else None
+
+
+def _key_name(key: Any, index: int) -> str:
+    """A pytree key entry (``MappingKey``, ``GetAttrKey``, ``SequenceKey``) as a path part.
+
+    Only atoms are formatted: anything else is user code, and the child's index stands in.
+    """
+    for attr in ("key", "name", "idx"):
+        part = getattr(key, attr, None)
+        if part is not None:
+            return _part(part, index)
+    return str(index)
+
+
+def _part(key: Any, index: int) -> str:
+    """A dict key as a path part: atoms as text (bounded), anything else by its index."""
+    tp = type(key)
+    if tp is str:
+        return key[:64]
+    if tp is int and -(10**18) < key < 10**18:
+        return str(key)
+    if tp in (bool, float, type(None)):
+        return repr(key)
+    return str(index)
+
+
+_NOT_WALKED = (
+    types.ModuleType,
+    types.FunctionType,
+    types.BuiltinFunctionType,
+    types.MethodType,
+    torch.nn.Module,
+)
+
+
+def public_fields(value: Any) -> list[tuple[str, Any]] | None:
+    """Public instance attributes of a plain object (``vars()``), None for what is not walked.
+
+    ``vars()`` may run a ``__dict__`` property: anything it raises means None. At most
+    :data:`_MAX_FIELDS` attributes are looked at.
+    """
+    if issubclass(type(value), _NOT_WALKED) or callable(value):
+        return None
+    try:
+        attrs = vars(value)
+    except BaseException:  # a __dict__ property is user code
+        return None
+    if type(attrs) is not dict:
+        return None
+    return [
+        (k, v)
+        for k, v in _first(dict.items(attrs), _MAX_FIELDS)
+        if type(k) is str and not k.startswith("_")
+    ]
+
+
+def _first(items: Any, n: int) -> Iterator[Any]:
+    """The first ``n`` of ``items``: never more is iterated (a generator may be endless)."""
+    return itertools.islice(items, n)
+
+
+def _type_ref(tp: type) -> str:
+    """:func:`type_ref` read through ``type``'s own descriptors: a metaclass property cannot run."""
+    module = type.__dict__["__module__"].__get__(tp)
+    qualname = type.__dict__["__qualname__"].__get__(tp)
+    return f"{module}:{qualname}"
+
+
+def _broadcast_dims(t: torch.Tensor) -> list[int]:
+    return [d for d, (n, s) in enumerate(zip(t.shape, t.stride())) if s == 0 and n > 1]
+
+
+def stored_nbytes(t: torch.Tensor) -> int:
+    """Bytes the recorder writes for ``t``: its elements, broadcast (stride 0) dimensions once."""
+    n = 1
+    for size, stride in zip(t.shape, t.stride()):
+        n *= 1 if stride == 0 else size
+    return n * t.element_size()
+
+
+class Encoder:
+    """Encodes values into tagged JSON, collecting tensors (not copied) under unique keys.
+
+    The same tensor object passed twice is stored once and referenced twice, so replay
+    passes one object twice, as the original call did. Containers the flight recorder
+    cannot rebuild but can compare are walked leaf by leaf: dicts of any dict type
+    (transformers' ``ModelOutput``), types registered with ``torch.utils._pytree``, and
+    objects that hold tensors in public attributes (a KV cache). What cannot be recorded
+    is encoded as ``unsupported`` and listed in :attr:`unsupported` with its path.
+
+    It runs on the caller's thread, so it never runs a user object's ``__repr__``,
+    ``__len__``, ``__iter__``, ``__eq__`` or ``__hash__``: builtin containers are read
+    through the builtin methods (at most :data:`MAX_ITEMS` items each, and about
+    :data:`MAX_BYTES` of values in all), and an unsupported object is recorded by type and
+    ``id``, its repr filled in later by :mod:`otel_gpu.calls._describe`. A cut container is
+    encoded as ``unsupported`` with ``truncated`` (its length) and the items kept, so
+    replay skips the call and says why.
+    """
+
+    def __init__(
+        self,
+        prefix: str,
+        tensors: dict[str, torch.Tensor],
+        meta: dict[str, Any],
+        secret: Any = None,
+    ) -> None:
+        self.prefix = prefix
+        self.tensors = tensors
+        self.meta = meta
+        self.secret = secret  # name -> bool: strings under such a key are never written
+        self.seen: dict[int, str] = {}
+        self.unsupported: list[str] = []
+        """``"<path> (<module:Type>): <why>"`` for every part that was not recorded."""
+        self._tensor_refs = 0
+        self.budget = MAX_BYTES  # bytes of values left; below 0 the rest is cut
+
+    def encode(self, value: Any, path: str, depth: int = 0) -> dict[str, Any]:
+        """Encode ``value``; never raises, whatever user code ``value`` carries."""
+        try:
+            return self._encode(value, path, depth)
+        except BaseException as exc:  # a user hook (a property, a flatten)
+            return self._unsupported(value, path, f"encoding failed: {type(exc).__name__}")
+
+    def _encode(self, value: Any, path: str, depth: int) -> dict[str, Any]:
+        tp = type(value)
+        self.budget -= 16  # a tag, a number: the small part of every encoded value
+        if value is None:
+            return {"t": "none"}
+        if tp is bool:
+            return {"t": "bool", "v": value}
+        if tp is int:
+            if value.bit_length() > 8192:  # JSON and str() refuse ints past 4300 digits
+                return self._unsupported(value, path, f"an int of {value.bit_length()} bits")
+            return {"t": "int", "v": value}
+        if tp is float:
+            return {"t": "float", "v": value if math.isfinite(value) else repr(value)}
+        if tp is str:
+            if self.secret is not None and self.secret(path.rsplit(".", 1)[-1]):
+                return {"t": "redacted"}
+            if len(value) > self.budget:
+                return self._cut(value, path, f"a str of {len(value)} characters")
+            self.budget -= len(value)
+            return {"t": "str", "v": value}
+        if self.budget < 0:
+            return self._cut(value, path, f"a {tp.__name__}")
+        if issubclass(tp, torch.Tensor):  # never isinstance: a __class__ property can lie
+            return self._tensor(value, path)
+        if issubclass(tp, enum.Enum):
+            out: dict[str, Any] = {"t": "enum", "type": _type_ref(tp), "name": value._name_}
+            inner = value._value_
+            if type(inner) in (int, str, bool):
+                out["value"] = inner
+            return out
+        if tp is torch.dtype:
+            return {"t": "dtype", "v": str(value).removeprefix("torch.")}
+        if tp is torch.device:
+            return {"t": "device", "v": str(value)}
+        if issubclass(tp, type):
+            return {"t": "type", "v": _type_ref(value)}
+        if depth >= MAX_DEPTH:
+            return self._unsupported(value, path, "nested too deeply")
+        if tp is torch.Size:
+            return {"t": "size", "v": [int(n) for n in value]}
+        if tp is list or tp is tuple:
+            node = {"t": tp.__name__, "items": self._items(value, path, depth)}
+            return self._maybe_cut(node, value, tp.__len__(value), path)
+        if issubclass(tp, tuple) and type(getattr(tp, "_fields", None)) is tuple:
+            names = [f if type(f) is str else str(i) for i, f in enumerate(tp._fields)]  # type: ignore[attr-defined]
+            items = [
+                self.encode(v, f"{path}.{f}", depth + 1)
+                for f, v in _first(zip(names, tuple.__iter__(value)), MAX_ITEMS)
+                if self.budget >= 0
+            ]
+            node = {"t": "namedtuple", "type": _type_ref(tp), "items": items}
+            return self._maybe_cut(node, value, tuple.__len__(value), path)
+        if issubclass(tp, dict):  # dict's own methods: a subclass's overrides never run
+            pairs = [
+                [
+                    self._key(k, path, depth),
+                    self.encode(v, f"{path}.{_part(k, i)}", depth + 1),
+                ]
+                for i, (k, v) in _first(enumerate(dict.items(value)), MAX_ITEMS)
+                if self.budget >= 0
+            ]
+            node = (
+                {"t": "dict", "items": pairs}
+                if tp is dict
+                else {"t": "mapping", "type": _type_ref(tp), "items": pairs}
+            )
+            return self._maybe_cut(node, value, dict.__len__(value), path)
+        if issubclass(tp, (list, tuple, Mapping, set, frozenset)):
+            # a user-defined container: reading it means running its __len__/__iter__
+            return self._unsupported(value, path, "type not supported by the flight recorder")
+        children = pytree_children(value)
+        if children is not None:
+            named = [
+                [k, self.encode(v, f"{path}.{k}", depth + 1)]
+                for k, v in _first(children, MAX_ITEMS)
+                if self.budget >= 0
+            ]
+            node = {"t": "pytree", "type": _type_ref(tp), "items": named}
+            return self._maybe_cut(node, value, len(children), path)
+        if callable(getattr(tp, "to_dict", None)):  # looked up on the type: no __getattr__ runs
+            rebuilt = _from_dict(value, tp)
+            if rebuilt is not None:  # a transformers config: rebuilt by Type.from_dict(v)
+                return {"t": "from_dict", "type": _type_ref(tp), **rebuilt}
+        fields = public_fields(value)
+        if fields is not None:
+            refs, noted, budget = self._tensor_refs, len(self.unsupported), self.budget
+            named = [[k, self.encode(v, f"{path}.{k}", depth + 1)] for k, v in fields]
+            if self._tensor_refs > refs:  # it holds tensors: worth comparing leaf by leaf
+                return {"t": "object", "type": _type_ref(tp), "fields": named}
+            del self.unsupported[noted:]
+            self.budget = budget
+        return self._unsupported(value, path, "type not supported by the flight recorder")
+
+    def _items(self, value: list[Any] | tuple[Any, ...], path: str, depth: int) -> list[Any]:
+        """The first :data:`MAX_ITEMS` items within the budget; ints and floats inline, since
+        lists of numbers (sequence lengths, offsets) are the common long argument."""
+        items: list[Any] = []
+        append = items.append
+        for i, v in _first(enumerate(value), MAX_ITEMS):
+            if self.budget < 0:
+                break
+            tp = type(v)
+            if tp is int and -(2**63) <= v < 2**63:
+                self.budget -= 16
+                append({"t": "int", "v": v})
+            elif tp is float and math.isfinite(v):
+                self.budget -= 16
+                append({"t": "float", "v": v})
+            else:
+                append(self.encode(v, f"{path}.{i}", depth + 1))
+        return items
+
+    def _key(self, key: Any, path: str, depth: int) -> dict[str, Any]:
+        if type(key) is str:  # a key is a name, never redacted itself
+            self.budget -= len(key)
+            return {"t": "str", "v": key}
+        return self.encode(key, path, depth + 1)
+
+    def _maybe_cut(
+        self, node: dict[str, Any], value: Any, length: int, path: str
+    ) -> dict[str, Any]:
+        """``node`` as is, or, when items were left out, marked ``unsupported`` with the cut."""
+        kept = len(node["items"])
+        if kept >= length:
+            return node
+        why = (
+            f"cut at {kept} of {length} items when recorded (the flight recorder keeps at most "
+            f"{MAX_ITEMS} items of a container and about {MAX_BYTES >> 20} MiB of values a call)"
+        )
+        ref = _type_ref(type(value))
+        self.unsupported.append(f"{self.prefix}{path} ({ref}): {why}")
+        cut = {"t": "unsupported", "type": ref, "why": why, "truncated": length}
+        cut["container"] = node["t"]
+        cut["items"] = node["items"]
+        return cut
+
+    def _cut(self, value: Any, path: str, what: str) -> dict[str, Any]:
+        why = (
+            f"{what}, left out when recorded: the call's values passed the flight recorder's "
+            f"budget of about {MAX_BYTES >> 20} MiB"
+        )
+        ref = _type_ref(type(value))
+        self.unsupported.append(f"{self.prefix}{path} ({ref}): {why}")
+        return {"t": "unsupported", "type": ref, "why": why, "truncated": True}
+
+    def _unsupported(self, value: Any, path: str, why: str) -> dict[str, Any]:
+        """Type and id now; the repr later, off the caller's thread (:mod:`otel_gpu.calls._describe`)."""
+        tp = type(value)
+        ref = _type_ref(tp)
+        self.unsupported.append(f"{self.prefix}{path} ({ref}): {why}")
+        node = {"t": "unsupported", "type": ref, "id": f"0x{id(value):x}", "repr": "", "why": why}
+        if tp is torch.Tensor or tp is torch.nn.Parameter:
+            node["repr"] = _tensor_text(value)  # builtin accessors only: no user code
+        elif issubclass(tp, torch.Tensor):
+            del node["repr"]  # a subclass's repr may read every value: not taken
+        else:
+            _describe.later(node, "repr", value)
+        return node
+
+    def _tensor(self, t: torch.Tensor, path: str) -> dict[str, Any]:
+        known = self.seen.get(id(t))
+        if known is not None:
+            self._tensor_refs += 1
+            return {"t": "tensor", "key": known}
+        if type(t) not in (torch.Tensor, torch.nn.Parameter) or t.layout != torch.strided:
+            return self._unsupported(t, path, "only plain strided tensors are recorded")
+        if t.is_meta or t.device.type == "meta":
+            return self._unsupported(t, path, "meta tensors have no data")
+        key = self.prefix + path
+        while key in self.tensors:
+            key += "_"
+        self.seen[id(t)] = key
+        self.tensors[key] = t
+        self._tensor_refs += 1
+        self.meta[key] = {
+            "shape": list(t.shape),
+            "dtype": str(t.dtype).removeprefix("torch."),
+            "stride": list(t.stride()),
+            "storage_offset": t.storage_offset(),
+            "device": str(t.device),
+            "requires_grad": t.requires_grad,
+            "nbytes": stored_nbytes(t),
+        }
+        return {"t": "tensor", "key": key}
+
+
+def _tensor_text(t: torch.Tensor) -> str:
+    """A short description of a tensor the recorder does not store (sparse, nested, meta)."""
+    try:
+        shape = ", ".join(str(n) for n in t.shape)
+        return f"tensor(shape=({shape}), dtype={t.dtype}, layout={t.layout}, device={t.device})"
+    except Exception as exc:
+        return f"tensor (metadata unavailable: {type(exc).__name__})"
+
+
+# --------------------------------------------------------------------------- tensors on disk
+
+
+def host_copy(t: torch.Tensor, always_copy: bool) -> torch.Tensor:
+    """A CPU tensor with ``t``'s values that owns no more storage than it needs.
+
+    Dense layouts (contiguous, transposed, channels-last) keep their strides; other views
+    are stored compactly and their stride/offset are restored at replay from the manifest.
+    ``always_copy`` is for tensors written later, which the program may modify meanwhile.
+    """
+    t = t.detach()
+    for d in _broadcast_dims(t):
+        t = t.narrow(d, 0, 1)
+    if t.device.type != "cpu":
+        return t.to("cpu")  # preserve_format: dense layouts keep their strides
+    whole = t.storage_offset() == 0 and t.untyped_storage().nbytes() == t.numel() * t.element_size()
+    if always_copy or not whole:
+        return t.clone(memory_format=torch.preserve_format)
+    return t  # torch.save would write exactly this tensor's bytes: no copy needed
+
+
+class HostCopies:
+    """Host copies of one call's tensors, written later by the recorder's writer thread.
+
+    ``tensors`` may still be filling from a device (asynchronous copies into pinned
+    buffers): :meth:`wait` before reading them. ``buffers`` go back to the pool once written.
+    """
+
+    __slots__ = ("buffers", "events", "nbytes", "tensors")
+
+    def __init__(self) -> None:
+        self.tensors: dict[str, torch.Tensor] = {}
+        self.buffers: list[tuple[torch.Tensor, bool]] = []  # (buffer, pinned)
+        self.events: list[Any] = []
+        self.nbytes = 0
+
+    def wait(self) -> None:
+        """Block until every asynchronous device-to-host copy has landed."""
+        from otel_gpu.devices import cuda
+
+        events, self.events = self.events, []
+        for event in events:
+            cuda.wait_copy(event)
+
+
+_POOL_BYTES = 256 << 20  # host buffers kept for reuse between calls, all sizes together
+
+
+class HostBuffers:
+    """Reused host buffers for the copies the recorder writes later (page-locked for CUDA tensors).
+
+    A fresh CPU allocation of a few MB page-faults on every call, and pinned memory is
+    expensive to allocate; a reused buffer costs the copy only. Buffers are kept by exact
+    size, so a tensor file never holds more bytes than the tensor (``torch.save`` writes
+    a tensor's whole storage).
+    """
+
+    def __init__(self, max_bytes: int = _POOL_BYTES) -> None:
+        self.max_bytes = max_bytes
+        self._free: dict[tuple[int, bool], list[torch.Tensor]] = {}
+        self._kept = 0
+        self._lock = threading.Lock()
+
+    def copy(self, tensors: dict[str, torch.Tensor]) -> HostCopies:
+        """Copies of ``tensors`` that the program cannot change any more (device copies may be in flight)."""
+        from otel_gpu.devices import cuda
+
+        out = HostCopies()
+        for key, t in tensors.items():
+            t = t.detach()
+            for d in _broadcast_dims(t):
+                t = t.narrow(d, 0, 1)
+            nbytes = t.numel() * t.element_size()
+            out.nbytes += nbytes
+            plain = nbytes > 0 and not (t.is_quantized or t.is_conj() or t.is_neg())
+            pinned = plain and cuda.is_cuda_tensor(t)
+            if pinned:
+                buf = self._take(nbytes, True)
+                dst = buf.view(t.dtype).view(t.shape)  # contiguous: replay restores the strides
+                out.events.append(cuda.copy_to_host(dst, t))
+            elif plain and t.device.type == "cpu" and t.is_contiguous():
+                buf = self._take(nbytes, False)
+                dst = buf.view(t.dtype).view(t.shape)
+                dst.copy_(t)
+            else:  # other layouts and devices: a fresh copy, as host_copy makes it
+                out.tensors[key] = host_copy(t, always_copy=True)
+                continue
+            out.buffers.append((buf, pinned))
+            out.tensors[key] = dst
+        return out
+
+    def release(self, copies: HostCopies) -> None:
+        """Give ``copies``' buffers back once they are written (or dropped)."""
+        buffers, copies.buffers = copies.buffers, []
+        copies.tensors = {}
+        with self._lock:
+            for buf, pinned in buffers:
+                n = buf.numel()
+                if self._kept + n <= self.max_bytes:
+                    self._free.setdefault((n, pinned), []).append(buf)
+                    self._kept += n
+
+    def clear(self) -> None:
+        with self._lock:
+            self._free.clear()
+            self._kept = 0
+
+    def _take(self, nbytes: int, pinned: bool) -> torch.Tensor:
+        with self._lock:
+            free = self._free.get((nbytes, pinned))
+            if free:
+                self._kept -= nbytes
+                return free.pop()
+        if pinned:
+            from otel_gpu.devices import cuda
+
+            return cuda.pinned_empty(nbytes)
+        return torch.empty(nbytes, dtype=torch.uint8)
+
+
+def save_tensors(
+    path_base: str, tensors: dict[str, torch.Tensor], fmt: str, fsync: bool = True
+) -> str:
+    """Write ``tensors`` to ``<path_base>.pt`` or ``.safetensors`` (fsync'd if asked); returns the file name.
+
+    The file is created safely (:mod:`otel_gpu._files`: 0600, a random temporary name, renamed
+    into place; a symlink at the name is replaced, never written through). Its folder is not
+    fsync'd here: the manifest written next fsyncs it, which makes this rename durable too.
+    Falls back to the torch format when safetensors cannot represent a tensor
+    (complex128, shared storage).
+    """
+    directory, base = os.path.split(path_base)
+    if fmt == "safetensors":
+        name = base + ".safetensors"
+        try:
+            from safetensors.torch import save_file
+
+            contiguous = {k: v.contiguous() for k, v in tensors.items()}
+            # save_file streams to a path: about 2x faster than building bytes in memory
+            return _files.write_atomic_path(
+                directory, name, lambda tmp: save_file(contiguous, tmp), fsync, sync_dir=False
+            )
+        except Exception as exc:  # ImportError, complex128, shared storage
+            from otel_gpu import _guard
+
+            _guard.warn_once(
+                "dump.safetensors",
+                "otel-gpu flight recorder: safetensors cannot store some calls' tensors (%s: %s); "
+                "those calls are written in the torch format (inputs.pt/outputs.pt)",
+                type(exc).__name__,
+                exc,
+            )
+    return _write_file(path_base + ".pt", lambda f: torch.save(tensors, f), fsync)
+
+
+def _write_file(path: str, write: Any, fsync: bool) -> str:
+    """``write(f)`` into the new file ``path`` (atomically, 0600; folder not fsync'd); its name."""
+    directory, name = os.path.split(path)
+    return _files.write_atomic(directory, name, write, fsync, sync_dir=False)
+
+
+def write_json(directory: str, name: str, obj: Any, fsync: bool = True) -> None:
+    """Replace ``directory/name`` atomically: readers see the old or the new file, never half of one."""
+    write_bytes(directory, name, encode_json(obj), fsync)
+
+
+def encode_json(obj: Any) -> bytes:
+    """The bytes :func:`write_json` writes for ``obj``."""
+    return json.dumps(obj, indent=1, allow_nan=False).encode("utf-8")
+
+
+def write_bytes(directory: str, name: str, data: bytes, fsync: bool = True) -> None:
+    """Replace ``directory/name`` with ``data`` atomically (a 0600 file at a random temporary
+    name, then rename; a symlink at ``name`` is replaced, never written through).
+
+    With ``fsync``, the file and then the directory are fsync'd: one directory fsync makes
+    both the rename and any file created before it in this directory durable.
+    """
+    _files.write_atomic_bytes(directory, name, data, fsync)
+
+
+class DumpFileError(ValueError):
+    """A file of the dump is missing, unreadable, corrupt or not allowed; the message names it.
+
+    Replay gives the call it belongs to the verdict ``error`` with this message, and goes on.
+    """
+
+
+MAX_MANIFEST_BYTES = 256 << 20
+"""A manifest larger than this is refused unread (the recorder caps what it writes far below)."""
+
+_FIELD_TYPES: dict[str, tuple[type, ...]] = {
+    "status": (str,),
+    "function": (dict,),
+    "replayable": (bool,),
+    "why_not_replayable": (str, type(None)),
+    "trace_id": (str, type(None)),
+    "span_id": (str, type(None)),
+    "files": (dict,),
+    "tensors": (dict,),
+    "params": (list,),
+    "positional": (int, type(None)),
+    "receiver": (dict, type(None)),
+    "result": (dict, type(None)),
+    "mutated": (dict,),
+    "outputs_skipped": (str, type(None)),
+    "exception": (dict, type(None)),
+    "torch_state": (dict,),
+}
+"""The manifest fields replay reads, and the JSON types each may have (absent is allowed)."""
+_JSON_NAMES = {dict: "an object", list: "an array", str: "a string", bool: "true/false"}
+
+
+def read_manifest(directory: str) -> dict[str, Any]:
+    """The manifest of one call directory (plain JSON; nothing is executed).
+
+    Raises FileNotFoundError when there is none, else ``ValueError`` with a one-line reason
+    for a manifest that is a symlink, not JSON, or not of the shape replay reads.
+    """
+    try:
+        data = _read_inside(directory, MANIFEST, MAX_MANIFEST_BYTES)
+    except DumpFileError as exc:
+        if isinstance(exc.__cause__, FileNotFoundError):
+            raise FileNotFoundError(str(exc)) from None
+        raise
+    try:
+        manifest = json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ValueError(f"{MANIFEST} is not UTF-8 text") from None
+    except RecursionError:
+        raise ValueError(f"{MANIFEST} is nested too deeply to be a dump manifest") from None
+    except ValueError as exc:
+        raise ValueError(f"{MANIFEST} is not JSON ({exc})") from None
+    if not isinstance(manifest, dict):
+        raise ValueError(f"{MANIFEST} holds {_json_name(manifest)}, not an object")
+    if manifest.get("schema_version") != SCHEMA_VERSION:
+        raise ValueError(f"not an otel-gpu dump manifest of schema version {SCHEMA_VERSION}")
+    _check_shape(manifest)
+    return manifest
+
+
+def _json_name(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true/false"
+    if isinstance(value, (int, float)):
+        return "a number"
+    return "null" if value is None else _JSON_NAMES.get(type(value), type(value).__name__)
+
+
+def _check_shape(manifest: dict[str, Any]) -> None:
+    """``ValueError`` naming the first field whose JSON type is not the one replay reads."""
+
+    def want(where: str, value: Any, types_: tuple[type, ...]) -> None:
+        ok = isinstance(value, types_) and not (isinstance(value, bool) and bool not in types_)
+        if not ok:
+            names = " or ".join(
+                _JSON_NAMES.get(t, "null" if t is type(None) else "a number") for t in types_
+            )
+            raise ValueError(f"manifest field {where} must be {names}, not {_json_name(value)}")
+
+    for name, types_ in _FIELD_TYPES.items():
+        if name in manifest:
+            want(name, manifest[name], types_)
+    for name, value in (manifest.get("function") or {}).items():
+        if name in ("span_name", "module", "qualname", "instrumented"):
+            want(f"function.{name}", value, (str, type(None)))
+    for name, value in (manifest.get("files") or {}).items():
+        want(f"files.{name}", value, (str, type(None)))
+    for i, param in enumerate(manifest.get("params") or []):
+        want(f"params[{i}]", param, (dict,))
+        want(f"params[{i}].name", param.get("name"), (str,))
+        want(f"params[{i}].value", param.get("value"), (dict,))
+    for key, meta in (manifest.get("tensors") or {}).items():
+        want(f"tensors.{key}", meta, (dict,))
+    for key, enc in (manifest.get("mutated") or {}).items():
+        want(f"mutated.{key}", enc, (dict,))
+
+
+def _read_inside(directory: str, filename: Any, limit: int | None = None) -> bytes:
+    """The bytes of the regular file ``directory/filename``, never of anything outside it.
+
+    ``filename`` must be a plain name (no separator, not ``.``/``..``); a symlink (its target
+    may lie anywhere), a folder, a FIFO or a device is refused, so a dump cannot make replay read
+    or block on a file outside the call's directory.
+    """
+    if not _plain_name(filename):
+        raise DumpFileError(
+            f"refusing file name {filename!r}: a dump names only plain files inside its "
+            "call's directory"
+        )
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    try:
+        fd = os.open(os.path.join(directory, filename), flags)
+    except FileNotFoundError as exc:
+        raise DumpFileError(f"{filename} is missing from the dump") from exc
+    except OSError as exc:
+        if os.path.islink(os.path.join(directory, filename)):
+            raise DumpFileError(
+                f"refusing {filename}: it is a symlink (replay reads only files inside the dump)"
+            ) from None
+        raise DumpFileError(f"{filename} cannot be read ({exc.strerror or exc})") from None
+    try:
+        import stat
+
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise DumpFileError(f"refusing {filename}: not a regular file")
+        if limit is not None and info.st_size > limit:
+            raise DumpFileError(f"refusing {filename}: {info.st_size} bytes, over {limit}")
+        chunks = []
+        while True:
+            chunk = os.read(fd, 1 << 22)
+            if not chunk:
+                break
+            chunks.append(chunk)
+        return b"".join(chunks)
+    except OSError as exc:
+        raise DumpFileError(f"{filename} cannot be read ({exc.strerror or exc})") from None
+    finally:
+        os.close(fd)
+
+
+def _plain_name(name: Any) -> bool:
+    """A file name with no folder part: no separator, not ``.`` or ``..``, no NUL."""
+    return (
+        isinstance(name, str)
+        and name not in ("", ".", "..")
+        and os.path.basename(name) == name
+        and not (os.altsep and os.altsep in name)
+        and "\0" not in name
+    )
+
+
+def load_tensors(
+    directory: str, filename: str | None, field: str = "tensor file"
+) -> dict[str, torch.Tensor]:
+    """Load a tensor file without unpickling objects: ``torch.load(weights_only=True)`` or safetensors.
+
+    ``field`` names where the dump named the file (``files.outputs``), for the message. Every
+    failure is a :class:`DumpFileError` naming the file: missing, outside the call's directory
+    (a path, a symlink), truncated or corrupt, holding objects other than tensors.
+    """
+    if not filename:
+        return {}
+    ext = os.path.splitext(filename)[1] if isinstance(filename, str) else ""
+    if ext not in TENSOR_FILES or not _plain_name(filename):
+        raise DumpFileError(
+            f"{field}: refusing tensor file name {filename!r} (must be a plain .pt/.safetensors "
+            "name inside the call's directory)"
+        )
+    try:
+        data = _read_inside(directory, filename)
+    except DumpFileError as exc:
+        raise DumpFileError(f"{field}: {exc}") from exc.__cause__
+    if ext == ".safetensors":
+        from safetensors.torch import load as load_safetensors
+
+        try:
+            return load_safetensors(data)
+        except Exception as exc:
+            raise DumpFileError(
+                f"{field}: {filename} is not a readable safetensors file (truncated or "
+                f"corrupt: {_first_line(exc)})"
+            ) from None
+    import io
+
+    try:
+        loaded = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        # torch's message suggests weights_only=False: exactly what must never happen here
+        lines = [ln.strip() for ln in str(exc).splitlines() if "GLOBAL" in ln]
+        if not lines:  # bytes the unpickler cannot parse: damage, not a payload
+            why = [ln.strip() for ln in str(exc).splitlines() if "Unsupported" in ln]
+            raise DumpFileError(
+                f"{field}: {filename} is not a readable torch file (truncated or corrupt: "
+                f"{why[0] if why else type(exc).__name__})"
+            ) from None
+        raise DumpFileError(
+            f"{field}: refusing {filename}: it holds objects other than tensors ({lines[0]})"
+        ) from None
+    except Exception as exc:
+        raise DumpFileError(
+            f"{field}: {filename} is not a readable torch file (truncated or corrupt: "
+            f"{_first_line(exc)})"
+        ) from None
+    if not isinstance(loaded, dict) or not all(
+        isinstance(v, torch.Tensor) for v in loaded.values()
+    ):
+        raise DumpFileError(f"{field}: {filename} does not hold a dict of tensors")
+    return loaded
+
+
+def _first_line(exc: BaseException) -> str:
+    """The first line of an exception's message, short, without torch's advice to unpickle."""
+    lines = str(exc).strip().splitlines() or [type(exc).__name__]
+    line = lines[0]
+    if "weights_only" in line:
+        line = type(exc).__name__
+    return line if len(line) <= 160 else line[:157] + "..."
+
+
+def restore_layout(
+    t: torch.Tensor, meta: dict[str, Any], device: torch.device | str
+) -> torch.Tensor:
+    """Place a stored tensor on ``device`` with the recorded shape, strides and storage offset.
+
+    ``ValueError`` when the recorded layout is not one of non-negative integers that fits the
+    stored tensor (a hand-edited manifest), rather than a view of memory it does not describe.
+    """
+    shape, stride = meta.get("shape"), meta.get("stride")
+    offset = meta.get("storage_offset", 0)
+    if not (
+        isinstance(shape, list)
+        and isinstance(stride, list)
+        and len(shape) == len(stride)
+        and all(type(v) is int and v >= 0 for v in [*shape, *stride, offset])
+    ):
+        raise ValueError(
+            f"the recorded layout (shape {shape!r}, stride {stride!r}, storage_offset "
+            f"{offset!r}) is not one of non-negative integers"
+        )
+    shape, stride = tuple(shape), tuple(stride)
+    stored = 0 if 0 in shape else math.prod(1 if s == 0 else n for n, s in zip(shape, stride))
+    if stored != t.numel():
+        raise ValueError(
+            f"the recorded shape {list(shape)} does not fit the stored tensor "
+            f"of shape {list(t.shape)}"
+        )
+    if tuple(t.shape) == shape and t.stride() == stride and offset == 0:
+        return t.to(device)
+    if 0 in shape:
+        return torch.empty_strided(shape, stride, dtype=t.dtype, device=device)
+    extent = offset + 1 + sum((n - 1) * s for n, s in zip(shape, stride))
+    full = torch.empty(extent, dtype=t.dtype, device=device).as_strided(shape, stride, offset)
+    target = full
+    for d, (n, s) in enumerate(zip(shape, stride)):
+        if s == 0 and n > 1:
+            target = target.narrow(d, 0, 1)
+    try:
+        target.copy_(t)
+    except RuntimeError:  # overlapping strides cannot be written through: values matter most
+        return t.to(device).expand(shape).contiguous()
+    return full

@@ -1,0 +1,179 @@
+"""Rebuilding a ``torch.nn.Module`` receiver for replay: its ``state_dict`` and constructor arguments.
+
+With ``OTEL_GPU_DUMP_MODULES=true`` the flight recorder saves, once per module instance, the
+module's ``state_dict`` below ``<dump dir>/modules/<sha256 of the contents>.pt`` (shared by every
+call and every identical module) and the arguments to construct it again: each parameter of the
+class's ``__init__`` is taken from the module's attribute of the same name (``config``,
+``layer_idx``, ``in_features``…); a tensor attribute for a ``bool`` parameter means ``True``
+(``nn.Linear(bias=True)`` keeps its bias tensor); parameters with defaults may be absent.
+Replay constructs the class with them and loads the state strictly. What cannot be rebuilt that
+way is said, and the call is skipped with that reason.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import os
+import re
+import stat
+import threading
+import weakref
+from typing import Any
+
+import torch
+
+from otel_gpu import _files
+from otel_gpu.recorder import manifest
+
+__all__ = ["STATE_DIR", "CannotRebuild", "load_state", "record", "state_path"]
+
+STATE_DIR = "modules"
+_STATE_NAME = re.compile(r"^[0-9a-f]{64}\.pt$")
+_lock = threading.Lock()
+_recorded: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
+_written_bytes = 0
+
+
+class CannotRebuild(Exception):
+    """The module cannot be reconstructed from its attributes; the message says why."""
+
+
+def record(
+    module: torch.nn.Module, root: str, enc: manifest.Encoder, max_bytes: int
+) -> dict[str, Any]:
+    """The manifest's receiver for ``module``: its type, constructor arguments and state file.
+
+    The state is written once per module instance (the first call); later calls refer to it.
+    Raises :class:`CannotRebuild` when the constructor arguments cannot be found, the state is
+    over the size limit or cannot be written (``modules/`` is a symlink, the disk is full).
+    """
+    global _written_bytes
+    with _lock:
+        known = _recorded.get(module)
+    if known is None:
+        init = _init_arguments(module)
+        state = {k: v.detach().to("cpu").contiguous() for k, v in module.state_dict().items()}
+        nbytes = sum(t.numel() * t.element_size() for t in state.values())
+        with _lock:
+            if _written_bytes + nbytes > max_bytes:
+                raise CannotRebuild(
+                    f"its state ({nbytes / 2**20:.1f} MiB) would exceed "
+                    f"OTEL_GPU_DUMP_MODULES_MAX_MB={max_bytes / 2**20:g}"
+                )
+            _written_bytes += nbytes
+        name = _content_hash(state) + ".pt"
+        try:
+            _write_state(root, name, state)
+        except OSError as exc:  # this call goes without its module; the dump goes on
+            raise CannotRebuild(f"its state could not be written: {exc}") from None
+        device = next((str(t.device) for t in module.state_dict().values()), "cpu")
+        known = {"init": init, "state": name, "device": device}
+        with _lock:
+            _recorded[module] = known
+    return {
+        "t": "module",
+        "type": manifest.type_ref(type(module)),
+        "init": {k: enc.encode(v, f"self.{k}") for k, v in known["init"].items()},
+        "state": known["state"],
+        "device": known["device"],
+        "training": module.training,
+    }
+
+
+def _write_state(root: str, name: str, state: dict[str, torch.Tensor]) -> None:
+    """Write ``<root>/modules/<name>`` unless a regular file of that name is there already
+    (identical modules share one file).
+
+    ``modules/`` is otel-gpu's: created 0700 (the root and its parents too), or an existing one
+    must be a real folder of this user's. The file is written as every dump file is
+    (:mod:`otel_gpu._files`: 0600, a random temporary name, renamed into place), so a symlink
+    planted at the temporary or the final name is never written through: a link at the final
+    name is replaced by the state.
+    """
+    if not _files.make_dirs(root):
+        _files.warn_if_shared(root, "dump dir (OTEL_GPU_DUMP_DIR)")
+    directory = _files.own_dir(root, STATE_DIR)
+    try:
+        if stat.S_ISREG(os.lstat(os.path.join(directory, name)).st_mode):
+            return
+    except FileNotFoundError:
+        pass
+    _files.write_atomic(directory, name, lambda f: torch.save(state, f))
+
+
+def _init_arguments(module: torch.nn.Module) -> dict[str, Any]:
+    cls = type(module)
+    try:
+        params = list(inspect.signature(cls.__init__).parameters.values())[1:]
+    except (TypeError, ValueError):
+        raise CannotRebuild(f"the constructor of {cls.__qualname__} has no signature") from None
+    found: dict[str, Any] = {}
+    P = inspect.Parameter
+    for p in params:
+        if p.kind in (P.VAR_POSITIONAL, P.VAR_KEYWORD):
+            continue
+        has = p.name in module.__dict__ or hasattr(module, p.name)
+        value = getattr(module, p.name, None) if has else None
+        if has and isinstance(value, (torch.Tensor, torch.nn.Module)):
+            if isinstance(p.default, bool):
+                value = True  # nn.Linear(bias=True) keeps the tensor, not the flag
+            else:
+                has = False
+        elif has and value is None and isinstance(p.default, bool):
+            value = False
+        if has:
+            found[p.name] = value
+        elif p.default is P.empty:
+            raise CannotRebuild(
+                f"constructor parameter {p.name!r} of {cls.__qualname__} is not an attribute "
+                "of the module, so replay cannot construct it again"
+            )
+    return found
+
+
+def _content_hash(state: dict[str, torch.Tensor]) -> str:
+    digest = hashlib.sha256()
+    for key in sorted(state):
+        t = state[key]
+        digest.update(f"{key}:{t.dtype}:{tuple(t.shape)};".encode())
+        digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return digest.hexdigest()
+
+
+def state_path(call_dir: str, name: str) -> str:
+    """Where a manifest's module state lives: ``modules/`` beside the call's directory, or one
+    level up for a call in a ring dump (``<dump dir>/ring-…/<call>``). Refuses names that are not
+    a content hash, so a dump cannot point outside its own tree."""
+    if not isinstance(name, str) or not _STATE_NAME.fullmatch(name):
+        raise manifest.DumpFileError(
+            f"receiver.state: refusing module state name {name!r} (must be <sha256>.pt)"
+        )
+    parent = os.path.dirname(os.path.abspath(call_dir))
+    path = os.path.join(parent, STATE_DIR, name)
+    if not os.path.lexists(path) and os.path.basename(parent).startswith("ring-"):
+        path = os.path.join(os.path.dirname(parent), STATE_DIR, name)
+    return path
+
+
+def load_state(call_dir: str, name: str) -> dict[str, torch.Tensor]:
+    """The recorded ``state_dict`` (tensors only: ``weights_only`` loading, nothing unpickled).
+
+    Raises :class:`otel_gpu.recorder.manifest.DumpFileError` naming the file when it is missing, corrupt
+    or not inside the dump's own ``modules/`` folder (that folder or the file a symlink).
+    """
+    path = state_path(call_dir, name)
+    folder = os.path.dirname(path)
+    if os.path.islink(folder):
+        raise manifest.DumpFileError(
+            f"receiver.state: refusing {STATE_DIR}/{name}: the {STATE_DIR}/ folder is a symlink "
+            "(replay reads only files inside the dump)"
+        )
+    return manifest.load_tensors(folder, name, f"receiver.state ({STATE_DIR}/)")
+
+
+def _reset_for_tests() -> None:
+    global _written_bytes
+    with _lock:
+        _recorded.clear()
+        _written_bytes = 0

@@ -1,0 +1,618 @@
+"""The flight recorder (level 10): every decorated call's tensors on disk, linked to its span.
+
+For each call that passes the filters and limits, :class:`Recorder` creates one
+directory below ``OTEL_GPU_DUMP_DIR``. How the inputs reach the disk follows
+``OTEL_GPU_DUMP_DURABILITY``: ``fsync`` (default) and ``process`` write the inputs and
+a manifest with status ``inputs_saved`` on the caller's thread *before the call runs*
+(fsync'd, or left to the kernel's page cache), so a process that dies inside the call
+leaves a loadable case; ``async`` copies them before the call and lets the writer
+thread write them. After the call the outputs are copied to reused host buffers
+(pinned, and copied without waiting, for CUDA tensors) on the caller's thread and
+written by a background thread through a bounded queue.
+
+The span of a dumped call carries ``otel_gpu.dump.dir``; any other call carries
+``otel_gpu.dump.skipped`` with the reason. The format is in ``docs/flight-recorder.md``;
+:mod:`otel_gpu.replay` re-runs the calls.
+"""
+
+from __future__ import annotations
+
+import errno
+import fnmatch
+import itertools
+import os
+import queue
+import socket
+import sys
+import threading
+import time
+from typing import Any
+
+import torch
+
+from otel_gpu import _files, _guard
+from otel_gpu.calls import _describe, metadata
+from otel_gpu.config import Settings, environ, expand_path
+from otel_gpu.recorder import manifest as _manifest
+from otel_gpu.recorder import target as _dump_target
+
+__all__ = [
+    "ATTR_DIR",
+    "ATTR_OUTPUTS_SKIPPED",
+    "ATTR_OUTPUTS_UNSUPPORTED",
+    "ATTR_SKIPPED",
+    "Recorder",
+    "make_observer",
+]
+
+ATTR_DIR = "otel_gpu.dump.dir"
+"""Span attribute: absolute path of the call's dump directory."""
+ATTR_SKIPPED = "otel_gpu.dump.skipped"
+"""Span attribute: why the call was not dumped (see :data:`SKIP_REASONS`)."""
+ATTR_OUTPUTS_SKIPPED = "otel_gpu.dump.outputs_skipped"
+"""Span attribute: why a dumped call's outputs (all or some) were not written."""
+ATTR_OUTPUTS_UNSUPPORTED = "otel_gpu.dump.outputs_unsupported"
+"""Span attribute: the parts of the outputs that could not be recorded, with their types."""
+
+SKIP_REASONS = (
+    "filtered",  # OTEL_GPU_DUMP_INCLUDE / _EXCLUDE
+    "max_count",  # OTEL_GPU_DUMP_MAX_COUNT reached
+    "max_size",  # OTEL_GPU_DUMP_MAX_SIZE_GB would be exceeded
+    "cuda_graph_capture",  # copying would break the capture
+    "write_failed",  # the directory could not be written; dumping stopped
+    "closed",  # the recorder was shut down (exit or reconfiguration)
+)
+
+_QUEUE_ITEMS = 32  # queued calls; beyond this (or _QUEUE_BYTES) the caller writes itself
+_QUEUE_BYTES = 1 << 30
+_CLOSE_TIMEOUT = 60.0  # seconds close() waits for queued outputs: they are the point of level 10
+_SEQ = itertools.count(1)  # process-wide, so directory names keep sorting across reconfiguration
+_STOP = object()
+_INPUTS, _FINAL = 0, 1  # writer jobs: a call's inputs (async mode), its outputs or exception
+
+
+def make_observer(settings: Settings, pipeline: Any) -> Recorder | None:
+    """Called by the pipeline at level 10: the recorder for ``settings``."""
+    return Recorder(settings, pipeline)
+
+
+class _Pending:
+    __slots__ = ("dir", "ended", "inputs", "manifest", "saved", "written")
+
+    def __init__(self, directory: str, manifest: dict[str, Any], inputs: list[Any]) -> None:
+        self.dir = directory
+        self.manifest = manifest
+        self.inputs = inputs  # (key, tensor, version at start): in-place changes become outputs
+        self.ended = False  # the call returned or raised (set under the recorder's lock)
+        # an inputs_saved manifest is (being) written: a call that returns needs its marker
+        self.saved = True
+        self.written: threading.Event | None = None  # async mode: set once the inputs are saved
+
+
+class Recorder:
+    """The level-10 observer: ``start``/``end`` on the caller's thread, a writer thread for outputs."""
+
+    min_level = 10  # functions decorated below level 10 are never dumped
+
+    def __init__(self, settings: Settings, pipeline: Any) -> None:
+        self.settings = settings
+        self.pipeline = pipeline
+        self.root = os.path.abspath(os.path.expanduser(expand_path(settings.dump_dir)))
+        self.format = settings.dump_format
+        durability = settings.dump_durability
+        self._fsync = durability == "fsync"  # decided once: the call path only reads a flag
+        self._async_inputs = durability == "async"
+        self._buffers = _manifest.HostBuffers()
+        self.max_bytes = int(settings.dump_max_size_gb * (1 << 30))
+        self.max_count = settings.dump_max_count
+        self.count = 0
+        self.used = 0
+        self.stopped: str | None = None
+        self._lock = threading.Lock()
+        self._active: dict[Any, _Pending] = {}
+        self._selected: dict[str, bool] = {}
+        self._targets: dict[Any, _dump_target.Target] = {}
+        words = tuple(settings.redact)
+        # the same rule as the span attributes (OTEL_GPU_REDACT): parameter, dict key or kwarg name
+        self._secret = (lambda name: metadata.is_secret(name, words)) if words else None
+        # async mode queues two jobs a call (inputs, then outputs): still _QUEUE_ITEMS calls
+        self._queue: queue.Queue[Any] = queue.Queue(_QUEUE_ITEMS * (1 + self._async_inputs))
+        self._queued_bytes = 0
+        self._closing = False
+        self._errors: list[BaseException] = []
+        try:
+            if not _files.make_dirs(self.root):  # created 0700, parents too, or the user's own
+                _files.warn_if_shared(self.root, "dump dir (OTEL_GPU_DUMP_DIR)")
+        except OSError as exc:
+            self._fail(exc)
+        self._writer = threading.Thread(target=self._write_loop, name="otel-gpu-dump", daemon=True)
+        self._writer.start()
+
+    # ------------------------------------------------------------------ caller's thread
+
+    def start(self, call: Any) -> None:
+        """Write the call's inputs and manifest (fsync'd) before the call runs, or record why not."""
+        reason = self._gate(call.plan)
+        if reason is None:
+            try:
+                reason = self._record_inputs(call)
+            except OSError as exc:
+                reason = self._fail(exc)
+        if reason is not None:
+            call.span.set_attribute(ATTR_SKIPPED, reason)
+
+    def end(self, call: Any) -> None:
+        """Record how the call ended: exception synchronously, outputs through the writer thread."""
+        pending = self._active.pop(call, None)
+        if pending is None:
+            return
+        with self._lock:  # from here on the writer no longer writes an inputs_saved manifest
+            pending.ended = True
+            saved = pending.saved
+        try:
+            if call.exc is not None:
+                self._record_raised(call, pending, saved)
+            else:
+                self._record_outputs(call, pending, saved)
+        except OSError as exc:
+            self._fail(exc)
+
+    def flush(self, timeout: float = _CLOSE_TIMEOUT) -> bool:
+        """Wait until queued outputs are on disk; True when the queue emptied within ``timeout`` s."""
+        deadline = time.monotonic() + timeout
+        while self._queue.unfinished_tasks and self._writer.is_alive():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.002)
+        return True
+
+    def close(self) -> None:
+        """Stop dumping and wait (up to 60 s) for queued outputs to reach the disk."""
+        with self._lock:
+            self._closing = True  # after this, end() writes outputs itself
+            if self.stopped is None:
+                self.stopped = "closed"
+        if self._writer.is_alive():
+            self._queue.put(_STOP)
+            self._writer.join(_CLOSE_TIMEOUT)
+            if self._writer.is_alive():
+                _guard.warn_once(
+                    "dump.close",
+                    "otel-gpu flight recorder: outputs of %d call(s) were not written within %.0f s "
+                    "at shutdown; replay reports them as skipped",
+                    self._queue.qsize(),
+                    _CLOSE_TIMEOUT,
+                )
+        self._buffers.clear()
+        if self._errors:
+            errors, self._errors = self._errors, []
+            _guard.internal_error("dump", errors[0])
+
+    # ------------------------------------------------------------------ decisions
+
+    def _gate(self, plan: Any) -> str | None:
+        if self.stopped is not None:
+            return self.stopped
+        name = plan.name
+        selected = self._selected.get(name)
+        if selected is None:
+            s = self.settings
+            selected = (
+                not s.dump_include or any(fnmatch.fnmatchcase(name, p) for p in s.dump_include)
+            ) and not any(fnmatch.fnmatchcase(name, p) for p in s.dump_exclude)
+            self._selected[name] = selected
+        if not selected:
+            return "filtered"
+        capturing = plan.capture_stats  # _gpu.is_capturing where CUDA exists, decided at decoration
+        if capturing is not None and capturing():
+            return "cuda_graph_capture"
+        return None
+
+    def _reserve(self, nbytes: int, new_call: bool) -> str | None:
+        """Count a call and its bytes against the limits before anything is copied."""
+        with self._lock:
+            if new_call and self.count >= self.max_count:
+                reason = "max_count"
+            elif self.used + nbytes > self.max_bytes:
+                reason = "max_size"
+            else:
+                self.count += new_call
+                self.used += nbytes
+                return None
+        limit = (
+            f"OTEL_GPU_DUMP_MAX_COUNT={self.max_count}"
+            if reason == "max_count"
+            else f"OTEL_GPU_DUMP_MAX_SIZE_GB={self.settings.dump_max_size_gb:g}"
+        )
+        _guard.warn_once(
+            "dump." + reason,
+            "otel-gpu flight recorder: %s reached; further calls are not dumped (their spans carry "
+            "otel_gpu.dump.skipped=%s). This is reported once.",
+            limit,
+            reason,
+        )
+        return reason
+
+    def _fail(self, exc: OSError) -> str:
+        """A full disk or an unwritable directory stops dumping, with one warning."""
+        self.stopped = "write_failed"
+        why = errno.errorcode.get(exc.errno or 0, "") if exc.errno else ""
+        _guard.warn_once(
+            "dump.write_failed",
+            "otel-gpu flight recorder stopped: cannot write below %s (%s%s). Your program continues; "
+            "further calls carry otel_gpu.dump.skipped=write_failed.",
+            self.root,
+            f"{why}: " if why else "",
+            exc,
+        )
+        return "write_failed"
+
+    # ------------------------------------------------------------------ recording
+
+    def _record_inputs(self, call: Any) -> str | None:
+        plan = call.plan
+        target, tensors, meta, params, arg_keys, receiver = encode_inputs(
+            call, self._targets, self._secret
+        )
+        why_not = target.why_not
+        if call.bound is None and why_not is None:
+            why_not = "the arguments could not be captured"
+        reason = self._reserve(sum(m["nbytes"] for m in meta.values()), True)
+        if reason is not None:
+            return reason
+        seq = next(_SEQ)
+        manifest = new_manifest(call, target, params, receiver, meta, why_not, seq, self.pipeline)
+        directory = os.path.join(
+            self.root,
+            _manifest.call_dir_name(
+                seq, call.start_ns, call.span.get_span_context().span_id, plan.name
+            ),
+        )
+        # inference tensors have no version counter: their in-place changes go unnoticed
+        versions = [
+            (k, tensors[k], tensors[k]._version) for k in arg_keys if not tensors[k].is_inference()
+        ]
+        pending = _Pending(directory, manifest, versions)
+        if self._async_inputs:
+            # the call may change its inputs in place: copying them is the one thing done here
+            copies = self._buffers.copy(tensors)
+            pending.saved = False
+            pending.written = threading.Event()
+            if not self._enqueue((_INPUTS, pending, copies, copies.nbytes), copies.nbytes):
+                self._write_inputs(pending, copies)  # back-pressure: the caller writes
+        else:
+            _files.make_dir(directory)
+            host = {k: _manifest.host_copy(t, always_copy=False) for k, t in tensors.items()}
+            manifest["files"]["inputs"] = _manifest.save_tensors(
+                os.path.join(directory, "inputs"), host, self.format, self._fsync
+            )
+            del host
+            _manifest.write_json(directory, _manifest.MANIFEST, manifest, self._fsync)
+        self._active[call] = pending
+        call.span.set_attribute(ATTR_DIR, directory)
+        return None
+
+    def _record_raised(self, call: Any, pending: _Pending, saved: bool) -> None:
+        exc = call.exc
+        manifest = pending.manifest
+        manifest["status"] = "raised"
+        manifest["time"]["end_unix_nano"] = call.end_ns
+        # message and traceback run the exception's own code: formatted off the caller's thread
+        manifest["exception"] = _describe.exception_record(exc, call.tb)
+        if pending.written is None:  # inputs already on disk: record it now
+            _manifest.write_json(pending.dir, _manifest.MANIFEST, manifest, self._fsync)
+            return
+        if saved:  # async mode: if the process ends before the writer gets here, it is no crash
+            _touch(os.path.join(pending.dir, _manifest.RETURNED))
+        self._submit(pending, _manifest.HostCopies())
+
+    def _record_outputs(self, call: Any, pending: _Pending, saved: bool) -> None:
+        manifest = pending.manifest
+        manifest["time"]["end_unix_nano"] = call.end_ns
+        tensors: dict[str, torch.Tensor] = {}
+        meta: dict[str, Any] = {}
+        enc = _manifest.Encoder("", tensors, meta, self._secret)
+        manifest["result"] = enc.encode(call.result, "output")
+        for key, t, version in pending.inputs:
+            if t._version != version:  # modified in place by the call: an output too
+                manifest["mutated"][key] = enc.encode(t, "mutated." + key.removeprefix("input."))
+        manifest["tensors"].update(meta)
+        if enc.unsupported:  # replay will say "unverified" for these parts, never "pass"
+            manifest["outputs_unsupported"] = enc.unsupported[:64]
+            call.span.set_attribute(ATTR_OUTPUTS_SKIPPED, "unsupported_type")
+            call.span.set_attribute(
+                ATTR_OUTPUTS_UNSUPPORTED, [u[:256] for u in enc.unsupported[:16]]
+            )
+        if saved:  # marker first: if the process dies before the writer runs, replay knows
+            _touch(os.path.join(pending.dir, _manifest.RETURNED))
+        nbytes = sum(m["nbytes"] for m in meta.values())
+        capturing = call.plan.capture_stats
+        if capturing is not None and capturing():
+            reason: str | None = "cuda_graph_capture"
+        else:
+            reason = self._reserve(nbytes, False) if nbytes else None
+        if reason is not None:
+            manifest["outputs_skipped"] = reason
+            call.span.set_attribute(ATTR_OUTPUTS_SKIPPED, reason)
+            tensors = {}
+        # the program may modify outputs after the call returns: copy them now (a reused
+        # buffer costs the copy, a fresh one page faults too; CUDA copies are not waited for)
+        self._submit(pending, self._buffers.copy(tensors))
+
+    def _submit(self, pending: _Pending, copies: _manifest.HostCopies) -> None:
+        if self._enqueue((_FINAL, pending, copies, copies.nbytes), copies.nbytes):
+            return
+        # back-pressure: the caller writes, memory stays bounded (after its queued inputs)
+        if pending.written is not None and not pending.written.wait(_CLOSE_TIMEOUT):
+            self._buffers.release(copies)
+            return
+        self._write_outputs(pending, copies)
+
+    def _enqueue(self, job: tuple[Any, ...], nbytes: int) -> bool:
+        with self._lock:
+            if self._closing or self._queued_bytes + nbytes > _QUEUE_BYTES:
+                return False
+            try:
+                self._queue.put_nowait(job)
+            except queue.Full:
+                return False
+            self._queued_bytes += nbytes
+        return True
+
+    # ------------------------------------------------------------------ writer thread
+
+    def _write_inputs(self, pending: _Pending, copies: _manifest.HostCopies) -> None:
+        """Async mode: the inputs copied before the call, then the inputs_saved manifest unless
+        the call has already ended (its final manifest follows in the queue: written once)."""
+        try:
+            _files.make_dir(pending.dir)
+            copies.wait()
+            name = _manifest.save_tensors(
+                os.path.join(pending.dir, "inputs"), copies.tensors, self.format, False
+            )
+            with self._lock:  # the caller changes the manifest once the call has ended
+                pending.manifest["files"]["inputs"] = name
+                pending.saved = not pending.ended
+                data = _manifest.encode_json(pending.manifest) if pending.saved else None
+            if data is not None:
+                _manifest.write_bytes(pending.dir, _manifest.MANIFEST, data, False)
+        finally:
+            self._buffers.release(copies)
+            if pending.written is not None:
+                pending.written.set()
+
+    def _write_outputs(self, pending: _Pending, copies: _manifest.HostCopies) -> None:
+        directory, manifest = pending.dir, pending.manifest
+        try:
+            if copies.tensors:
+                copies.wait()
+                manifest["files"]["outputs"] = _manifest.save_tensors(
+                    os.path.join(directory, "outputs"), copies.tensors, self.format, self._fsync
+                )
+        finally:
+            self._buffers.release(copies)
+        if manifest["status"] == "inputs_saved":
+            manifest["status"] = "completed"
+        _manifest.write_json(directory, _manifest.MANIFEST, manifest, self._fsync)
+
+    def _write_loop(self) -> None:
+        while True:
+            job = self._queue.get()
+            if job is _STOP:
+                self._queue.task_done()
+                return
+            kind, pending, copies, nbytes = job
+            try:
+                if self.stopped == "write_failed":
+                    self._buffers.release(copies)
+                    if pending.written is not None:
+                        pending.written.set()
+                elif kind == _INPUTS:
+                    self._write_inputs(pending, copies)
+                else:
+                    self._write_outputs(pending, copies)
+            except OSError as exc:
+                self._fail(exc)
+            except Exception as exc:
+                try:
+                    _guard.internal_error("dump", exc)
+                except Exception as raised:  # strict mode: re-raised by close()
+                    self._errors.append(raised)
+            finally:
+                with self._lock:
+                    self._queued_bytes -= nbytes
+                self._queue.task_done()
+
+
+def encode_inputs(
+    call: Any, targets: dict[Any, _dump_target.Target], secret: Any
+) -> tuple[
+    _dump_target.Target,
+    dict[str, torch.Tensor],
+    dict[str, Any],
+    list[dict[str, Any]],
+    list[str],
+    dict[str, Any] | None,
+]:
+    """A call's function, tensors (not copied), tensor metadata, encoded parameters, the keys of
+    the argument tensors (the receiver's state is not compared after the call) and receiver.
+
+    ``targets`` caches where each decorated function can be found again.
+    """
+    plan = call.plan
+    target = targets.get(plan)
+    if target is None:
+        target = _dump_target.Target(plan)
+        if target.module == "__main__":  # said at record time, when moving it is still cheap
+            _guard.warn_once(
+                "dump.main",
+                "otel-gpu flight recorder: %s is defined in __main__ (the script you ran); "
+                "`otel-gpu replay` imports functions from modules by name and will not be able "
+                "to import it, so its calls are recorded but cannot be replayed. Put it in a "
+                "module your script imports (docs/flight-recorder.md, 'A layout that replays'). "
+                "This is reported once.",
+                plan.name,
+            )
+        if target.found:  # a module still being imported may define the function later
+            targets[plan] = target
+    tensors: dict[str, torch.Tensor] = {}
+    meta: dict[str, Any] = {}
+    enc = _manifest.Encoder("input.", tensors, meta, secret)
+    params = [
+        {"name": name, "default": is_default, "value": enc.encode(value, name)}
+        for name, value, is_default in call.bound or ()
+    ]
+    arg_keys = list(tensors)
+    receiver = _receiver(call, enc) if target.receiver else None
+    return target, tensors, meta, params, arg_keys, receiver
+
+
+def _receiver(call: Any, enc: _manifest.Encoder) -> dict[str, Any]:
+    """The receiver's encoding; its ``__otel_gpu_state__`` hook is user code, ``SystemExit`` too."""
+    try:
+        return _dump_target.receiver(call, enc)
+    except BaseException as exc:  # the hook, or a __getattr__/__class__ property on the receiver
+        why = f"receiver hook failed: {type(exc).__name__}"
+        return {"t": "unsupported", "type": "?", "why": why}
+
+
+def new_manifest(
+    call: Any,
+    target: _dump_target.Target,
+    params: list[dict[str, Any]],
+    receiver: dict[str, Any] | None,
+    meta: dict[str, Any],
+    why_not: str | None,
+    seq: int,
+    pipeline: Any,
+) -> dict[str, Any]:
+    """A call's manifest as the recorder writes it before the call runs (status ``inputs_saved``).
+
+    The flight recorder and the in-memory ring (:mod:`otel_gpu.recorder.ring`) both write this format.
+    """
+    plan = call.plan
+    ctx = call.span.get_span_context()
+    return {
+        "schema_version": _manifest.SCHEMA_VERSION,
+        "status": "inputs_saved",
+        "function": {
+            "span_name": plan.name,
+            "module": target.module,
+            "qualname": target.qualname,
+            "file": target.file,
+            "receiver": receiver is not None,
+            "instrumented": getattr(plan, "instrumented", None),  # the instrument() target
+        },
+        "replayable": why_not is None,
+        "why_not_replayable": why_not,
+        "trace_id": f"{ctx.trace_id:032x}",
+        "span_id": f"{ctx.span_id:016x}",
+        "parent_span_id": f"{call.parent.span_id:016x}" if call.parent else None,
+        "sequence": seq,
+        "process": _process(),
+        "time": {"start_unix_nano": call.start_ns, "end_unix_nano": None},
+        "torch_state": {
+            "grad_enabled": torch.is_grad_enabled(),
+            "inference_mode": torch.is_inference_mode_enabled(),
+            "default_dtype": str(torch.get_default_dtype()).removeprefix("torch."),
+        },
+        "files": {"inputs": None, "outputs": None},
+        "tensors": meta,
+        "params": params,
+        # how many were passed positionally: replay calls the same way (wrappers such as
+        # transformers' check the keyword arguments they are given)
+        "positional": _positional(call, target),
+        "receiver": receiver,
+        "result": None,
+        "mutated": {},
+        "outputs_skipped": None,
+        "outputs_unsupported": [],
+        "exception": None,
+        "resource": _resource_summary(pipeline),
+    }
+
+
+def write_ring_call(
+    directory: str, entry: Any, result: Any, with_outputs: bool, fmt: str, secret: Any
+) -> str:
+    """Write one call the ring kept into ``directory`` (its inputs; its outputs when given)."""
+    manifest = entry.manifest
+    seq = manifest["sequence"]
+    span_id = int(manifest["span_id"], 16)
+    call_dir = os.path.join(
+        directory,
+        _manifest.call_dir_name(seq, entry.start_ns, span_id, manifest["function"]["span_name"]),
+    )
+    _files.make_dir(call_dir)
+    entry.copies.wait()
+    manifest["files"]["inputs"] = _manifest.save_tensors(
+        os.path.join(call_dir, "inputs"), entry.copies.tensors, fmt, False
+    )
+    manifest["status"] = entry.status
+    manifest["time"]["end_unix_nano"] = entry.end_ns
+    manifest["exception"] = entry.exception
+    if entry.status == "completed":
+        if with_outputs:
+            tensors: dict[str, torch.Tensor] = {}
+            meta: dict[str, Any] = {}
+            enc = _manifest.Encoder("", tensors, meta, secret)
+            manifest["result"] = enc.encode(result, "output")
+            manifest["tensors"].update(meta)
+            if enc.unsupported:
+                manifest["outputs_unsupported"] = enc.unsupported[:64]
+            host = {k: _manifest.host_copy(t, always_copy=True) for k, t in tensors.items()}
+            if host:
+                manifest["files"]["outputs"] = _manifest.save_tensors(
+                    os.path.join(call_dir, "outputs"), host, fmt, False
+                )
+        else:
+            manifest["outputs_skipped"] = "ring"  # the ring keeps inputs only
+    _manifest.write_json(call_dir, _manifest.MANIFEST, manifest, fsync=False)
+    return call_dir
+
+
+_proc: dict[str, Any] | None = None
+_resource: tuple[Any, dict[str, Any]] | None = None
+
+
+def _process() -> dict[str, Any]:
+    global _proc
+    if _proc is None or _proc["pid"] != os.getpid():
+        rank = environ().get("RANK")
+        _proc = {
+            "pid": os.getpid(),
+            "rank": int(rank) if rank and rank.isdigit() else None,
+            "host": socket.gethostname(),
+        }
+    return dict(_proc)
+
+
+def _resource_summary(pipeline: Any) -> dict[str, Any]:
+    """Versions and the process's resource attributes, computed once per resource."""
+    global _resource
+    resource = getattr(pipeline, "resource", None)
+    if _resource is not None and _resource[0] is resource:
+        return _resource[1]
+    summary: dict[str, Any] = {
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "torch.cuda": torch.version.cuda,
+    }
+    for key, value in dict(getattr(resource, "attributes", None) or {}).items():
+        summary[key] = list(value) if isinstance(value, tuple) else value
+    _resource = (resource, summary)
+    return summary
+
+
+def _touch(path: str) -> None:
+    _files.touch(path)  # O_EXCL|O_NOFOLLOW: a planted link is never opened
+
+
+def _positional(call: Any, target: _dump_target.Target) -> int | None:
+    """Arguments passed positionally, not counting a receiver passed as the first one."""
+    args = getattr(call, "args", None)
+    if args is None:
+        return None
+    plan = call.plan
+    passed = getattr(plan, "receiver_passed", False) and getattr(plan, "receiver", None) is None
+    return max(len(args) - (1 if passed and target.receiver and args else 0), 0)

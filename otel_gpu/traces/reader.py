@@ -1,0 +1,482 @@
+"""Reading OTLP JSON Lines trace files into span trees, for ``otel-gpu show``.
+
+Accepts what otel-gpu writes (one ``TracesData`` per line, hex ids, ``intValue`` as strings) and
+what the OpenTelemetry Collector's file exporter and other producers write: the older
+``instrumentationLibrarySpans``, snake_case keys, base64 ids, ``doubleValue`` as ``"NaN"`` or
+``"Infinity"``, and gzip files. ``otel_gpu.traces.ship`` reads lines with :func:`read_lines` and
+:func:`load_json` too, then parses them into protobuf messages (it needs hex ids and
+``scopeSpans``); here lines stay plain JSON, so one pass over a large file keeps only the few
+fields the tree needs.
+
+Files may be hostile: each line is bounded (:data:`MAX_LINE_BYTES`, :data:`MAX_DEPTH`) and every
+problem is a :class:`TraceFileError` naming ``FILE:LINE``, never another exception.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import gc
+import gzip
+import io
+import json
+import math
+import sys
+import zlib
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from otel_gpu._text import brief
+
+__all__ = [
+    "MAX_DEPTH",
+    "MAX_LINE_BYTES",
+    "Line",
+    "Problem",
+    "Span",
+    "Trace",
+    "TraceFileError",
+    "build_traces",
+    "load_json",
+    "read_all",
+    "read_lines",
+    "read_spans",
+    "too_deep",
+    "tree_path",
+]
+
+_GZIP_MAGIC = b"\x1f\x8b"
+_SERVICE = "service.name"
+_SCOPE_KEYS = (
+    "scopeSpans",
+    "scope_spans",
+    "instrumentationLibrarySpans",  # before OTLP 0.15, still written by some producers
+    "instrumentation_library_spans",
+)
+_ERROR_CODES = (2, "2", "STATUS_CODE_ERROR", "ERROR")
+# What the tree and the NaN/Inf analysis read; other attributes are not kept.
+_SPAN_KEYS = (
+    "otel_gpu.nonfinite",
+    "otel_gpu.dump.",
+    "otel_gpu.ring.dump.",
+    "otel_gpu.stuck",
+    "otel_gpu.events.omitted",
+)
+_UNUSED_FIELDS = (".stride", ".device", ".requires_grad", ".is_contiguous")
+_STAT_KEYS = frozenset(
+    {"otel_gpu.tensor", "numel", "nan_count", "inf_count", "otel_gpu.stats.note"}
+)
+_DOUBLES = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+MAX_LINE_BYTES = 64 * 1024 * 1024
+"""The longest line read: 64 MiB. otel-gpu writes one export batch (at most 512 spans) a line,
+a few MiB at most; a collector's file exporter writes one batch a line too."""
+MAX_DEPTH = 64
+"""The deepest nesting of JSON arrays and objects read in a line. OTLP trace data needs 12
+levels down to an attribute's value, and 3 more for each array or map value nested in it."""
+_LONG = f"line longer than {MAX_LINE_BYTES // 2**20} MiB (the most a line may hold): skipped"
+_DEEP = f"arrays and objects nested deeper than {MAX_DEPTH} levels (the most read)"
+_SKIP_CHUNK = 2**20
+_BRACKETS = bytes.maketrans(b"{}", b"[]")
+_NOT_BRACKETS = bytes(c for c in range(256) if c not in b'[]{}"')
+
+
+class TraceFileError(ValueError):
+    """A file cannot be read or one of its lines is not OTLP/JSON; starts with ``FILE:LINE:``.
+
+    ``torn``: the file ends inside a line (its last line has no newline and is not JSON, or a
+    gzip stream stops short), as a writer killed mid-line leaves it. ``whole_file``: the file
+    could not be read (to the end); nothing more comes from it.
+    """
+
+    def __init__(self, message: str, *, torn: bool = False, whole_file: bool = False) -> None:
+        super().__init__(message)
+        self.torn = torn
+        self.whole_file = whole_file
+
+
+Problem = Callable[[TraceFileError], None]
+"""Told about each invalid line or unreadable file; the reader goes on with the next line."""
+
+
+@dataclass(eq=False, slots=True)
+class Span:
+    """The fields of one span that the tree and the NaN/Inf analysis use."""
+
+    trace_id: str
+    span_id: str
+    parent_id: str | None
+    name: str
+    start: int
+    end: int
+    error: bool
+    message: str
+    attrs: dict[str, Any]
+    """The span's ``otel_gpu.*`` attributes that ``show`` uses (not stride, device…)."""
+    stats: list[dict[str, Any]]
+    """Of its ``otel_gpu.stats`` events, in order: tensor, numel, NaN/Inf counts and note."""
+    where: str
+    """``FILE:LINE`` the span was read from."""
+    service: str = ""
+    cycle: bool = False
+    """Its parent is in the file, but linking to it would close a cycle: shown as a root."""
+    parent: Span | None = None
+    children: list[Span] = field(default_factory=list)
+
+
+@dataclass(eq=False)
+class Trace:
+    trace_id: str
+    roots: list[Span]
+    count: int
+
+    @property
+    def start(self) -> int:
+        return min((r.start for r in self.roots), default=0)
+
+
+# --------------------------------------------------------------------------- reading
+
+
+@dataclass(frozen=True, slots=True)
+class Line:
+    """One non-blank line of a trace file, as bytes (decoded by :func:`load_json`)."""
+
+    path: str
+    number: int
+    """Counted from 1, blank lines included."""
+    raw: bytes
+    torn: bool
+    """The file's last line, with no newline after it: a writer may have died mid-line."""
+
+    @property
+    def where(self) -> str:
+        """``FILE:LINE``, for messages."""
+        return f"{self.path}:{self.number}"
+
+
+def _open(path: str) -> gzip.GzipFile | io.BufferedReader:
+    """Bytes, gzip or not by the content's magic (whatever the name): a text stream decodes
+    ahead in chunks, so its UnicodeDecodeError would name the wrong line and end the file."""
+    with open(path, "rb") as probe:
+        gzipped = probe.read(2) == _GZIP_MAGIC
+    return gzip.open(path, "rb") if gzipped else open(path, "rb")
+
+
+def read_lines(path: str, problem: Problem) -> Iterator[Line]:
+    """The non-blank lines of ``path`` (gzip too), each at most :data:`MAX_LINE_BYTES`.
+
+    A longer line is reported to ``problem`` and skipped, without holding it in memory. A file
+    that cannot be read (missing, a directory, a gzip stream cut short) is reported with
+    ``whole_file`` and ends the iteration.
+    """
+    lineno = 0
+    try:
+        with _open(path) as stream:
+            while True:
+                raw = stream.readline(MAX_LINE_BYTES + 1)
+                if not raw:
+                    return
+                lineno += 1
+                if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
+                    while raw and not raw.endswith(b"\n"):  # skip to the next line
+                        raw = stream.readline(_SKIP_CHUNK)
+                    problem(TraceFileError(f"{path}:{lineno}: {_LONG}"))
+                elif raw.strip():
+                    yield Line(path, lineno, raw, not raw.endswith(b"\n"))
+    except FileNotFoundError:
+        problem(TraceFileError(f"{path}: no such file", whole_file=True))
+    except IsADirectoryError:
+        problem(TraceFileError(f"{path}: is a directory, not a file", whole_file=True))
+    except (OSError, EOFError, zlib.error) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        after = f" after line {lineno}" if lineno else ""
+        # a gzip stream that stops short is what a writer killed mid-write leaves
+        torn = isinstance(exc, EOFError)
+        problem(TraceFileError(f"{path}: cannot read{after}: {why}", torn=torn, whole_file=True))
+
+
+def load_json(raw: bytes, where: str, torn: bool = False) -> Any:
+    """One line as JSON, within the bounds; :class:`TraceFileError` naming ``where`` if not.
+
+    ``torn`` (no newline after the file's last line): a line that is not UTF-8 or not JSON is
+    reported as cut short, with ``torn`` set, so a reader can show the rest.
+    """
+    cut = " (the last line, cut short: no newline after it)" if torn else ""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        message = f"{where}: not UTF-8 text (byte {raw[exc.start]:#04x} at offset {exc.start})"
+        raise TraceFileError(message + cut, torn=torn) from None
+    if too_deep(raw):
+        raise TraceFileError(f"{where}: {_DEEP}")
+    try:
+        # without its newline, a line cut short reads as cut short
+        return json.loads(text.rstrip("\r\n"))
+    except json.JSONDecodeError as exc:
+        at = "" if exc.msg.endswith(" at") else " at"  # "Unterminated string starting at"
+        message = f"{where}: not JSON ({exc.msg}{at} column {exc.colno})"
+        raise TraceFileError(message + cut, torn=torn) from None
+    except ValueError as exc:  # an integer of more digits than Python converts
+        raise TraceFileError(f"{where}: not JSON ({exc})") from None
+    except RecursionError:  # unbalanced brackets that too_deep left to the parser
+        raise TraceFileError(f"{where}: {_DEEP}") from None
+
+
+def too_deep(raw: bytes) -> bool:
+    """Whether arrays and objects nest deeper than :data:`MAX_DEPTH` in ``raw`` (JSON text).
+
+    Checked on the bytes, before parsing: ``json.loads`` and every recursive walk after it
+    would end in ``RecursionError`` on a nesting bomb. Costs a few C-speed passes over the line
+    (about a tenth of ``json.loads``'s time on a line of 512 otel-gpu spans), no Python loop
+    per byte.
+    """
+    # Drop escaped backslashes and quotes (pairing from the left, as JSON does), then all but
+    # brackets and quotes, then the strings (with any brackets in them). What is left is
+    # brackets; each pass removes the innermost pairs, so passes count the depth.
+    shape = raw.replace(b"\\\\", b"").replace(b'\\"', b"").translate(_BRACKETS, _NOT_BRACKETS)
+    shape = shape.replace(b'""', b"")  # removing two neighbouring quotes keeps the pairing
+    if b'"' in shape:
+        shape = b"".join(shape.split(b'"')[::2])
+    for _ in range(MAX_DEPTH):
+        if not shape:
+            return False
+        inner = shape.replace(b"[]", b"")
+        if len(inner) == len(shape):
+            return False  # unbalanced: the JSON parser says where
+        shape = inner
+    return b"[]" in shape
+
+
+def read_spans(
+    path: str, trace_id: str | None = None, problem: Problem | None = None
+) -> Iterator[Span]:
+    """The spans of ``path`` (gzip too), line by line; only trace ``trace_id`` (hex) if given.
+
+    Each invalid line or unreadable file is reported to ``problem`` and skipped; without one,
+    :class:`TraceFileError` is raised at the first.
+    Reading a large file is about twice as fast with the cyclic garbage collector paused (the
+    spans hold no cycles until :func:`build_traces` links them): see :func:`read_all`.
+    """
+    report = _raise if problem is None else problem
+    for line in read_lines(path, report):
+        try:
+            payload = load_json(line.raw, line.where, line.torn)
+            spans = list(_line_spans(payload, line.where, trace_id))
+        except TraceFileError as exc:
+            report(exc)
+            continue
+        yield from spans
+
+
+def _raise(exc: TraceFileError) -> None:
+    raise exc
+
+
+def _get(node: dict[str, Any], camel: str, snake: str, default: Any = None) -> Any:
+    return node.get(camel, node.get(snake, default))
+
+
+def _list(node: Any, keys: tuple[str, ...], where: str) -> list[Any]:
+    if not isinstance(node, dict):
+        raise TraceFileError(f"{where}: expected a JSON object holding {keys[0]}")
+    for key in keys:
+        if key in node:
+            value = node[key]
+            if not isinstance(value, list):
+                raise TraceFileError(f"{where}: {key} is not a list")
+            return value
+    return []
+
+
+def _line_spans(payload: Any, where: str, only: str | None) -> Iterator[Span]:
+    if not isinstance(payload, dict):
+        raise TraceFileError(f"{where}: expected a JSON object (OTLP TracesData)")
+    if "resourceSpans" not in payload and "resource_spans" not in payload:
+        if "resourceMetrics" in payload or "resourceLogs" in payload:
+            return  # a collector file may mix signals; metrics and logs have no spans to show
+        raise TraceFileError(f"{where}: not OTLP trace data (no resourceSpans)")
+    for rs in _list(payload, ("resourceSpans", "resource_spans"), where):
+        resource = rs.get("resource") if isinstance(rs, dict) else None
+        service = str(_attributes(resource, where, _SERVICE.__eq__).get(_SERVICE, ""))
+        for ss in _list(rs, _SCOPE_KEYS, where):
+            for raw in _list(ss, ("spans",), where):
+                if not isinstance(raw, dict):
+                    raise TraceFileError(f"{where}: a span is not a JSON object")
+                span = _span(raw, where, service)
+                if only is None or span.trace_id == only:
+                    yield span
+
+
+def _span(raw: dict[str, Any], where: str, service: str) -> Span:
+    name = str(raw.get("name", ""))
+    at = f"{where}: span {brief(name)}"
+    trace_id = _id(_get(raw, "traceId", "trace_id"), 16, "traceId", at)
+    span_id = _id(_get(raw, "spanId", "span_id"), 8, "spanId", at)
+    if trace_id is None or span_id is None:
+        raise TraceFileError(f"{at}: no traceId or spanId (or an all-zero one)")
+    attrs = _attributes(raw, at, _span_key)
+    stats = [
+        _attributes(event, at, _STAT_KEYS.__contains__)
+        for event in _list(raw, ("events",), at)
+        if isinstance(event, dict) and event.get("name") == "otel_gpu.stats"
+    ]
+    status = raw.get("status") or {}
+    return Span(
+        trace_id=trace_id,
+        span_id=span_id,
+        parent_id=_id(_get(raw, "parentSpanId", "parent_span_id"), 8, "parentSpanId", at),
+        name=name,
+        start=_int(_get(raw, "startTimeUnixNano", "start_time_unix_nano", 0), at, "start time"),
+        end=_int(_get(raw, "endTimeUnixNano", "end_time_unix_nano", 0), at, "end time"),
+        error=isinstance(status, dict) and status.get("code") in _ERROR_CODES,
+        message=str(status.get("message", "")) if isinstance(status, dict) else "",
+        attrs=attrs,
+        stats=stats,
+        where=where,
+        service=service,
+    )
+
+
+def _id(raw: Any, size: int, key: str, where: str) -> str | None:
+    """Lower-case hex of a hex or base64 id; None when absent, empty or all zeros."""
+    if raw in (None, ""):
+        return None
+    data = None
+    if isinstance(raw, str):
+        try:
+            data = (
+                bytes.fromhex(raw) if len(raw) == 2 * size else base64.b64decode(raw, validate=True)
+            )
+        except (ValueError, binascii.Error):
+            data = None
+    if data is None or len(data) != size:
+        raise TraceFileError(
+            f"{where}: {key} {brief(raw)} is neither {2 * size} hex digits nor base64 of {size} bytes"
+        )
+    return data.hex() if any(data) else None
+
+
+def _int(raw: Any, where: str, what: str = "intValue") -> int:
+    try:
+        return int(raw)
+    except (TypeError, ValueError, OverflowError):
+        raise TraceFileError(f"{where}: {what} {brief(raw)} is not an integer") from None
+
+
+def _attributes(node: Any, where: str, wanted: Callable[[str], bool]) -> dict[str, Any]:
+    """The attributes of ``node`` whose key is ``wanted`` (converting only those keeps large
+    files fast)."""
+    out = {}
+    for kv in _list(node, ("attributes",), where) if isinstance(node, dict) else ():
+        if isinstance(kv, dict) and wanted(key := str(kv.get("key"))):
+            out[sys.intern(key)] = _value(kv.get("value"), where)  # one copy per distinct key
+    return out
+
+
+def _span_key(key: str) -> bool:
+    if key.startswith(("otel_gpu.input.", "otel_gpu.output.")):
+        return not key.endswith(_UNUSED_FIELDS)
+    return key.startswith(_SPAN_KEYS)
+
+
+def _value(node: Any, where: str) -> Any:
+    """An OTLP/JSON ``AnyValue`` as a Python value (None for a shape that is not one)."""
+    if not isinstance(node, dict) or not node:
+        return None
+    kind, raw = next(iter(node.items()))
+    if kind in ("stringValue", "boolValue"):
+        return raw
+    kind = kind.replace("_value", "Value")
+    if kind == "intValue":
+        return _int(raw, where)
+    if kind == "doubleValue":
+        try:
+            return _DOUBLES[raw] if isinstance(raw, str) and raw in _DOUBLES else float(raw)
+        except (TypeError, ValueError, OverflowError):
+            raise TraceFileError(f"{where}: doubleValue {brief(raw)} is not a number") from None
+    if kind == "arrayValue":
+        return [_value(v, where) for v in _values(raw)]
+    if kind == "kvlistValue":
+        return {
+            str(kv.get("key")): _value(kv.get("value"), where)
+            for kv in _values(raw)
+            if isinstance(kv, dict)
+        }
+    return raw  # stringValue, boolValue, bytesValue (base64 text)
+
+
+def _values(raw: Any) -> list[Any]:
+    values = raw.get("values", []) if isinstance(raw, dict) else []
+    return values if isinstance(values, list) else []
+
+
+def read_all(
+    paths: Iterable[str], trace_id: str | None = None, problem: Problem | None = None
+) -> list[Span]:
+    """The spans of every file in ``paths``, read with the cyclic garbage collector paused.
+
+    Invalid lines and unreadable files go to ``problem`` (see :func:`read_spans`)."""
+    enabled = gc.isenabled()
+    gc.disable()  # every decoded line would otherwise trigger full collections of the spans so far
+    try:
+        return [span for path in paths for span in read_spans(path, trace_id, problem)]
+    finally:
+        if enabled:
+            gc.enable()
+
+
+# --------------------------------------------------------------------------- trees
+
+
+def build_traces(spans: Iterable[Span]) -> list[Trace]:
+    """Group spans into traces (earliest first), link children (in start order).
+
+    A span whose parent is not among the spans is a root; so is one whose parent link would
+    close a cycle. A span id seen twice in a trace (a file given twice) is kept once.
+    """
+    by_trace: dict[str, dict[str, Span]] = {}
+    for span in spans:
+        by_trace.setdefault(span.trace_id, {}).setdefault(span.span_id, span)
+    traces = []
+    for trace_id, members in by_trace.items():
+        roots = []
+        for span in members.values():
+            parent = members.get(span.parent_id) if span.parent_id else None
+            if parent is not None and not _is_ancestor(span, parent):
+                span.parent = parent
+                parent.children.append(span)
+            else:
+                span.cycle = parent is not None
+                roots.append(span)
+        for span in members.values():
+            span.children.sort(key=_order)
+        roots.sort(key=_order)
+        traces.append(Trace(trace_id, roots, len(members)))
+    traces.sort(key=lambda t: (t.start, t.trace_id))
+    return traces
+
+
+def _order(span: Span) -> tuple[int, str]:
+    return span.start, span.span_id
+
+
+def _is_ancestor(span: Span, node: Span | None) -> bool:
+    while node is not None:
+        if node is span:
+            return True
+        node = node.parent
+    return False
+
+
+def tree_path(span: Span, roots: list[Span]) -> list[str]:
+    """Names from the root down to ``span``, ``name[i]`` where siblings share a name."""
+    parts = []
+    node: Span | None = span
+    while node is not None:
+        siblings = node.parent.children if node.parent else roots
+        same = [s for s in siblings if s.name == node.name]
+        parts.append(f"{node.name}[{same.index(node)}]" if len(same) > 1 else node.name)
+        node = node.parent
+    return parts[::-1]

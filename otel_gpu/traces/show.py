@@ -1,0 +1,517 @@
+"""``otel-gpu show TRACE.jsonl [...]``: trace files as a terminal tree, and where NaN/Inf began.
+
+Each trace is drawn as a tree of calls (parents from ``parentSpanId``, children in start order)
+with duration, ERROR status, compact inputs and outputs, NaN/Inf found by level-5 statistics
+and the flight recorder's dump directory. ``--nonfinite`` names the first call that turned
+finite inputs into NaN/Inf outputs, rather than the many callers that merely carried them.
+
+Exit codes: 0 something was shown (``--nonfinite``: a producer was found); 1 nothing matched
+(``--nonfinite``: no producer found), or lines were skipped (a torn last line, or invalid lines
+with ``--skip-invalid``) and what is shown may be incomplete; 2 usage errors (a missing file, an
+invalid line). Every text read from a file is printed through :func:`otel_gpu._text.printable`,
+so a span name or attribute cannot send terminal control sequences. See ``docs/show.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import re
+import sys
+from collections.abc import Iterable, Sequence
+from typing import IO, Any
+
+from otel_gpu._text import printable
+from otel_gpu.traces.reader import Span, Trace, TraceFileError, build_traces, read_all, tree_path
+
+__all__ = ["register", "show"]
+
+EXIT_FOUND, EXIT_NONE, EXIT_USAGE = 0, 1, 2
+DEFAULT_LIMIT = 200
+_SHOWN_ITEMS = 6  # inputs or outputs per line before "+N"
+_SHOWN = 10  # other producers and unknown spans listed
+_SHOWN_PROBLEMS = 20  # invalid lines listed one by one; the rest are counted
+_FIELDS = {"shape", "dtype", "value", "enum_value", "type", "length", "repr", "id", "default"}
+_DTYPE_PREFIXES = (("bfloat", "bf"), ("float", "f"), ("complex", "c"), ("uint", "u"), ("int", "i"))
+
+Segment = tuple[str, str]  # text and a rich style ("" for none)
+
+
+def _n(count: int, noun: str) -> str:
+    """``1 span``, ``2 spans``."""
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
+class _Writer:
+    """Lines of styled segments: through rich with colour, else plain text without escapes.
+
+    Every segment passes through :func:`printable`: segments carry span names and attribute
+    values from the file, and those must not reach the terminal as control sequences.
+    """
+
+    def __init__(self, out: IO[str], color: bool) -> None:
+        self._out = out
+        self._console: Any = None
+        if color:
+            from rich.console import Console
+
+            self._console = Console(
+                file=out, force_terminal=True, highlight=False, soft_wrap=True, emoji=False
+            )
+
+    def line(self, *segments: Segment) -> None:
+        safe = [(printable(text), style) for text, style in segments]
+        if self._console is not None:
+            from rich.text import Text
+
+            self._console.print(Text.assemble(*safe))
+        else:
+            self._out.write("".join(text for text, _ in safe) + "\n")
+
+    def text(self, text: str, style: str = "") -> None:
+        self.line((text, style))
+
+
+def show(
+    paths: Sequence[str],
+    *,
+    nonfinite: bool = False,
+    names: Sequence[str] = (),
+    trace_id: str | None = None,
+    limit: int = DEFAULT_LIMIT,
+    color: bool = False,
+    skip_invalid: bool = False,
+    out: IO[str] | None = None,
+    err: IO[str] | None = None,
+) -> int:
+    """Render ``paths`` as trees (or the ``nonfinite`` report) to ``out``; returns the exit code.
+
+    Problems in the input go to ``err``, one line each naming ``FILE:LINE``. A torn last line
+    (a writer killed mid-line) is skipped and the rest shown, with exit code 1; other invalid
+    lines and unreadable files make it a usage error (2) unless ``skip_invalid``.
+    """
+    out = sys.stdout if out is None else out
+    err = sys.stderr if err is None else err
+    problems: list[TraceFileError] = []
+    spans = read_all(paths, trace_id and trace_id.lower(), problems.append)
+    for problem in problems[:_SHOWN_PROBLEMS]:
+        _say(err, str(problem))
+    if len(problems) > _SHOWN_PROBLEMS:
+        _say(err, f"... and {_n(len(problems) - _SHOWN_PROBLEMS, 'more problem')}")
+    fatal = [p for p in problems if not p.torn]
+    if fatal and not skip_invalid:
+        _say(err, f"nothing shown: {_problems(problems)} (--skip-invalid shows the rest)")
+        return EXIT_USAGE
+    if problems:
+        _say(err, f"{_problems(problems)} skipped: what follows may be incomplete")
+    code = _render(spans, paths, nonfinite, names, trace_id, limit, _Writer(out, color), err)
+    return EXIT_NONE if problems else code
+
+
+def _render(
+    spans: list[Span],
+    paths: Sequence[str],
+    nonfinite: bool,
+    names: Sequence[str],
+    trace_id: str | None,
+    limit: int,
+    writer: _Writer,
+    err: IO[str],
+) -> int:
+    traces = build_traces(spans)
+    what = f"trace {trace_id.lower()}" if trace_id else "spans"
+    if not traces:
+        _say(err, f"no {what} in {', '.join(paths)}")
+        return EXIT_NONE
+    if nonfinite:
+        return _report(writer, traces, names)
+    matched = {s for s in _all(traces) if _matches(s, names)} if names else None
+    if matched is not None and not matched:
+        _say(err, f"no span name matches {' or '.join(names)}")
+        return EXIT_NONE
+    _tree(writer, traces, matched, limit)
+    return EXIT_FOUND
+
+
+def _say(err: IO[str], message: str) -> None:
+    """One line on ``err``; file names and values in it are escaped as the tree's are."""
+    print(printable(f"otel-gpu show: {message}"), file=err)
+
+
+def _problems(problems: list[TraceFileError]) -> str:
+    """``1 invalid line and 1 unreadable file``, by kind."""
+    files = sum(1 for p in problems if p.whole_file)
+    parts = [_n(len(problems) - files, "invalid line")] if len(problems) > files else []
+    if files:
+        parts.append(_n(files, "unreadable file"))
+    return " and ".join(parts)
+
+
+# --------------------------------------------------------------------------- the tree
+
+
+def _matches(span: Span, names: Sequence[str]) -> bool:
+    return any(fnmatch.fnmatchcase(span.name, pattern) for pattern in names)
+
+
+def _with_ancestors(matched: set[Span]) -> set[Span]:
+    keep: set[Span] = set()
+    for span in matched:
+        node: Span | None = span
+        while node is not None and node not in keep:
+            keep.add(node)
+            node = node.parent
+    return keep
+
+
+def _walk(roots: Iterable[Span]) -> list[Span]:
+    """``roots`` and all their descendants, parents before children."""
+    order: list[Span] = []
+    stack = list(roots)[::-1]
+    while stack:
+        span = stack.pop()
+        order.append(span)
+        stack.extend(reversed(span.children))
+    return order
+
+
+def _all(traces: list[Trace]) -> list[Span]:
+    return _walk(root for trace in traces for root in trace.roots)
+
+
+def _tree(w: _Writer, traces: list[Trace], matched: set[Span] | None, limit: int) -> None:
+    """Draw the trees; with ``matched`` (--name) only those spans and their ancestors."""
+    keep = _with_ancestors(matched) if matched is not None else None
+    total = len(keep) if keep is not None else sum(t.count for t in traces)
+    shown = 0
+    for trace in traces:
+        roots = [r for r in trace.roots if keep is None or r in keep]
+        if not roots:
+            continue
+        if limit and shown >= limit:
+            break
+        services = sorted({s.service for s in roots if s.service})
+        header = f"trace {trace.trace_id}  {trace.count} span{'s' * (trace.count != 1)}"
+        w.line((header, "bold"), ("  service " + ", ".join(services) if services else "", "dim"))
+        stack = [(r, "", i == len(roots) - 1) for i, r in enumerate(roots)][::-1]
+        while stack and not (limit and shown >= limit):
+            span, prefix, last = stack.pop()
+            context = matched is not None and span not in matched
+            w.line((prefix + ("└─ " if last else "├─ "), "dim"), *_describe(span, context))
+            shown += 1
+            kids = [c for c in span.children if keep is None or c in keep]
+            inner = prefix + ("   " if last else "│  ")
+            stack.extend((c, inner, i == len(kids) - 1) for i, c in reversed(list(enumerate(kids))))
+    if shown < total:
+        w.line(
+            (f"… {_n(total - shown, 'more span')} not shown (--limit {limit}; ", ""),
+            ("--limit 0 shows all)", ""),
+        )
+
+
+def _describe(span: Span, context: bool) -> list[Segment]:
+    segments: list[Segment] = [(span.name, "dim" if context else "bold")]
+    segments.append(("  " + _duration(span), "dim"))
+    if span.error:
+        segments.append(("  ERROR", "bold red"))
+        if span.message:
+            segments.append((" " + " ".join(span.message.split()), "red"))
+    io = _io(span)
+    if io:
+        segments.append(("  " + io, ""))
+    bad = _bad(span, "input") + _bad(span, "output")
+    if bad:
+        segments.append(("  NaN/Inf: " + ", ".join(bad), "bold red"))
+    elif span.attrs.get("otel_gpu.nonfinite"):
+        segments.append(
+            ("  NaN/Inf (otel_gpu.nonfinite; no statistics name the tensor)", "bold red")
+        )
+    if "otel_gpu.dump.dir" in span.attrs:
+        segments.append((f"  dump {span.attrs['otel_gpu.dump.dir']}", "cyan"))
+    if "otel_gpu.ring.dump.dir" in span.attrs:
+        segments.append((f"  ring dump {span.attrs['otel_gpu.ring.dump.dir']}", "cyan"))
+    if span.attrs.get("otel_gpu.stuck"):
+        seconds = span.attrs.get("otel_gpu.stuck.seconds", "?")
+        segments.append((f"  STUCK: running for {seconds} s when reported", "bold red"))
+    if span.cycle:
+        segments.append((f"  [root: parent {span.parent_id} would close a cycle]", "yellow"))
+    elif span.parent is None and span.parent_id:
+        segments.append((f"  [root: parent {span.parent_id} not in the input]", "yellow"))
+    return segments
+
+
+def _duration(span: Span) -> str:
+    ns = span.end - span.start
+    if not span.start or not span.end or ns < 0:
+        return "?"
+    for unit, scale in (("s", 1e9), ("ms", 1e6), ("µs", 1e3)):
+        if ns >= scale:
+            return f"{ns / scale:.3g} {unit}"
+    return f"{ns} ns"
+
+
+def _io(span: Span) -> str:
+    """``q=bf16[2,4,8] scale=0.5 → f32[2,4,8]``: top-level inputs, then outputs."""
+    inputs = _entries(span.attrs, "otel_gpu.input.")
+    outputs = _entries(span.attrs, "otel_gpu.output.")
+    text = _join(inputs, keys=True)
+    if outputs:
+        numbered = all(key.isdigit() for key in outputs)
+        shown = _join(outputs, keys=not numbered, sep=", " if numbered else " ")
+        if numbered and len(outputs) > 1:
+            shown = f"({shown})"  # a returned tuple
+        text += (" → " if text else "→ ") + shown
+    return text
+
+
+def _entries(attrs: dict[str, Any], prefix: str) -> dict[str, str]:
+    groups: dict[str, dict[str, Any]] = {}
+    for key, value in attrs.items():
+        if key.startswith(prefix):
+            name, _, fld = key[len(prefix) :].rpartition(".")
+            if name and "." not in name and fld in _FIELDS:
+                groups.setdefault(name, {})[fld] = value
+    return {name: _compact(entry) for name, entry in groups.items()}
+
+
+def _join(entries: dict[str, str], keys: bool, sep: str = " ") -> str:
+    items = [f"{k}={v}" if keys else v for k, v in entries.items()]
+    more = len(items) - _SHOWN_ITEMS
+    return sep.join(items[:_SHOWN_ITEMS]) + (f"{sep}+{more} more" if more > 0 else "")
+
+
+def _compact(entry: dict[str, Any]) -> str:
+    if "dtype" in entry:
+        dtype = str(entry["dtype"]).removeprefix("torch.")
+        for long, short in _DTYPE_PREFIXES:
+            if dtype.startswith(long):
+                dtype = short + dtype[len(long) :]
+                break
+        shape = entry.get("shape") or ()
+        dims = ",".join(str(d) for d in shape) if isinstance(shape, list) else str(shape)
+        return f"{dtype}[{dims}]"
+    if "value" in entry:
+        value = entry["value"]
+        plain = ("None", "<redacted>")  # and enum members, recorded as "Class.MEMBER"
+        if isinstance(value, str) and value not in plain and "enum_value" not in entry:
+            return repr(value if len(value) <= 40 else value[:39] + "…")
+        return str(value)
+    if "length" in entry:
+        return f"{entry.get('type', 'container')}({entry['length']})"
+    return str(entry.get("type", "?"))
+
+
+# --------------------------------------------------------------------------- NaN/Inf
+
+
+def _counts(stat: dict[str, Any]) -> tuple[int, int] | None:
+    """(NaN, Inf) counts of one statistics event; None when the event cannot say."""
+    if "nan_count" in stat or "inf_count" in stat:
+        nan, inf = stat.get("nan_count") or 0, stat.get("inf_count") or 0
+        return (nan, inf) if isinstance(nan, int) and isinstance(inf, int) else None
+    note = str(stat.get("otel_gpu.stats.note", ""))
+    if stat.get("numel") == 0 or note.startswith(("integer", "bool")):
+        return 0, 0  # no NaN/Inf possible
+    return None
+
+
+def _bad(span: Span, side: str) -> list[str]:
+    """``output.0 (3 NaN, 1 Inf)`` for each tensor of ``side`` holding NaN/Inf."""
+    found = []
+    for stat in span.stats:
+        tensor = str(stat.get("otel_gpu.tensor", "?"))
+        counts = _counts(stat)
+        if tensor.startswith(side + ".") and counts and any(counts):
+            what = [f"{n} {label}" for n, label in zip(counts, ("NaN", "Inf")) if n]
+            found.append(f"{tensor} ({', '.join(what)})")
+    return found
+
+
+def _unchecked(span: Span) -> list[str]:
+    """Input tensors whose statistics say nothing about NaN/Inf, with the reason."""
+    return [
+        f"{stat.get('otel_gpu.tensor', '?')} ({stat.get('otel_gpu.stats.note', 'no counts')})"
+        for stat in span.stats
+        if str(stat.get("otel_gpu.tensor", "")).startswith("input.") and _counts(stat) is None
+    ]
+
+
+def _report(w: _Writer, traces: list[Trace], names: Sequence[str]) -> int:
+    spans = _all(traces)
+    candidate = {id(s): bool(_bad(s, "output") and not _bad(s, "input")) for s in spans}
+    below: dict[int, bool] = {}
+    for span in reversed(spans):  # children before their parents
+        below[id(span)] = any(candidate[id(c)] or below[id(c)] for c in span.children)
+    producers = [s for s in spans if candidate[id(s)] and not below[id(s)]]
+    producers.sort(key=lambda s: s.start)
+    if names:
+        producers = [s for s in producers if _matches(s, names)]
+    with_stats = sum(1 for s in spans if s.stats)
+    checked = (
+        f"{_n(len(spans), 'span')} in {_n(len(traces), 'trace')} checked, "
+        f"{with_stats} with statistics"
+    )
+    roots = {t.trace_id: t.roots for t in traces}
+
+    def where(span: Span) -> str:
+        return " › ".join(tree_path(span, roots[span.trace_id]))
+
+    if not producers:
+        matching = f" named {' or '.join(names)}" if names else ""
+        w.text(f"No producer of NaN/Inf found{matching}: {checked}.", "bold")
+        if not with_stats:
+            w.text(
+                "None of the spans has otel_gpu.stats events: NaN/Inf counts are recorded at "
+                "level 5 or higher (OTEL_GPU_LOGLEVEL=5); record again at level 5."
+            )
+        entered = sorted((s for s in spans if _bad(s, "input")), key=lambda s: s.start)
+        if entered and not names:
+            first = entered[0]
+            w.text(
+                f"NaN/Inf are already in the inputs of {first.name}: "
+                f"{', '.join(_bad(first, 'input'))}; no call with statistics in these files "
+                "turned finite inputs into NaN/Inf.",
+                "red",
+            )
+            w.text(f"  path:     {where(first)}")
+            w.text(f"  span id:  {first.span_id}  trace id: {first.trace_id}")
+        _unknown_lines(w, spans)
+        return EXIT_NONE
+    first = producers[0]
+    w.line(("First producer of NaN/Inf: ", "bold"), (first.name, "bold red"))
+    w.text(f"  path:     {where(first)}")
+    w.text(f"  span id:  {first.span_id}")
+    w.text(f"  trace id: {first.trace_id}")
+    w.text("  outputs:  " + ", ".join(_bad(first, "output")), "red")
+    inputs = [str(s.get("otel_gpu.tensor")) for s in first.stats if _counts(s) is not None]
+    inputs = [t for t in inputs if t.startswith("input.")]
+    w.text(
+        "  inputs:   " + (f"no NaN/Inf in {', '.join(inputs)}" if inputs else "no tensor inputs")
+    )
+    unchecked = _unchecked(first)
+    if unchecked:
+        w.text(f"  not checked (no NaN/Inf counts): {', '.join(unchecked)}", "yellow")
+    if "otel_gpu.events.omitted" in first.attrs:
+        omitted = first.attrs["otel_gpu.events.omitted"]
+        w.text(f"  {_n(omitted, 'event')} cut by the event limit: statistics may be incomplete")
+    if "otel_gpu.ring.dump.dir" in first.attrs:  # the ring wrote it when it produced NaN/Inf
+        w.text(f"  ring dump: {first.attrs['otel_gpu.ring.dump.dir']}", "cyan")
+    if "otel_gpu.dump.dir" in first.attrs:
+        w.text(f"  dump dir: {first.attrs['otel_gpu.dump.dir']}", "cyan")
+    elif "otel_gpu.dump.skipped" in first.attrs:
+        w.text(f"  not dumped: {first.attrs['otel_gpu.dump.skipped']}")
+    w.text(f"  read from {first.where}", "dim")
+    blind = sum(1 for s in _walk(first.children) if not s.stats)
+    if blind:
+        w.text(
+            f"  {_n(blind, 'call')} below it without statistics: the NaN/Inf may have begun "
+            "in one of them.",
+            "yellow",
+        )
+    if len(producers) > 1:
+        w.text(f"Other producers ({len(producers) - 1}):", "bold")
+        for span in producers[1 : _SHOWN + 1]:
+            w.text(
+                f"  {where(span)}  span {span.span_id}  trace {span.trace_id}  "
+                + ", ".join(_bad(span, "output"))
+            )
+        if len(producers) > _SHOWN + 1:
+            w.text(f"  … and {len(producers) - _SHOWN - 1} more")
+    _unknown_lines(w, spans)
+    w.text(checked + ".", "dim")
+    return EXIT_FOUND
+
+
+def _unknown_lines(w: _Writer, spans: list[Span]) -> None:
+    """Spans flagged NaN/Inf whose statistics do not say which tensor (e.g. cut by limits)."""
+    unknown = [
+        s
+        for s in spans
+        if s.attrs.get("otel_gpu.nonfinite") and not (_bad(s, "output") or _bad(s, "input"))
+    ]
+    if unknown:
+        listed = ", ".join(f"{s.name} (span {s.span_id})" for s in unknown[:_SHOWN])
+        more = f" and {len(unknown) - _SHOWN} more" if len(unknown) > _SHOWN else ""
+        w.text(
+            f"{_n(len(unknown), 'span')} flagged otel_gpu.nonfinite without statistics naming the "
+            f"tensor, so nothing can be said about them: {listed}{more}",
+            "yellow",
+        )
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def _trace_id(raw: str) -> str:
+    if not re.fullmatch(r"[0-9a-fA-F]{32}", raw):
+        raise argparse.ArgumentTypeError(f"{raw!r} is not a trace id: 32 hex digits, any case")
+    return raw.lower()
+
+
+def _limit(raw: str) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{raw!r}: a number of spans >= 0 (0: no limit)")
+    return value
+
+
+def _main(args: argparse.Namespace) -> int:
+    from otel_gpu.config import environ
+
+    color = not args.no_color and not environ().get("NO_COLOR") and sys.stdout.isatty()
+    return show(
+        args.files,
+        nonfinite=args.nonfinite,
+        names=args.name or (),
+        trace_id=args.trace_id,
+        limit=args.limit,
+        color=color,
+        skip_invalid=args.skip_invalid,
+    )
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "show",
+        help="render OTLP JSON Lines trace files as a tree; find the first call producing NaN/Inf",
+        description="Render the spans of OTLP JSON Lines files (as OTEL_GPU_LOGDEST=FILE.jsonl or "
+        "the OpenTelemetry Collector's file exporter writes them; .gz too) as one tree per "
+        "trace. Exit codes: 0 spans shown (--nonfinite: a producer found); 1 nothing matched "
+        "(--nonfinite: no producer found), or lines skipped (a torn last line, or invalid lines "
+        "with --skip-invalid); 2 usage errors (missing file, invalid line).",
+    )
+    p.add_argument("files", nargs="+", metavar="TRACE.jsonl", help="OTLP JSON Lines files")
+    p.add_argument(
+        "--nonfinite",
+        action="store_true",
+        help="report the first call whose outputs hold NaN/Inf while its inputs are finite "
+        "and no call below it produced them (needs level-5 statistics)",
+    )
+    p.add_argument(
+        "--name",
+        action="append",
+        metavar="GLOB",
+        help="keep spans whose name matches (fnmatch; repeatable) and their ancestors; "
+        "with --nonfinite, report only producers whose name matches",
+    )
+    p.add_argument(
+        "--trace-id", type=_trace_id, metavar="ID", help="only this trace (32 hex digits)"
+    )
+    p.add_argument(
+        "--limit",
+        type=_limit,
+        default=DEFAULT_LIMIT,
+        metavar="N",
+        help=f"show at most N spans of the tree (default {DEFAULT_LIMIT}; 0: all)",
+    )
+    p.add_argument(
+        "--skip-invalid",
+        action="store_true",
+        help="show the valid lines even if some lines are invalid or some files cannot be read "
+        "(each is reported; exit code 1). A torn last line is skipped without it",
+    )
+    p.add_argument("--no-color", action="store_true", help="plain text (also when NO_COLOR is set)")
+    p.set_defaults(func=_main, reads_settings=False)  # a trace file, never the environment
