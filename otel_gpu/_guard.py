@@ -2,7 +2,8 @@
 
 An internal failure (metadata, statistics, rendering, export) is logged once per
 kind and swallowed, so the observed program keeps running. In strict mode
-(``OTEL_GPU_STRICT=true``, or the pytest plugin's ``otel_gpu_strict`` fixture)
+(``OTEL_GPU_STRICT=true``, or ``configure(strict=True)``, which the pytest plugin's
+``otel_gpu_spans`` fixture sets by default)
 it is re-raised instead, so tests catch it.
 
 The user's own exceptions never pass through here: the wrapper re-raises them

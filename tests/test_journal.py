@@ -1,6 +1,6 @@
 """The crash journal (otel_gpu.journal.writer): what is on disk while calls are in flight, and when.
 
-These tests read the journal file with ``otel_gpu.journal.recover.read`` from inside and
+These tests read the journal file with ``otel_gpu.journal.reader.read`` from inside and
 outside decorated calls; the fault suite (tests/test_faults_crash.py) kills real
 processes.
 """
@@ -28,7 +28,7 @@ from otel_gpu.calls import metadata
 from otel_gpu.calls.record import Call, CallSpan
 from otel_gpu.export import pipeline
 from otel_gpu.journal import writer
-from otel_gpu.journal.recover import read
+from otel_gpu.journal.reader import read
 
 
 def _journal() -> writer.Journal:

@@ -26,7 +26,7 @@ from test_faults_crash import child_env, error_spans, jsonl_spans, recover_cli, 
 
 from otel_gpu import config
 from otel_gpu.cli import main
-from otel_gpu.journal import recover, writer
+from otel_gpu.journal import reader, recover, writer
 from otel_gpu.traces import ship
 
 REPO = Path(__file__).resolve().parent.parent
@@ -362,7 +362,7 @@ def test_recovered_spans_carry_the_status_and_input_notes_they_claim():
     """ERROR "process died during call"; an input record that could not be encoded or decoded
     says which in ``otel_gpu.recovered.inputs_error``; a cut one sets ``inputs_truncated``."""
 
-    def record(span_id: int, **kw: Any) -> recover.Record:
+    def record(span_id: int, **kw: Any) -> reader.Record:
         base: dict[str, Any] = dict(
             trace_id=1,
             span_id=span_id,
@@ -374,9 +374,9 @@ def test_recovered_spans_carry_the_status_and_input_notes_they_claim():
             code={},
             inputs=None,
         )
-        return recover.Record(**{**base, **kw})
+        return reader.Record(**{**base, **kw})
 
-    jf = recover.JournalFile("x", 1, 0, b"", 0, 20, 3, False, None, {})
+    jf = reader.JournalFile("x", 1, 0, b"", 0, 20, 3, False, None, {})
     jf.records = [
         record(1, inputs_error="input metadata could not be encoded"),
         record(2, inputs=[("x", 1, 5)], inputs_truncated=True),
@@ -390,7 +390,7 @@ def test_recovered_spans_carry_the_status_and_input_notes_they_claim():
     assert cut.attributes["otel_gpu.recovered.inputs_truncated"] is True
     assert "otel_gpu.recovered.inputs_error" not in cut.attributes
     with pytest.raises(Exception, match=r"journal entries hold no objects \(posix\.system\)"):
-        recover.decode_inputs(b"cposix\nsystem\n.")
+        reader.decode_inputs(b"cposix\nsystem\n.")
 
 
 # --------------------------------------------------------------------------- ship: counts

@@ -29,7 +29,7 @@ from test_faults_crash import (
 import otel_gpu
 from otel_gpu import config
 from otel_gpu.export import pipeline
-from otel_gpu.journal import recover, writer
+from otel_gpu.journal import reader, recover, writer
 
 
 def _settings(env: dict[str, str]) -> config.Settings:
@@ -135,7 +135,7 @@ def test_liveness_tells_pid_reuse_zombies_reboots_and_other_hosts(monkeypatch):
     ticks, _ = writer.process_start_ticks(os.getpid())
 
     def jf(pid: int, start: int, boot: bytes | None = None, host: str | None = None):
-        return recover.JournalFile(
+        return reader.JournalFile(
             path="x",
             pid=pid,
             start_ticks=start,

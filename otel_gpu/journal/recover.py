@@ -17,53 +17,25 @@ by a new process is told apart by the process start time and the boot id.
 from __future__ import annotations
 
 import argparse
-import errno
-import io
-import json
-import mmap
 import os
-import pickle
 import socket
-import stat
 import sys
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from otel_gpu._text import brief, printable
 from otel_gpu.calls import metadata
 from otel_gpu.config import Settings, expand_path
 from otel_gpu.journal import writer as _journal
-from otel_gpu.journal.writer import (
-    _BODY,
-    _COMMIT,
-    _COMMITTED,
-    _HEADER,
-    _INPUTS_AT,
-    _META_AT,
-    _U32,
-    CLOSED,
-    F_INPUTS,
-    F_INPUTS_FAILED,
-    F_PARENT,
-    F_PARENT_REMOTE,
-    F_TRUNCATED,
-    HEADER_SIZE,
-    MAGIC,
-    SMALL_SLOT,
-    VERSION,
-    _unlink,
-)
-from otel_gpu.traces.reader import too_deep
+from otel_gpu.journal.reader import JournalFile, read
+from otel_gpu.journal.writer import _unlink
 
 __all__ = [
     "STATUS_MESSAGE",
-    "JournalFile",
     "Outcome",
-    "Record",
     "judge",
-    "read",
     "recover",
     "register",
     "spans_of",
@@ -92,228 +64,6 @@ class Outcome:
     not be removed; the host for other-host."""
     to: str = ""
     """Where the spans were handed: the destinations, or this process's span processor."""
-
-
-# --------------------------------------------------------------------------- reading journals
-
-
-@dataclass
-class Record:
-    """One call that was in flight when the journal was last written."""
-
-    trace_id: int
-    span_id: int
-    parent_span_id: int | None
-    parent_remote: bool
-    start_ns: int
-    thread_id: int
-    name: str
-    code: dict[str, Any]
-    inputs: list[tuple[Any, ...]] | None
-    inputs_truncated: bool = False
-    inputs_error: str | None = None
-
-
-@dataclass
-class JournalFile:
-    """A journal as read from disk: whose it is and which calls were in flight."""
-
-    path: str
-    pid: int
-    start_ticks: int
-    boot_id: bytes
-    created_ns: int
-    heartbeat_ns: int
-    level: int
-    closed: bool
-    host: str | None
-    resource: dict[str, Any]
-    records: list[Record] = field(default_factory=list)
-
-
-def read(path: str) -> JournalFile:
-    """Parse a journal file. Raises ``ValueError`` when it is not one, ``OSError`` when unreadable."""
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
-    except OSError as exc:
-        if exc.errno == errno.ELOOP and os.path.islink(path):
-            raise ValueError("a symbolic link, not followed") from None
-        raise
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise ValueError("not a regular file")
-        if hasattr(os, "getuid") and info.st_uid != os.getuid():
-            raise ValueError(f"owned by uid {info.st_uid}, not by this user")
-        if info.st_size < HEADER_SIZE:
-            raise ValueError("too short to be a journal")
-        with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as mm:
-            return _parse(path, mm, info.st_size)
-    finally:
-        os.close(fd)
-
-
-def _parse(path: str, mm: Any, size: int) -> JournalFile:
-    (
-        magic,
-        version,
-        header_size,
-        plans_size,
-        stride,
-        count,
-        level,
-        pid,
-        ticks,
-        boot,
-        created,
-        heartbeat,
-        state,
-        meta_len,
-    ) = _HEADER.unpack_from(mm, 0)
-    if magic != MAGIC:
-        raise ValueError("not an otel-gpu journal")
-    if version != VERSION:
-        raise ValueError(f"journal format {version}, this otel-gpu reads {VERSION}")
-    base = header_size + plans_size
-    if (
-        stride < SMALL_SLOT
-        or header_size < _META_AT
-        or base + stride * count > size
-        or meta_len > header_size - _META_AT
-    ):
-        raise ValueError("inconsistent journal header")
-    meta = _json(bytes(mm[_META_AT : _META_AT + meta_len])) if meta_len else {}
-    if not isinstance(meta, dict):
-        meta = {}
-    plans: list[tuple[str, dict[str, Any]]] = []
-    at = header_size
-    while at + 4 <= base:
-        (length,) = _U32.unpack_from(mm, at)
-        if not length or at + 4 + length > base:
-            break
-        try:
-            name, code = _json(bytes(mm[at + 4 : at + 4 + length]))
-            plans.append((str(name), dict(code)))
-        except (ValueError, TypeError):
-            plans.append(("unknown", {}))
-        at += 4 + ((length + 7) & ~7)
-    host = meta.get("host")
-    resource = meta.get("resource")
-    journal = JournalFile(
-        path=path,
-        pid=pid,
-        start_ticks=ticks,
-        boot_id=bytes(boot),
-        created_ns=created,
-        heartbeat_ns=heartbeat,
-        level=level,
-        closed=state == CLOSED,
-        host=host if isinstance(host, str) else None,
-        resource=resource if isinstance(resource, dict) else {},
-    )
-    for slot in range(count):
-        offset = base + slot * stride
-        (commit,) = _COMMIT.unpack_from(mm, offset)
-        if commit != _COMMITTED:
-            continue
-        hi, lo, span_id, parent_id, start, thread, plan, flags, size = _BODY.unpack_from(
-            mm, offset + 8
-        )
-        trace_id = hi << 64 | lo
-        if not trace_id or not span_id:
-            continue
-        name, code = plans[plan] if plan < len(plans) else ("unknown", {})
-        inputs = None
-        error = None
-        if flags & F_INPUTS and size and _INPUTS_AT + size <= stride:
-            try:
-                inputs = decode_inputs(bytes(mm[offset + _INPUTS_AT : offset + _INPUTS_AT + size]))
-            except Exception as exc:
-                error = f"{type(exc).__name__}: {exc}"
-        elif flags & F_INPUTS_FAILED:
-            error = "input metadata could not be encoded"
-        journal.records.append(
-            Record(
-                trace_id=trace_id,
-                span_id=span_id,
-                parent_span_id=parent_id if flags & F_PARENT else None,
-                parent_remote=bool(flags & F_PARENT_REMOTE),
-                start_ns=start,
-                thread_id=thread,
-                name=name,
-                code=code,
-                inputs=inputs,
-                inputs_truncated=bool(flags & F_TRUNCATED),
-                inputs_error=error,
-            )
-        )
-    journal.records.sort(key=lambda r: r.start_ns)
-    return journal
-
-
-def _json(raw: bytes) -> Any:
-    """A JSON field of the journal; None when it is not JSON or nests deeper than the
-    trace-file bound (a nesting bomb would end ``json.loads`` in ``RecursionError``)."""
-    if too_deep(raw):
-        return None
-    try:
-        return json.loads(raw)
-    except (ValueError, RecursionError):
-        return None
-
-
-class _NoGlobals(pickle.Unpickler):
-    """Journal entries are tuples of builtins: refuse anything that would import or call."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        raise pickle.UnpicklingError(f"journal entries hold no objects ({module}.{name})")
-
-
-def decode_inputs(blob: bytes) -> list[tuple[Any, ...]]:
-    """The compact input records of a journal slot (raises on anything malformed).
-
-    Each record must have exactly the shape the journal writes (``journal._compact``): a key,
-    a kind and atoms (str, int, float, bool, None, tuples of ints). Anything else, such as a
-    nested container (a nesting bomb) or a shared reference expanding on a walk, is refused
-    before it is used.
-    """
-    entries = _NoGlobals(io.BytesIO(blob)).load()
-    if not isinstance(entries, list) or not all(map(_valid_record, entries)):
-        raise ValueError("malformed journal input records")
-    return entries
-
-
-_ATOMS = (str, int, float, bool, type(None))
-
-
-def _ints(value: Any) -> bool:
-    return type(value) is tuple and all(type(v) is int for v in value)
-
-
-def _valid_record(e: Any) -> bool:
-    """Whether ``e`` is one of the record shapes ``journal._compact`` writes."""
-    if type(e) is not tuple or len(e) < 2 or type(e[0]) is not str or type(e[1]) is not int:
-        return False
-    kind, payload = e[1], e[2:]
-    if kind == metadata.TENSOR:
-        if len(payload) == 1:
-            return type(payload[0]) is str
-        return (
-            len(payload) == 6
-            and _ints(payload[0])
-            and type(payload[1]) is str
-            and type(payload[2]) is str
-            and (payload[3] is None or _ints(payload[3]))
-            and type(payload[4]) is bool
-            and type(payload[5]) is bool
-        )
-    if kind == metadata.VALUE:
-        return len(payload) == 1 and type(payload[0]) in _ATOMS
-    if kind == metadata.CONTAINER:
-        return len(payload) == 2 and type(payload[0]) is str and type(payload[1]) is int
-    if kind == metadata.OBJECT:
-        return len(payload) == 1 and type(payload[0]) is str
-    return kind in (metadata.DEFAULT, metadata.REDACTED) and not payload
 
 
 # --------------------------------------------------------------------------- liveness
