@@ -15,8 +15,8 @@ import torch
 import otel_gpu
 from otel_gpu.devices import cuda
 from otel_gpu.export import pipeline
-from otel_gpu.recorder import manifest
 from otel_gpu.recorder import recorder as dump
+from otel_gpu.recorder import tensor_files
 
 LIB = """
 import collections
@@ -221,13 +221,13 @@ def test_strides_are_recorded_and_kept_by_the_torch_format(otel_gpu_spans, lib, 
     assert man["tensors"]["input.x"]["stride"] == [1, 4]
     ext = ".pt" if fmt == "torch" else ".safetensors"
     assert man["files"]["inputs"] == "inputs" + ext
-    stored = manifest.load_tensors(transposed, man["files"]["inputs"])["input.x"]
+    stored = tensor_files.load_tensors(transposed, man["files"]["inputs"])["input.x"]
     assert torch.equal(stored, base.t())
     assert stored.is_contiguous() is (fmt == "safetensors")
     man = _manifest_of(sliced)
     meta = man["tensors"]["input.x"]
     assert (meta["shape"], meta["stride"], meta["storage_offset"]) == ([3, 3], [4, 1], 1)
-    stored = manifest.load_tensors(sliced, man["files"]["inputs"])["input.x"]
+    stored = tensor_files.load_tensors(sliced, man["files"]["inputs"])["input.x"]
     assert torch.equal(stored, base[:, 1:]) and stored.untyped_storage().nbytes() == 9 * 4
 
 
@@ -271,9 +271,9 @@ def test_size_limit_counts_inputs_and_outputs_before_copying(
     spans = otel_gpu_spans(level=10, dump_dir=str(root), dump_max_size_gb=10_000 / 2**30)
     m = lib()
     copied = []
-    real = manifest.host_copy
+    real = tensor_files.host_copy
     monkeypatch.setattr(
-        manifest, "host_copy", lambda t, **kw: copied.append(t.numel()) or real(t, **kw)
+        tensor_files, "host_copy", lambda t, **kw: copied.append(t.numel()) or real(t, **kw)
     )
     with caplog.at_level(logging.WARNING, logger="otel_gpu"):
         m.big(x)  # inputs fit (4000), outputs would make 12000: not copied
@@ -316,7 +316,7 @@ def test_nothing_is_copied_during_cuda_graph_capture(otel_gpu_spans, lib, tmp_pa
     spans = otel_gpu_spans(level=10, dump_dir=str(root))
     m = lib()
     copied = []
-    monkeypatch.setattr(manifest, "host_copy", lambda t, **kw: copied.append(t))
+    monkeypatch.setattr(tensor_files, "host_copy", lambda t, **kw: copied.append(t))
     m.combine(torch.ones(2), torch.ones(2))
     (span,) = spans.get()
     _finish()
@@ -346,15 +346,15 @@ def test_full_disk_stops_dumping_with_one_warning(
     spans = otel_gpu_spans(level=10, dump_dir=str(root))
     m = lib()
     m.combine(torch.ones(2), torch.ones(2))
-    real = manifest.save_tensors
+    real = tensor_files.save_tensors
 
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(manifest, "save_tensors", full)
+    monkeypatch.setattr(tensor_files, "save_tensors", full)
     with caplog.at_level(logging.WARNING, logger="otel_gpu"):
         out = [m.combine(torch.ones(2), torch.ones(2)) for _ in range(3)]
-    monkeypatch.setattr(manifest, "save_tensors", real)
+    monkeypatch.setattr(tensor_files, "save_tensors", real)
     m.combine(torch.ones(2), torch.ones(2))
     got = spans.get()
     _finish()

@@ -17,7 +17,7 @@ import torch
 from otel_gpu import config
 from otel_gpu.devices import cuda
 from otel_gpu.export import pipeline
-from otel_gpu.recorder import manifest
+from otel_gpu.recorder import manifest, tensor_files
 from otel_gpu.recorder import recorder as dump
 from otel_gpu.replay import Allow, Options, replay
 
@@ -111,7 +111,7 @@ def test_inputs_are_on_disk_before_the_call_runs(otel_gpu_spans, lib, tmp_path, 
     def check(x):
         (directory,) = _dirs(root)
         seen["status"] = _manifest_of(directory)["status"]
-        seen["x"] = manifest.load_tensors(directory, "inputs.pt")["input.x"]
+        seen["x"] = tensor_files.load_tensors(directory, "inputs.pt")["input.x"]
 
     m.probe(torch.arange(4.0), check)
     assert seen["status"] == "inputs_saved"
@@ -135,8 +135,8 @@ def test_every_mode_leaves_complete_calls_that_replay_to_pass(
     for i, directory in enumerate(dirs):
         man = _manifest_of(directory)
         assert man["status"] == "completed"
-        inputs = manifest.load_tensors(directory, man["files"]["inputs"])
-        outputs = manifest.load_tensors(directory, man["files"]["outputs"])
+        inputs = tensor_files.load_tensors(directory, man["files"]["inputs"])
+        outputs = tensor_files.load_tensors(directory, man["files"]["outputs"])
         assert torch.equal(inputs["input.x"], torch.full((8,), float(i)))
         assert torch.equal(outputs["output"], torch.full((8,), 2.0 * i + 1))
     results = replay(str(root), Options(allow=Allow([m.__name__])))
@@ -156,8 +156,8 @@ def test_inputs_changed_in_place_by_the_call_are_recorded_as_they_were(
     _finish()
     (directory,) = _dirs(root)
     man = _manifest_of(directory)
-    assert torch.equal(manifest.load_tensors(directory, "inputs.pt")["input.x"], torch.ones(16))
-    outputs = manifest.load_tensors(directory, "outputs.pt")
+    assert torch.equal(tensor_files.load_tensors(directory, "inputs.pt")["input.x"], torch.ones(16))
+    outputs = tensor_files.load_tensors(directory, "outputs.pt")
     assert torch.equal(outputs[man["mutated"]["input.x"]["key"]], torch.full((16,), 101.0))
     assert torch.equal(outputs["output"], torch.full((16,), 202.0))
 
@@ -175,7 +175,7 @@ def test_outputs_changed_after_the_call_are_recorded_as_returned(
         out.fill_(-1.0)
     _finish()
     for i, directory in enumerate(_dirs(root)):
-        outputs = manifest.load_tensors(directory, "outputs.pt")
+        outputs = tensor_files.load_tensors(directory, "outputs.pt")
         assert torch.equal(outputs["output"], torch.full((1024,), float(i)))
 
 
@@ -194,7 +194,7 @@ def test_a_raised_exception_is_recorded_and_reaches_the_caller_untouched(
     man = _manifest_of(directory)
     assert man["status"] == "raised"
     assert man["exception"]["type"] == "builtins.ValueError"
-    assert torch.equal(manifest.load_tensors(directory, "inputs.pt")["input.x"], torch.ones(3))
+    assert torch.equal(tensor_files.load_tensors(directory, "inputs.pt")["input.x"], torch.ones(3))
 
 
 # --------------------------------------------------------------------------- who fsyncs
@@ -263,7 +263,7 @@ def test_async_writes_the_manifest_once_when_the_call_ends_first(
     m = lib()
     gate = threading.Event()
     writes: list[bytes] = []
-    real_save, real_write = manifest.save_tensors, manifest.write_bytes
+    real_save, real_write = tensor_files.save_tensors, manifest.write_bytes
 
     def slow_save(*args, **kwargs):
         gate.wait(5)
@@ -273,7 +273,7 @@ def test_async_writes_the_manifest_once_when_the_call_ends_first(
         writes.append(data)
         return real_write(directory, name, data, fsync)
 
-    monkeypatch.setattr(manifest, "save_tensors", slow_save)
+    monkeypatch.setattr(tensor_files, "save_tensors", slow_save)
     monkeypatch.setattr(manifest, "write_bytes", recording_write)
     m.combine(torch.ones(4), torch.ones(4))  # returns while the writer is held
     gate.set()
@@ -315,7 +315,7 @@ def test_async_back_pressure_keeps_every_call_complete(otel_gpu_spans, lib, tmp_
     assert len(dirs) == 20
     for i, directory in enumerate(dirs):
         assert _manifest_of(directory)["status"] == "completed"
-        outputs = manifest.load_tensors(directory, "outputs.pt")
+        outputs = tensor_files.load_tensors(directory, "outputs.pt")
         assert torch.equal(outputs["output"], torch.full((256,), float(i)))
 
 
@@ -324,7 +324,7 @@ def test_async_back_pressure_keeps_every_call_complete(otel_gpu_spans, lib, tmp_
 
 def test_host_buffers_are_reused_by_size_and_bounded():
     """A released buffer serves the next copy of the same size; beyond max_bytes none is kept."""
-    pool = manifest.HostBuffers(max_bytes=4096)
+    pool = tensor_files.HostBuffers(max_bytes=4096)
     first = pool.copy({"a": torch.ones(256)})  # 1 KiB
     buf = first.buffers[0][0]
     pool.release(first)
@@ -389,10 +389,11 @@ def test_cuda_copies_use_pinned_buffers_and_are_waited_for_by_the_writer(
         man = _manifest_of(directory)
         assert man["status"] == "completed"
         assert torch.equal(
-            manifest.load_tensors(directory, "inputs.pt")["input.x"], torch.full((64,), float(i))
+            tensor_files.load_tensors(directory, "inputs.pt")["input.x"],
+            torch.full((64,), float(i)),
         )
         assert torch.equal(
-            manifest.load_tensors(directory, "outputs.pt")["output"],
+            tensor_files.load_tensors(directory, "outputs.pt")["output"],
             torch.full((64,), float(i) + 1),
         )
 
@@ -450,7 +451,7 @@ def test_a_process_killed_inside_the_call_leaves_loadable_inputs(tmp_path, mode)
     man = _manifest_of(directory)
     assert man["status"] == "inputs_saved"
     assert not os.path.exists(os.path.join(directory, manifest.RETURNED))
-    inputs = manifest.load_tensors(directory, man["files"]["inputs"])
+    inputs = tensor_files.load_tensors(directory, man["files"]["inputs"])
     assert torch.equal(inputs["input.x"], torch.arange(6.0).view(2, 3))
     assert torch.equal(inputs["input.y"], torch.full((3,), 7.0))
     assert {p["name"]: p["value"] for p in man["params"]}["tag"] == {"t": "str", "v": "last words"}
@@ -463,5 +464,5 @@ def test_async_kill_inside_the_call_leaves_loadable_inputs_once_the_writer_had_t
     (directory,) = _dirs(root)
     man = _manifest_of(directory)
     assert man["status"] == "inputs_saved"
-    inputs = manifest.load_tensors(directory, man["files"]["inputs"])
+    inputs = tensor_files.load_tensors(directory, man["files"]["inputs"])
     assert torch.equal(inputs["input.x"], torch.arange(6.0).view(2, 3))

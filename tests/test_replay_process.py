@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from otel_gpu.export import pipeline
+from otel_gpu.recorder import tensor_files
 from otel_gpu.replay import Allow, Options, replay
 
 KILLER = """
@@ -75,9 +76,8 @@ def test_sigkill_inside_a_call_leaves_loadable_inputs_and_replay_says_crashed_or
     manifest = json.load(open(os.path.join(killed, "manifest.json")))
     assert manifest["status"] == "inputs_saved"
     assert manifest["tensors"]["input.w"]["stride"] == [1, 3]
-    from otel_gpu.recorder import manifest as _manifest
 
-    inputs = _manifest.load_tensors(killed, manifest["files"]["inputs"])
+    inputs = tensor_files.load_tensors(killed, manifest["files"]["inputs"])
     assert torch.equal(inputs["input.x"], torch.full((4, 3), 2.0))
     assert torch.equal(inputs["input.w"], torch.arange(6.0).view(2, 3).t())
 

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from otel_gpu import _files
-from otel_gpu.recorder import manifest
+from otel_gpu.recorder import manifest, tensor_files
 
 __all__ = ["STATE_DIR", "CannotRebuild", "load_state", "record", "state_path"]
 
@@ -169,7 +169,7 @@ def load_state(call_dir: str, name: str) -> dict[str, torch.Tensor]:
             f"receiver.state: refusing {STATE_DIR}/{name}: the {STATE_DIR}/ folder is a symlink "
             "(replay reads only files inside the dump)"
         )
-    return manifest.load_tensors(folder, name, f"receiver.state ({STATE_DIR}/)")
+    return tensor_files.load_tensors(folder, name, f"receiver.state ({STATE_DIR}/)")
 
 
 def _reset_for_tests() -> None:

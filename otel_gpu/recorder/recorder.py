@@ -35,6 +35,7 @@ from otel_gpu.calls import _describe, metadata
 from otel_gpu.config import Settings, environ, expand_path
 from otel_gpu.recorder import manifest as _manifest
 from otel_gpu.recorder import target as _dump_target
+from otel_gpu.recorder import tensor_files
 
 __all__ = [
     "ATTR_DIR",
@@ -102,7 +103,7 @@ class Recorder:
         durability = settings.dump_durability
         self._fsync = durability == "fsync"  # decided once: the call path only reads a flag
         self._async_inputs = durability == "async"
-        self._buffers = _manifest.HostBuffers()
+        self._buffers = tensor_files.HostBuffers()
         self.max_bytes = int(settings.dump_max_size_gb * (1 << 30))
         self.max_count = settings.dump_max_count
         self.count = 0
@@ -282,8 +283,8 @@ class Recorder:
                 self._write_inputs(pending, copies)  # back-pressure: the caller writes
         else:
             _files.make_dir(directory)
-            host = {k: _manifest.host_copy(t, always_copy=False) for k, t in tensors.items()}
-            manifest["files"]["inputs"] = _manifest.save_tensors(
+            host = {k: tensor_files.host_copy(t, always_copy=False) for k, t in tensors.items()}
+            manifest["files"]["inputs"] = tensor_files.save_tensors(
                 os.path.join(directory, "inputs"), host, self.format, self._fsync
             )
             del host
@@ -304,7 +305,7 @@ class Recorder:
             return
         if saved:  # async mode: if the process ends before the writer gets here, it is no crash
             _touch(os.path.join(pending.dir, _manifest.RETURNED))
-        self._submit(pending, _manifest.HostCopies())
+        self._submit(pending, tensor_files.HostCopies())
 
     def _record_outputs(self, call: Any, pending: _Pending, saved: bool) -> None:
         manifest = pending.manifest
@@ -339,7 +340,7 @@ class Recorder:
         # buffer costs the copy, a fresh one page faults too; CUDA copies are not waited for)
         self._submit(pending, self._buffers.copy(tensors))
 
-    def _submit(self, pending: _Pending, copies: _manifest.HostCopies) -> None:
+    def _submit(self, pending: _Pending, copies: tensor_files.HostCopies) -> None:
         if self._enqueue((_FINAL, pending, copies, copies.nbytes), copies.nbytes):
             return
         # back-pressure: the caller writes, memory stays bounded (after its queued inputs)
@@ -361,13 +362,13 @@ class Recorder:
 
     # ------------------------------------------------------------------ writer thread
 
-    def _write_inputs(self, pending: _Pending, copies: _manifest.HostCopies) -> None:
+    def _write_inputs(self, pending: _Pending, copies: tensor_files.HostCopies) -> None:
         """Async mode: the inputs copied before the call, then the inputs_saved manifest unless
         the call has already ended (its final manifest follows in the queue: written once)."""
         try:
             _files.make_dir(pending.dir)
             copies.wait()
-            name = _manifest.save_tensors(
+            name = tensor_files.save_tensors(
                 os.path.join(pending.dir, "inputs"), copies.tensors, self.format, False
             )
             with self._lock:  # the caller changes the manifest once the call has ended
@@ -381,12 +382,12 @@ class Recorder:
             if pending.written is not None:
                 pending.written.set()
 
-    def _write_outputs(self, pending: _Pending, copies: _manifest.HostCopies) -> None:
+    def _write_outputs(self, pending: _Pending, copies: tensor_files.HostCopies) -> None:
         directory, manifest = pending.dir, pending.manifest
         try:
             if copies.tensors:
                 copies.wait()
-                manifest["files"]["outputs"] = _manifest.save_tensors(
+                manifest["files"]["outputs"] = tensor_files.save_tensors(
                     os.path.join(directory, "outputs"), copies.tensors, self.format, self._fsync
                 )
         finally:
@@ -545,7 +546,7 @@ def write_ring_call(
     )
     _files.make_dir(call_dir)
     entry.copies.wait()
-    manifest["files"]["inputs"] = _manifest.save_tensors(
+    manifest["files"]["inputs"] = tensor_files.save_tensors(
         os.path.join(call_dir, "inputs"), entry.copies.tensors, fmt, False
     )
     manifest["status"] = entry.status
@@ -560,9 +561,9 @@ def write_ring_call(
             manifest["tensors"].update(meta)
             if enc.unsupported:
                 manifest["outputs_unsupported"] = enc.unsupported[:64]
-            host = {k: _manifest.host_copy(t, always_copy=True) for k, t in tensors.items()}
+            host = {k: tensor_files.host_copy(t, always_copy=True) for k, t in tensors.items()}
             if host:
-                manifest["files"]["outputs"] = _manifest.save_tensors(
+                manifest["files"]["outputs"] = tensor_files.save_tensors(
                     os.path.join(call_dir, "outputs"), host, fmt, False
                 )
         else:

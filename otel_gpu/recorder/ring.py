@@ -36,8 +36,8 @@ from typing import Any
 from otel_gpu import _files, _guard
 from otel_gpu.calls import _describe, metadata
 from otel_gpu.config import Settings, expand_path
-from otel_gpu.recorder import manifest as _manifest
 from otel_gpu.recorder import target as _dump_target
+from otel_gpu.recorder import tensor_files
 
 __all__ = ["ATTR_RING_DIR", "Ring", "make_observer"]
 
@@ -73,7 +73,7 @@ class _Entry:
         "status",
     )
 
-    def __init__(self, manifest: dict[str, Any], copies: _manifest.HostCopies) -> None:
+    def __init__(self, manifest: dict[str, Any], copies: tensor_files.HostCopies) -> None:
         self.manifest = manifest
         self.copies = copies  # may still be filling from a device: copies.wait() before writing
         self.nbytes = copies.nbytes
@@ -105,7 +105,7 @@ class Ring:
         self._explained: set[int] = set()  # span ids whose NaN output a call inside produced
         self._lock = threading.RLock()
         self._targets: dict[Any, _dump_target.Target] = {}
-        self._buffers = _manifest.HostBuffers(self.max_bytes)
+        self._buffers = tensor_files.HostBuffers(self.max_bytes)
         words = tuple(settings.redact)
         self._secret = (lambda name: metadata.is_secret(name, words)) if words else None
         self._previous_sigterm: Any = None

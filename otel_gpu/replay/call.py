@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from otel_gpu.recorder import manifest as _manifest
+from otel_gpu.recorder import tensor_files
 from otel_gpu.recorder.kernel_choices import restore_implementation_choices
 from otel_gpu.replay.compare import Mismatch, compare
 
@@ -401,7 +402,7 @@ class _Decoder:
                 f"argument {path} would be placed on {device} (recorded on {meta['device']}), "
                 "but this machine has no CUDA device; map it with --device, e.g. --device cuda=cpu"
             )
-        t = _manifest.restore_layout(self.tensors[key], meta, device)
+        t = tensor_files.restore_layout(self.tensors[key], meta, device)
         if meta.get("requires_grad") and (t.is_floating_point() or t.is_complex()):
             t.requires_grad_(True)
         self.cache[key] = t
@@ -504,7 +505,7 @@ class PreparedCall:
         Returns the mismatches and the parts that were not compared (not recorded), each with why.
         """
         files = self.manifest.get("files") or {}
-        expected = _manifest.load_tensors(self.directory, files.get("outputs"), "files.outputs")
+        expected = tensor_files.load_tensors(self.directory, files.get("outputs"), "files.outputs")
         self.nonfinite_expected = sum(
             int((~torch.isfinite(t)).sum())
             for t in expected.values()
@@ -538,7 +539,7 @@ def prepare_call(
         raise Skip(str(manifest.get("why_not_replayable") or "not replayable"))
     fn, owner = resolve_function(manifest.get("function") or {}, allow)
     files = manifest.get("files") or {}
-    tensors = _manifest.load_tensors(directory, files.get("inputs"), "files.inputs")
+    tensors = tensor_files.load_tensors(directory, files.get("inputs"), "files.inputs")
     decoder = _Decoder(tensors, manifest.get("tensors") or {}, allow, device_mapper(device_map))
     decoder.directory = directory
     notes: list[str] = []
