@@ -20,7 +20,7 @@ import torch
 
 import otel_gpu
 from otel_gpu import bench, cli
-from otel_gpu.bench import report as _bench_report
+from otel_gpu.bench import report as _report
 from otel_gpu.bench import worker
 from otel_gpu.export import pipeline
 
@@ -312,7 +312,7 @@ def _configs() -> dict[str, dict]:
 
 def test_budgets_compare_the_issue_ratios():
     """Each budget is ours÷peer on the cost it names, marked met at or under its limit."""
-    budgets = {b["name"]: b for b in _bench_report.evaluate(_configs(), "cpu")}
+    budgets = {b["name"]: b for b in _report.evaluate(_configs(), "cpu")}
     l1_caller = budgets["level 1 caller-visible ≤ 0.5× FlashInfer level 1"]
     assert l1_caller["status"] == "met" and math.isclose(l1_caller["value"], 0.25)
     assert budgets["level 1 total ≤ 1.0× FlashInfer level 1"]["status"] == "met"
@@ -325,7 +325,7 @@ def test_budgets_compare_the_issue_ratios():
 
 def test_budget_level_10_uses_the_recorders_marginal_cost():
     """Dump throughput compares torch.save with level 10's cost above level 5 (the recorder's own)."""
-    budgets = {b["name"]: b for b in _bench_report.evaluate(_configs(), "cpu")}
+    budgets = {b["name"]: b for b in _report.evaluate(_configs(), "cpu")}
     dump = budgets["level 10 recorder throughput ≥ 0.7× torch.save"]
     assert math.isclose(dump["value"], 2000.0 / (1400.0 - 400.0))
     assert dump["status"] == "met"
@@ -334,7 +334,7 @@ def test_budget_level_10_uses_the_recorders_marginal_cost():
 def test_gpt2_budgets_take_total_and_report_caller_visible_beside():
     """The GPT2 budgets compare a forward with level 0's on total cost (every span on disk),
     the stricter reading; the caller-visible ratio is reported in the detail."""
-    budgets = {b["name"]: b for b in _bench_report.evaluate(_configs(), "cpu")}
+    budgets = {b["name"]: b for b in _report.evaluate(_configs(), "cpu")}
     l1 = budgets["tiny GPT2 forward, level 1 ≤ 1.3× level 0 (total: every span on disk)"]
     assert l1["status"] == "missed" and math.isclose(l1["value"], 1500.0 / 1010.0)
     assert "caller-visible 1.10×" in l1["detail"]
@@ -349,11 +349,11 @@ def test_budgets_report_the_per_round_ratio_beside_the_ratio_of_medians():
     configs = _configs()
     configs["gpt2_0"]["total_samples_us"] = [1000.0, 3000.0, 1000.0]
     configs["gpt2_1"]["total_samples_us"] = [1400.0, 1500.0, 1400.0]  # rounds 1 and 3 pair: 1.4×
-    budgets = {b["name"]: b for b in _bench_report.evaluate(configs, "cpu")}
+    budgets = {b["name"]: b for b in _report.evaluate(configs, "cpu")}
     l1 = budgets["tiny GPT2 forward, level 1 ≤ 1.3× level 0 (total: every span on disk)"]
     assert "(per-round ratio 1.40×)" in l1["detail"]
     configs["gpt2_1"]["total_samples_us"] = [1400.0, 1500.0]
-    budgets = {b["name"]: b for b in _bench_report.evaluate(configs, "cpu")}
+    budgets = {b["name"]: b for b in _report.evaluate(configs, "cpu")}
     l1 = budgets["tiny GPT2 forward, level 1 ≤ 1.3× level 0 (total: every span on disk)"]
     assert "per-round" not in l1["detail"]
 
@@ -362,9 +362,9 @@ def test_ring_cost_is_level_5_with_the_ring_minus_level_5_against_the_recorder()
     """The ring's cost per call is ours5ring − ours5, compared with level 10's recorder cost
     (ours10 − ours5) on the same cost; absent when the ring row did not run."""
     configs = _configs()
-    assert _bench_report.ring_cost(configs) is None
+    assert _report.ring_cost(configs) is None
     configs["ours5ring"] = _row(290.0, 500.0, ring=8)
-    ring = _bench_report.ring_cost(configs)
+    ring = _report.ring_cost(configs)
     assert ring is not None and ring["ring"] == 8
     assert ring["ring_caller_us"] == 40.0 and ring["ring_total_us"] == 100.0
     assert ring["recorder_total_us"] == 1000.0
@@ -376,7 +376,7 @@ def test_budget_level_10_names_the_durability_mode():
     """The recorder throughput budget says which OTEL_GPU_DUMP_DURABILITY the level-10 row ran."""
     configs = _configs()
     configs["ours10"]["dump_durability"] = "async"
-    budgets = {b["name"]: b for b in _bench_report.evaluate(configs, "cpu")}
+    budgets = {b["name"]: b for b in _report.evaluate(configs, "cpu")}
     assert (
         "OTEL_GPU_DUMP_DURABILITY=async"
         in (budgets["level 10 recorder throughput ≥ 0.7× torch.save"]["detail"])
@@ -387,7 +387,7 @@ def test_budgets_not_applicable_when_a_row_is_missing_or_not_cuda():
     """A budget whose rows did not run is n/a with the reason; the sync budget is CUDA-only."""
     configs = _configs()
     configs["fi3"] = _row(None)
-    budgets = {b["name"]: b for b in _bench_report.evaluate(configs, "cpu")}
+    budgets = {b["name"]: b for b in _report.evaluate(configs, "cpu")}
     l3 = budgets["level 3 total ≤ 1.0× FlashInfer level 3"]
     assert l3["status"] == "n/a" and "not installed" in l3["detail"]
     assert budgets["level 5 on CUDA: ≤ 1 host sync per call"]["status"] == "n/a"
@@ -397,7 +397,7 @@ def test_budget_host_syncs_on_cuda_counts_the_worst_counter():
     """On CUDA the level-5 sync budget takes the larger of torch's sync count and our read count."""
     configs = _configs()
     configs["ours5"]["host_syncs_per_call"] = {"torch_syncs": 2.0, "host_reads": 1.0}
-    budgets = {b["name"]: b for b in _bench_report.evaluate(configs, "cuda")}
+    budgets = {b["name"]: b for b in _report.evaluate(configs, "cuda")}
     sync = budgets["level 5 on CUDA: ≤ 1 host sync per call"]
     assert sync["status"] == "missed" and sync["value"] == 2.0
 
@@ -415,7 +415,7 @@ def test_report_takes_medians_and_flags_lost_spans():
         "fi1": _result("fi1", [20e3, 30e3, 25e3], [20e3, 30e3, 25e3], calls=5, spans=5),
         "ours1": _result("ours1", [5e3, 4e3, 6e3], [15e3, 99e3, 14e3], calls=9, spans=8),
     }
-    report = _bench_report.build(results, device="cpu", rounds=3, target_s=0.01)
+    report = _report.build(results, device="cpu", rounds=3, target_s=0.01)
     ours = report["configs"]["ours1"]
     assert ours["caller_us"] == 5.0 and ours["total_us"] == 15.0
     assert math.isclose(ours["caller_vs_peer"], 0.2)
@@ -429,7 +429,7 @@ def test_report_checks_gpt2_spans_per_forward_exactly():
     ok = _result("gpt2_1", [1e6], [2e6], calls=4, spans=124, info=info)
     short = _result("gpt2_3", [1e6], [2e6], calls=4, spans=123, info=info)
     base = _result("gpt2_0", [1e6], [1e6], calls=4, spans=None, info={"spans_per_call": 31})
-    report = _bench_report.build(
+    report = _report.build(
         {"gpt2_0": base, "gpt2_1": ok, "gpt2_3": short}, device="cpu", rounds=1, target_s=0.01
     )
     assert report["problems"] == [
@@ -437,7 +437,7 @@ def test_report_checks_gpt2_spans_per_forward_exactly():
     ]
     assert report["configs"]["gpt2_1"]["peer"] == "gpt2_0"
     assert math.isclose(report["configs"]["gpt2_1"]["total_vs_peer"], 2.0)
-    text = _bench_report.render(report)
+    text = _report.render(report)
     assert "gpt2_1 31/33" in text and "gpt2_0" in text
 
 
@@ -448,10 +448,10 @@ def test_render_shows_every_row_and_budget():
         "ours1": _result("ours1", [5e3], [15e3], calls=1, spans=1),
         "fi3": bench.Result(bench._BY_NAME["fi3"], status="unavailable", reason="no flashinfer"),
     }
-    text = _bench_report.render(_bench_report.build(results, device="cpu", rounds=1, target_s=0.01))
+    text = _report.render(_report.build(results, device="cpu", rounds=1, target_s=0.01))
     assert "otel-gpu level 1" in text and "0.25×" in text
     assert "FlashInfer level 3" in text and "no flashinfer" in text
-    for budget in _bench_report.BUDGETS:
+    for budget in _report.BUDGETS:
         assert budget.name in text
     assert "[MET   ] level 1 caller-visible" in text
 

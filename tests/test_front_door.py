@@ -20,7 +20,7 @@ from jsonl_spans import read_spans
 
 import otel_gpu
 from otel_gpu import bench
-from otel_gpu.bench import report as _bench_report
+from otel_gpu.bench import report as _report
 from otel_gpu.instrumentation import targets
 
 REPO = Path(__file__).resolve().parent.parent
@@ -211,7 +211,7 @@ def _ours1_vs_fi1(ratio: float) -> dict:
     ours1 = bench.Result(bench._BY_NAME["ours1"], status="ready", n=1, caller=[ours], total=[ours])
     for r in (fi1, ours1):
         r.calls = r.spans = 1
-    return _bench_report.build({"fi1": fi1, "ours1": ours1}, device="cpu", rounds=1, target_s=0.01)
+    return _report.build({"fi1": fi1, "ours1": ours1}, device="cpu", rounds=1, target_s=0.01)
 
 
 @pytest.mark.parametrize(
@@ -229,7 +229,7 @@ def test_a_budget_is_met_only_within_its_limit(ratio, status, shown):
     report = _ours1_vs_fi1(ratio)
     budget = next(b for b in report["budgets"] if b["name"].startswith("level 1 total"))
     assert budget["status"] == status
-    assert shown in _bench_report.render(report)
+    assert shown in _report.render(report)
 
 
 def test_the_identity_budget_claims_no_ratio_limit():
@@ -240,12 +240,10 @@ def test_the_identity_budget_claims_no_ratio_limit():
         bench._BY_NAME["ours0"], status="ready", n=1, caller=[108.0], total=[108.0]
     )
     ours0.info = {"identity": True}
-    report = _bench_report.build(
-        {"bare": bare, "ours0": ours0}, device="cpu", rounds=1, target_s=0.01
-    )
+    report = _report.build({"bare": bare, "ours0": ours0}, device="cpu", rounds=1, target_s=0.01)
     budget = next(b for b in report["budgets"] if b["name"].startswith("level 0"))
     assert budget["status"] == "met" and budget["limit"] is None
-    line = next(x for x in _bench_report.render(report).splitlines() if "level 0 is" in x)
+    line = next(x for x in _report.render(report).splitlines() if "level 0 is" in x)
     assert line.startswith("  [MET   ]") and "(limit" not in line and "1.08×, not a budget" in line
 
 

@@ -239,7 +239,7 @@ def run(
     log: Any = None,
 ) -> dict[str, Any]:
     """Run the benchmark and return the report as a JSON-ready dict."""
-    from otel_gpu.bench import report as _bench_report
+    from otel_gpu.bench import report as _report
 
     device = _pick_device(device)
     specs = [_BY_NAME[n] for n in only] if only else list(CONFIGS)
@@ -331,7 +331,7 @@ def run(
             w.close()
         if not keep and workdir is None:
             shutil.rmtree(root, ignore_errors=True)
-    return _bench_report.build(
+    return _report.build(
         results,
         device=device,
         rounds=rounds,
@@ -342,7 +342,7 @@ def run(
 
 
 def _main(args: argparse.Namespace) -> int:
-    from otel_gpu.bench import report as _bench_report
+    from otel_gpu.bench import report as _report
 
     if args.quick:
         rounds, target = 3, 0.01
@@ -375,7 +375,7 @@ def _main(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report, indent=2))
     else:
-        print(_bench_report.render(report))
+        print(_report.render(report))
     return 0 if report["ok"] else 1
 
 

@@ -404,9 +404,9 @@ def _host_syncs(cfg: Config, n: int) -> dict[str, float]:
     """Host syncs per call on CUDA: torch's sync debug mode warnings, and our own read counter."""
     import torch
 
-    from otel_gpu.devices import cuda as _gpu
+    from otel_gpu.devices import cuda as _cuda
 
-    reads0 = _gpu.host_reads
+    reads0 = _cuda.host_reads
     torch.cuda.synchronize()
     previous = torch.cuda.get_sync_debug_mode()
     with warnings.catch_warnings(record=True) as caught:
@@ -418,7 +418,7 @@ def _host_syncs(cfg: Config, n: int) -> dict[str, float]:
             torch.cuda.set_sync_debug_mode(previous)
     cfg.calls += n
     syncs = sum(1 for w in caught if "synchroniz" in str(w.message).lower())
-    return {"torch_syncs": syncs / n, "host_reads": (_gpu.host_reads - reads0) / n}
+    return {"torch_syncs": syncs / n, "host_reads": (_cuda.host_reads - reads0) / n}
 
 
 def _retained(cfg: Config, n: int) -> dict[str, float]:

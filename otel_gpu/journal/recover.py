@@ -28,7 +28,7 @@ from typing import Any
 from otel_gpu._text import brief, printable
 from otel_gpu.calls import metadata
 from otel_gpu.config import Settings, expand_path
-from otel_gpu.journal import writer as _journal
+from otel_gpu.journal import writer as _writer
 from otel_gpu.journal.reader import JournalFile, read
 from otel_gpu.journal.writer import _unlink
 
@@ -71,7 +71,7 @@ class Outcome:
 
 def _pid_state(pid: int) -> str:
     """alive or dead, for a pid on this host (zombies count as dead)."""
-    info = _journal.process_start_ticks(pid)
+    info = _writer.process_start_ticks(pid)
     if info is not None:
         return "dead" if info[1] in ("Z", "X", "x") else "alive"
     if os.path.exists("/proc/self/stat"):
@@ -89,10 +89,10 @@ def judge(journal: JournalFile) -> str:
     """dead, alive or other-host: may this journal be recovered?"""
     if journal.host is not None and journal.host != socket.gethostname():
         return "other-host"  # its pid means nothing here; run recover on that host
-    ours = _journal.boot_id()
+    ours = _writer.boot_id()
     if any(journal.boot_id) and any(ours) and journal.boot_id != ours:
         return "dead"  # written before the last reboot
-    info = _journal.process_start_ticks(journal.pid)
+    info = _writer.process_start_ticks(journal.pid)
     if info is None:
         return _pid_state(journal.pid)
     ticks, state = info
@@ -312,8 +312,8 @@ def _candidates(path: str) -> list[str]:
     return sorted(
         os.path.join(path, name)
         for name in names
-        if name.startswith(_journal.PREFIX)
-        and (name.endswith(_journal.SUFFIX) or _journal.SUFFIX + _CLAIM in name)
+        if name.startswith(_writer.PREFIX)
+        and (name.endswith(_writer.SUFFIX) or _writer.SUFFIX + _CLAIM in name)
     )
 
 
@@ -421,7 +421,7 @@ def recover(
 
     settings = config.current() if settings is None else settings
     timeout = settings.flush_timeout if timeout is None else timeout
-    where = path if path is not None else _journal.journal_dir(settings)
+    where = path if path is not None else _writer.journal_dir(settings)
     try:
         paths = _candidates(where)
     except OSError as exc:  # not "no journals": there may well be some
@@ -499,7 +499,7 @@ def _main(args: argparse.Namespace) -> int:
 
     try:
         settings = config.current()
-        where = args.path or _journal.journal_dir(settings)
+        where = args.path or _writer.journal_dir(settings)
         timeout = args.timeout if args.timeout is not None else max(settings.flush_timeout, 10.0)
         outcomes = recover(settings, where, timeout=timeout, dry_run=args.dry_run)
     except config.ConfigError as exc:

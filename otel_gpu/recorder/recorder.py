@@ -34,7 +34,7 @@ from otel_gpu import _files, _guard
 from otel_gpu.calls import _describe, metadata
 from otel_gpu.config import Settings, environ, expand_path
 from otel_gpu.recorder import manifest as _manifest
-from otel_gpu.recorder import target as _dump_target
+from otel_gpu.recorder import target as _target
 from otel_gpu.recorder import tensor_files
 
 __all__ = [
@@ -112,7 +112,7 @@ class Recorder:
         self._lock = threading.Lock()
         self._active: dict[Any, _Pending] = {}
         self._selected: dict[str, bool] = {}
-        self._targets: dict[Any, _dump_target.Target] = {}
+        self._targets: dict[Any, _target.Target] = {}
         words = tuple(settings.redact)
         # the same rule as the span attributes (OTEL_GPU_REDACT): parameter, dict key or kwarg name
         self._secret = (lambda name: metadata.is_secret(name, words)) if words else None
@@ -426,9 +426,9 @@ class Recorder:
 
 
 def encode_inputs(
-    call: Any, targets: dict[Any, _dump_target.Target], secret: Any
+    call: Any, targets: dict[Any, _target.Target], secret: Any
 ) -> tuple[
-    _dump_target.Target,
+    _target.Target,
     dict[str, torch.Tensor],
     dict[str, Any],
     list[dict[str, Any]],
@@ -443,7 +443,7 @@ def encode_inputs(
     plan = call.plan
     target = targets.get(plan)
     if target is None:
-        target = _dump_target.Target(plan)
+        target = _target.Target(plan)
         if target.module == "__main__":  # said at record time, when moving it is still cheap
             _guard.warn_once(
                 "dump.main",
@@ -471,7 +471,7 @@ def encode_inputs(
 def _receiver(call: Any, enc: _manifest.Encoder) -> dict[str, Any]:
     """The receiver's encoding; its ``__otel_gpu_state__`` hook is user code, ``SystemExit`` too."""
     try:
-        return _dump_target.receiver(call, enc)
+        return _target.receiver(call, enc)
     except BaseException as exc:  # the hook, or a __getattr__/__class__ property on the receiver
         why = f"receiver hook failed: {type(exc).__name__}"
         return {"t": "unsupported", "type": "?", "why": why}
@@ -479,7 +479,7 @@ def _receiver(call: Any, enc: _manifest.Encoder) -> dict[str, Any]:
 
 def new_manifest(
     call: Any,
-    target: _dump_target.Target,
+    target: _target.Target,
     params: list[dict[str, Any]],
     receiver: dict[str, Any] | None,
     meta: dict[str, Any],
@@ -609,7 +609,7 @@ def _touch(path: str) -> None:
     _files.touch(path)  # O_EXCL|O_NOFOLLOW: a planted link is never opened
 
 
-def _positional(call: Any, target: _dump_target.Target) -> int | None:
+def _positional(call: Any, target: _target.Target) -> int | None:
     """Arguments passed positionally, not counting a receiver passed as the first one."""
     args = getattr(call, "args", None)
     if args is None:

@@ -36,7 +36,7 @@ from typing import Any
 from otel_gpu import _files, _guard
 from otel_gpu.calls import _describe, metadata
 from otel_gpu.config import Settings, expand_path
-from otel_gpu.recorder import target as _dump_target
+from otel_gpu.recorder import target as _target
 from otel_gpu.recorder import tensor_files
 
 __all__ = ["ATTR_RING_DIR", "Ring", "make_observer"]
@@ -104,7 +104,7 @@ class Ring:
         self.seen_nonfinite = False
         self._explained: set[int] = set()  # span ids whose NaN output a call inside produced
         self._lock = threading.RLock()
-        self._targets: dict[Any, _dump_target.Target] = {}
+        self._targets: dict[Any, _target.Target] = {}
         self._buffers = tensor_files.HostBuffers(self.max_bytes)
         words = tuple(settings.redact)
         self._secret = (lambda name: metadata.is_secret(name, words)) if words else None
