@@ -492,7 +492,7 @@ def exit_code(results: Sequence[Result], allow_unverified: bool = False) -> int:
 
 
 def register(sub: Any) -> None:
-    """Add ``otel-gpu replay`` to the command line (arguments and report in ``_replay_cli``)."""
+    """Add ``otel-gpu replay`` to the command line (arguments and report in :mod:`otel_gpu.replay.cli`)."""
     from otel_gpu.replay.cli import add_parser
 
     add_parser(sub)
