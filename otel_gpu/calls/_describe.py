@@ -24,7 +24,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["BUDGET_S", "PENDING", "drain", "exception_record", "later"]
+__all__ = ["BUDGET_S", "PENDING", "drain", "exception_record", "exception_text", "later"]
 
 BUDGET_S = 0.5
 """Seconds one description may take before it is recorded as timed out."""
@@ -136,12 +136,15 @@ def later(node: dict[str, Any], key: str, value: Any) -> None:
     _get().submit(node, key, lambda: _bounded_repr(value), type(value))
 
 
-def exception_record(exc: BaseException, tb: Any) -> dict[str, str]:
+def exception_record(
+    exc: BaseException, tb: Any, wait: float = _EXCEPTION_WAIT_S
+) -> dict[str, str]:
     """``{"type", "message", "traceback"}`` of a raised exception, for a manifest.
 
     The message and traceback run the exception's ``__str__`` and read its chained
     exceptions: user code. They are formatted by the describer; the caller waits at most
-    50 ms, then the record holds a placeholder that the describer replaces when it is done.
+    ``wait`` seconds (50 ms by default), then the record holds a placeholder that the
+    describer replaces when it is done.
     """
     tp = type(exc)
     record = {
@@ -160,10 +163,23 @@ def exception_record(exc: BaseException, tb: Any) -> dict[str, str]:
         return record["traceback"]
 
     if _get().submit(record, "traceback", format_both, tp):
-        done.wait(_EXCEPTION_WAIT_S)
+        done.wait(wait)
     if record["message"] is PENDING and record["traceback"] is not PENDING:
         record["message"] = record["traceback"]  # the describer refused: say why in both
     return record
+
+
+def exception_text(exc: BaseException, tb: Any) -> tuple[str, str]:
+    """The message and traceback of ``exc`` for a span, formatted by the describer.
+
+    For the export thread: a ``__str__`` that sleeps would otherwise hold every span behind it.
+    It waits at most :data:`BUDGET_S`, once per slow exception type (the describer then refuses
+    that type at once); what is not ready by then is said to be so, never filled in later.
+    """
+    record = exception_record(exc, tb, BUDGET_S)
+    late = f"<not formatted within {BUDGET_S} s: described off the export thread>"
+    message, stack = record["message"], record["traceback"]
+    return (late if message is PENDING else message), (late if stack is PENDING else stack)
 
 
 def _bounded_str(exc: BaseException) -> str:

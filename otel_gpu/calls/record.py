@@ -21,6 +21,8 @@ from opentelemetry import trace
 from opentelemetry.trace import Link, SpanContext, Status, StatusCode
 from opentelemetry.util import types
 
+from otel_gpu.calls import _describe
+
 __all__ = ["Call", "CallSpan"]
 
 
@@ -89,17 +91,26 @@ class CallSpan(trace.Span):
         """Ignored: the decorator ends the call's span when the call returns."""
 
 
-def exception_attributes(exc: BaseException, tb: Any) -> dict[str, str]:
-    """The semantic-convention ``exception.*`` attributes."""
+def exception_attributes(exc: BaseException, tb: Any, off_thread: bool = False) -> dict[str, str]:
+    """The semantic-convention ``exception.*`` attributes.
+
+    ``off_thread`` (the export thread): the message and traceback run the exception's
+    ``__str__``, user code that may sleep, so the describer formats them within a time bound
+    rather than letting one exception hold every span queued behind it.
+    """
     cls = type(exc)
     qualname = cls.__qualname__
     module = cls.__module__
+    if off_thread:
+        message, stack = _describe.exception_text(exc, tb)
+    else:
+        message, stack = _safe_str(exc), _safe_traceback(cls, exc, tb)
     return {
         "exception.type": qualname
         if module in ("builtins", "__main__")
         else f"{module}.{qualname}",
-        "exception.message": _head(_safe_str(exc), _MAX_BYTES),
-        "exception.stacktrace": _tail(_safe_traceback(cls, exc, tb), _MAX_BYTES),
+        "exception.message": _head(message, _MAX_BYTES),
+        "exception.stacktrace": _tail(stack, _MAX_BYTES),
     }
 
 

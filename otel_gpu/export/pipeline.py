@@ -341,7 +341,7 @@ class Pipeline:
         status = span.status or _UNSET
         if call.exc is not None:
             exc = call.exc
-            exc_attrs = exception_attributes(exc, call.tb)
+            exc_attrs = exception_attributes(exc, call.tb, off_thread=True)
             events.append(Event("exception", exc_attrs, call.end_ns))
             status = Status(
                 StatusCode.ERROR, f"{type(exc).__name__}: {exc_attrs['exception.message']}"[:limit]

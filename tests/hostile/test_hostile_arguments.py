@@ -296,6 +296,37 @@ def test_a_raised_exceptions_message_is_recorded_off_the_callers_thread(
     assert "ValueError: plain message" in exception["traceback"]
 
 
+def test_a_slow_exception_message_does_not_hold_the_export_thread(
+    otel_gpu_spans: Any, tmp_path: Any, fresh_describer: None
+) -> None:
+    """Attack: six calls raise an exception whose __str__ sleeps 5 s. The export thread formats
+    exception text through the describer, within its 0.5 s budget: the six spans are exported in
+    well under one sleep (it used to take 6 x 5 s), and their message says it was not formatted
+    in time instead of holding text nobody checked."""
+    spans = _start(otel_gpu_spans, tmp_path, 1, 0)
+
+    @otel_gpu.api
+    def op(exc: BaseException) -> None:
+        raise exc
+
+    for _ in range(6):
+        with pytest.raises(StrSleeps):
+            op(StrSleeps("x"))
+    t0 = time.perf_counter()
+    exported = spans.get()
+    elapsed = time.perf_counter() - t0
+    assert len(exported) == 6
+    assert elapsed < SLEEP_S, f"exporting took {elapsed:.1f} s"
+    messages = [
+        e.attributes["exception.message"]
+        for s in exported
+        for e in s.events
+        if e.name == "exception"
+    ]
+    assert len(messages) == 6
+    assert all(m.startswith("<not") and "slow" not in m for m in messages), messages
+
+
 # --------------------------------------------------------------------------- the describer
 
 
