@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from dataclasses import asdict
 from typing import Any
 
+from otel_gpu._text import printable
 from otel_gpu.recorder import manifest as _manifest
 from otel_gpu.replay import (
     EXIT_USAGE,
@@ -243,12 +244,12 @@ def _allow(args: argparse.Namespace, dirs: list[str]) -> Allow | None:
     if modules and sys.stdin.isatty() and sys.stderr.isatty():
         print("The dump asks replay to import and run code from these modules:", file=sys.stderr)
         for m in modules:
-            print(f"  {m}", file=sys.stderr)
+            print(f"  {printable(m)}", file=sys.stderr)
         targets = _recorded_targets(dirs)
         if targets:
             print("and to instrument these targets again:", file=sys.stderr)
             for t in targets:
-                print(f"  {t}", file=sys.stderr)
+                print(f"  {printable(t)}", file=sys.stderr)
         try:
             answer = input("Import them? Only say yes for dumps you trust. [y/N] ")
         except EOFError:
@@ -258,7 +259,7 @@ def _allow(args: argparse.Namespace, dirs: list[str]) -> Allow | None:
     print(
         "otel-gpu replay: not importing any module. A dump names the modules replay imports and "
         "runs; allow them with --allow-module PREFIX (or --trust-dump for dumps you made). "
-        f"Recorded modules: {', '.join(modules)}",
+        f"Recorded modules: {printable(', '.join(modules))}",
         file=sys.stderr,
     )
     return None
@@ -334,8 +335,9 @@ class _Progress:
 
 
 def _line(r: Result) -> str:
+    """A verdict line; the names and details come from the dump, so escapes are made visible."""
     text = f"{r.verdict.upper():<18} {r.span_name}  [{os.path.basename(r.dir)}]"
-    return f"{text}  {r.detail}" if r.detail else text
+    return printable(f"{text}  {r.detail}" if r.detail else text)
 
 
 def _finite(obj: Any) -> Any:

@@ -584,3 +584,32 @@ def test_trust_dump_allows_named_modules_but_never_denylisted_ones(tmp_path):
     _call(dump, fn, [{"t": "type", "v": "builtins:int"}, obj], receiver=receiver)
     dirs = [str(p) for p in dump.iterdir()]
     assert _recorded_modules(dirs) == ["enumlib.sub", "mylib", "recvlib"]
+
+
+def test_escapes_in_a_dump_are_printed_visibly(tmp_path, victim):
+    """Attack: terminal escapes (an OSC title, a screen clear, a bell, a bidi override) in a dump's
+    span name and in the module it names, aimed at the maintainer's terminal. Replay's verdict
+    lines and its module list, written to a pipe, carry them as visible escapes, never raw."""
+    evil = "\x1b]0;pwned\x07\x1b[2J\u202e"
+    dump = tmp_path / "dump"
+    function = {"span_name": "take" + evil, "module": victim.__name__ + evil, "qualname": "take"}
+    _call(dump, function, [{"t": "int", "v": 1}])
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env.get("PYTHONPATH", "")])
+    runs = [
+        ["--allow-module", victim.__name__],  # the verdict line names the span and the module
+        [],  # nothing allowed: the refusal lists the recorded modules
+    ]
+    for flags in runs:
+        proc = subprocess.run(
+            [sys.executable, "-m", "otel_gpu", "replay", "--dir", str(dump), *flags],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=str(tmp_path),
+            timeout=120,
+        )
+        out = proc.stdout + proc.stderr
+        assert proc.returncode in (1, 2), out
+        assert not any(c in out for c in "\x1b\x07\u202e"), repr(out)
+        assert "\\x1b]0;pwned\\x07\\x1b[2J\\u202e" in out, out
