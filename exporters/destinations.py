@@ -22,7 +22,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import IO, Any, NamedTuple, cast
+from typing import IO, TYPE_CHECKING, Any, NamedTuple, cast
 
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
@@ -32,6 +32,9 @@ from otel_gpu.exporters.console import ConsoleSpanExporter
 from otel_gpu import _guard
 from otel_gpu.calls import metadata
 from otel_gpu.config import ConfigError, Settings, check_standard, environ, expand_path
+
+if TYPE_CHECKING:
+    from otel_gpu.calls.record import Call
 
 __all__ = [
     "CountingExporter",
@@ -194,7 +197,8 @@ class OwnProvider(NamedTuple):
 
     provider: TracerProvider
     after_drain: list[Callable[[], Any]]
-    observers: tuple[Any, ...]
+    consoles: tuple[ConsoleSpanExporter, ...]
+    """The console destinations that print a call's inputs before it runs (``ConsolePrecall``)."""
     exporters: list[CountingExporter]
     spandata: bool = False
     """True when every processor and exporter also accepts ``SpanData`` (the native encoders)."""
@@ -229,22 +233,36 @@ class DrainBatchProcessor(SpanProcessor):
 
 
 class ConsolePrecall:
-    """Observer that prints a call's header and inputs before the call runs (crash safety)."""
+    """Observer that prints a call's header and inputs before the call runs (crash safety),
+    on each console destination."""
 
-    min_level = 3  # level 1 prints only the end-of-call line
+    min_level: int  # set by the observer registry (otel_gpu.export.observers)
 
-    def __init__(self, exporter: ConsoleSpanExporter, settings: Settings) -> None:
-        self.exporter = exporter
+    def __init__(self, exporters: tuple[ConsoleSpanExporter, ...], settings: Settings) -> None:
+        self.exporters = exporters
         self.limit = settings.repr_limit
 
-    def start(self, call: Any) -> None:
-        attrs: dict[str, Any] = {}
-        if call.inputs:
-            metadata.to_attributes("otel_gpu.input.", call.inputs, self.limit, attrs)
-        ctx = call.span.get_span_context()
-        self.exporter.write_call_start(call.plan.name, ctx.span_id, time.time_ns(), attrs)
+    def start(self, call: Call) -> None:
+        failure: Exception | None = None
+        for exporter in self.exporters:  # each destination prints even if another fails
+            try:
+                attrs: dict[str, Any] = {}
+                if call.inputs:
+                    metadata.to_attributes("otel_gpu.input.", call.inputs, self.limit, attrs)
+                ctx = call.span.get_span_context()
+                exporter.write_call_start(call.plan.name, ctx.span_id, time.time_ns(), attrs)
+            except Exception as exc:
+                failure = failure or exc
+        if failure is not None:
+            raise failure
 
-    def end(self, call: Any) -> None:
+    def end(self, call: Call) -> None:
+        pass
+
+    def flush(self, timeout: float) -> bool:
+        return True
+
+    def close(self) -> None:
         pass
 
 
@@ -314,9 +332,11 @@ def build_provider(settings: Settings) -> OwnProvider:
         resource = resource.merge(Resource({"service.name": settings.service_name}))
     provider = TracerProvider(resource=resource, shutdown_on_exit=False)
     hooks: list[Callable[[], Any]] = []
-    observers: list[Any] = []
+    consoles: list[ConsoleSpanExporter] = []
     counters: list[CountingExporter] = []
-    precall = settings.level >= 3
+    from otel_gpu.export import observers
+
+    precall = observers.serves("console", settings.level)  # the registry decides, once
     native = settings.encoder == "native"
     for item in settings.dest:
         key = item.lower()
@@ -364,7 +384,7 @@ def build_provider(settings: Settings) -> OwnProvider:
                 owns_stream=key not in ("stdout", "stderr"),
             )
             if precall:
-                observers.append(ConsolePrecall(console, settings))
+                consoles.append(console)
             counted = CountingExporter(
                 console, item, stream if isinstance(stream, FileStream) else None
             )
@@ -372,4 +392,4 @@ def build_provider(settings: Settings) -> OwnProvider:
             processor = DrainBatchProcessor(counted)
             hooks.append(processor.force_flush)
         provider.add_span_processor(processor)
-    return OwnProvider(provider, hooks, tuple(observers), counters, spandata=native)
+    return OwnProvider(provider, hooks, tuple(consoles), counters, spandata=native)

@@ -25,7 +25,7 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any
+from typing import TYPE_CHECKING
 
 from opentelemetry.trace import SpanContext, TraceFlags
 
@@ -33,18 +33,15 @@ from otel_gpu import _guard
 from otel_gpu.calls.record import Call, CallSpan
 from otel_gpu.config import Settings
 
-__all__ = ["ATTR_STUCK", "Watchdog", "make_observer"]
+if TYPE_CHECKING:
+    from otel_gpu.export.pipeline import Pipeline
+    from otel_gpu.recorder.ring import Ring
+
+__all__ = ["ATTR_STUCK", "Watchdog"]
 
 ATTR_STUCK = "otel_gpu.stuck"
 """Span attribute: true on the span that reports a stuck call."""
 _STACK_LIMIT = 2048  # bytes of a thread's stack: the innermost frames are kept
-
-
-def make_observer(settings: Settings, pipeline: Any) -> Watchdog | None:
-    """The pipeline's hook: a watchdog when ``OTEL_GPU_STUCK_AFTER`` is set (> 0)."""
-    if not settings.stuck_after:
-        return None
-    return Watchdog(settings, pipeline)
 
 
 class _StuckPlan:
@@ -59,20 +56,23 @@ class _StuckPlan:
 
 
 class Watchdog:
-    """Observer: ``start``/``end`` keep the calls in flight; :meth:`check` runs on the export thread."""
+    """Observer: ``start``/``end`` keep the calls in flight; :meth:`check` runs on the export thread.
 
-    min_level = 1
+    Built by the observer registry (``OTEL_GPU_STUCK_AFTER`` > 0), which also hands it the ring.
+    """
 
-    def __init__(self, settings: Settings, pipeline: Any) -> None:
+    min_level: int  # set by the observer registry (otel_gpu.export.observers)
+
+    def __init__(self, settings: Settings, pipeline: Pipeline) -> None:
         self.after = float(settings.stuck_after or 0)
         self.limit = settings.repr_limit
         self.pipeline = pipeline
+        self.ring: Ring | None = None
+        """The in-memory ring, dumped with a stuck call: handed over by the registry."""
         self.active: dict[int, tuple[Call, float, int]] = {}
         self.reported: set[int] = set()
         self.reports = 0
-        add_hook = getattr(pipeline, "add_after_drain", None)
-        if add_hook is not None:
-            add_hook(self.check)
+        pipeline.add_after_drain(self.check)
 
     # ------------------------------------------------------------------ caller's thread
 
@@ -84,6 +84,12 @@ class Watchdog:
         self.active.pop(id(call), None)
         if self.reported:
             self.reported.discard(id(call))
+
+    def flush(self, timeout: float) -> bool:
+        return True
+
+    def close(self) -> None:
+        pass
 
     # ------------------------------------------------------------------ export thread
 
@@ -111,14 +117,12 @@ class Watchdog:
             self.after,
             span.span.name,
         )
-        ring = getattr(self.pipeline, "ring", None)
+        ring = self.ring
         if ring is not None:  # first, so the report can name the dump
             directory = ring.dump_for(call, "stuck")
             if directory is not None:
                 span.span.set_attribute("otel_gpu.ring.dump.dir", directory)
-        export_now = getattr(self.pipeline, "export_now", None)
-        if export_now is not None:
-            export_now(span)
+        self.pipeline.export_now(span)
 
     def _span(self, call: Call, thread_id: int, seconds: float) -> Call:
         """A call record for the report, so the pipeline builds and exports it like any span."""

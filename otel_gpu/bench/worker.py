@@ -148,8 +148,7 @@ class Ours(Config):
             raise RuntimeError("otel_gpu.flush() did not finish within 60 s")
         pipe = pipeline.current()
         for observer in pipe.observers if pipe is not None else ():
-            wait = getattr(observer, "flush", None)  # the flight recorder's writer thread
-            if wait is not None and not wait(60.0):
+            if not observer.flush(60.0):  # the flight recorder's writer thread
                 raise RuntimeError(f"{type(observer).__name__}.flush() did not finish in 60 s")
 
     def after_round(self) -> None:

@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Callable
 from itertools import islice
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry import trace
 from opentelemetry.attributes import BoundedAttributes
@@ -36,8 +36,14 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from otel_gpu import _guard
 from otel_gpu.calls import metadata, stats
 from otel_gpu.calls.record import Call, exception_attributes
-from otel_gpu.config import LEVELS, Settings
+from otel_gpu.config import Settings
+from otel_gpu.export import observers as _observers
 from otel_gpu.exporters.spandata import SpanData
+
+if TYPE_CHECKING:
+    from otel_gpu.export.observers import Observer
+    from otel_gpu.exporters.console import ConsoleSpanExporter
+    from otel_gpu.recorder.ring import Ring
 
 __all__ = ["Pipeline", "get", "reset", "shutdown"]
 
@@ -75,11 +81,12 @@ class Pipeline:
         self.exported = 0  # spans handed to the processors
         self.taken = 0  # calls taken off the queue (taken - exported: failed or still being built)
         self.pid = os.getpid()
-        self.observers: tuple[Any, ...] = ()
+        self.observers: tuple[Observer, ...] = ()
+        self.observers_at: dict[int, tuple[Observer, ...]] = {}
+        # otel-gpu's own console destinations, which print a call's inputs before it runs
+        self.consoles: tuple[ConsoleSpanExporter, ...] = ()
         self.root_sampler: Callable[[int, str], bool] | None = None
-        self.ring: Any = (
-            None  # the in-memory ring (otel_gpu.recorder.ring), when OTEL_GPU_RING is on
-        )
+        self.ring: Ring | None = None  # the in-memory ring, when OTEL_GPU_RING is on
         self.errors: list[BaseException] = []
         self._wake = threading.Event()
         self._drain_lock = threading.Lock()
@@ -92,6 +99,18 @@ class Pipeline:
         self._resolve(tracer_provider)
         self._thread = threading.Thread(target=self._run, name="otel-gpu-export", daemon=True)
         self._thread.start()
+        if settings.journal and settings.recover_on_start:
+            self._start_recovery()
+
+    def _start_recovery(self) -> None:
+        """``OTEL_GPU_RECOVER_ON_START``: recover dead processes' journals into this pipeline's
+        processor, in the background, now that it exists."""
+        try:
+            from otel_gpu.journal import writer
+
+            writer.start_recovery(self.settings, self)
+        except Exception as exc:
+            _guard.internal_error("journal", exc)
 
     # ------------------------------------------------------------------ set-up
 
@@ -121,20 +140,18 @@ class Pipeline:
             from otel_gpu.exporters import destinations
 
             own = destinations.build_provider(self.settings)
-            provider, self._after_drain, self.observers = (
+            provider, self._after_drain, self.consoles = (
                 own.provider,
                 own.after_drain,
-                own.observers,
+                own.consoles,
             )
             self._counters = own.exporters
             self._own_provider = provider
             self.native = own.spandata
-        self.observers = self.observers + _extension_observers(self.settings, self)
+        built = _observers.build(self.settings, self)
+        self.observers, self.ring = built.observers, built.ring
         # A function keeps the level it was decorated at; observers run only for levels they serve.
-        self.observers_at = {
-            lvl: tuple(o for o in self.observers if getattr(o, "min_level", 1) <= lvl)
-            for lvl in LEVELS
-        }
+        self.observers_at = _observers.by_level(self.observers)
         self.provider = provider
         self.processor = provider._active_span_processor
         self.resource = _HashedResource(provider.resource)
@@ -383,12 +400,10 @@ class Pipeline:
         deadline = time.monotonic() + timeout
         self.drain(deadline)
         for observer in self.observers:  # e.g. the flight recorder's queued output files
-            flusher = getattr(observer, "flush", None)
-            if flusher is not None:
-                try:
-                    flusher(max(deadline - time.monotonic(), 0.0))
-                except Exception as exc:
-                    self._internal("observer", exc)
+            try:
+                observer.flush(max(deadline - time.monotonic(), 0.0))
+            except Exception as exc:
+                self._internal("observer", exc)
         ok = _bounded_call(
             lambda: self.processor.force_flush(int(max(deadline - time.monotonic(), 0) * 1000)),
             max(deadline - time.monotonic(), 0.0),
@@ -409,12 +424,10 @@ class Pipeline:
         # On a helper thread: a span whose materialisation blocks must not hold exit.
         _bounded_call(lambda: self.drain(deadline), max(deadline - time.monotonic(), 0.0))
         for observer in self.observers:
-            closer = getattr(observer, "close", None)
-            if closer is not None:
-                try:
-                    closer()
-                except Exception as exc:
-                    self._internal("observer", exc)
+            try:
+                observer.close()
+            except Exception as exc:
+                self._internal("observer", exc)
         if self._own_provider is not None:
             provider = self._own_provider
             _bounded_call(provider.shutdown, max(deadline - time.monotonic(), 0.0))
@@ -510,43 +523,6 @@ def _root_sampler(sampler: Any) -> Callable[[int, str], bool] | None:
     if root is ALWAYS_OFF:
         return lambda trace_id, name: False
     return lambda trace_id, name: root.should_sample(None, trace_id, name).decision.is_sampled()
-
-
-def _extension_observers(settings: Settings, pipe: Pipeline) -> tuple[Any, ...]:
-    """Observers of later features: the crash journal (level >= 1) and the flight recorder (level 10).
-
-    Each lives in its own module with ``make_observer(settings, pipeline) -> observer | None``;
-    an observer has ``start(call)``, ``end(call)`` and optionally ``close()``.
-    """
-    import importlib
-
-    found = []
-    wanted = []  # (module, the name its internal errors carry, lowest level it serves)
-    if settings.journal:
-        wanted.append(("otel_gpu.journal.writer", "journal", 1))
-    if settings.stuck_after:
-        wanted.append(("otel_gpu.anomalies.watchdog", "watchdog", 1))
-    if (settings.ring or settings.on_nonfinite == "dump") and settings.level >= 3:
-        wanted.append(("otel_gpu.recorder.ring", "ring", 3))
-    if settings.level >= 10:
-        wanted.append(("otel_gpu.recorder.recorder", "dump", 10))
-    for name, label, min_level in wanted:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name != name:
-                raise
-            continue
-        try:
-            observer = module.make_observer(settings, pipe)
-        except Exception as exc:
-            _guard.internal_error(label, exc)
-            continue
-        if observer is not None:
-            if not hasattr(observer, "min_level"):
-                observer.min_level = min_level
-            found.append(observer)
-    return tuple(found)
 
 
 def _bounded_call(fn: Callable[[], Any], timeout: float) -> Any:

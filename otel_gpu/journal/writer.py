@@ -43,13 +43,18 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from otel_gpu import _files, _guard
 from otel_gpu.calls import metadata
 from otel_gpu.config import Settings, environ
 
-__all__ = ["Journal", "default_dir", "journal_dir", "make_observer"]
+if TYPE_CHECKING:
+    from otel_gpu.calls.decorator import _Plan
+    from otel_gpu.calls.record import Call
+    from otel_gpu.export.pipeline import Pipeline
+
+__all__ = ["Journal", "default_dir", "journal_dir", "make_observer", "start_recovery"]
 
 MAGIC = b"OTGPUJNL"
 VERSION = 1
@@ -270,7 +275,9 @@ _open_journals: weakref.WeakSet[Journal] = weakref.WeakSet()
 class Journal:
     """The observer that keeps one process's journal. ``start``/``end`` run on the caller's thread."""
 
-    def __init__(self, directory: str, settings: Settings, pipeline: Any) -> None:
+    min_level: int  # set by the observer registry (otel_gpu.export.observers)
+
+    def __init__(self, directory: str, settings: Settings, pipeline: Pipeline | None) -> None:
         self.pid = os.getpid()
         self.level = settings.level
         self.limit = settings.repr_limit
@@ -283,7 +290,7 @@ class Journal:
         size = self.base + self.stride * self.count
         self.overflow = 0
         """Calls not journaled because every slot was in flight."""
-        self._plans: dict[Any, int] = {}
+        self._plans: dict[_Plan, int] = {}
         self._cache: dict[Any, tuple[tuple[type, ...], tuple[bytes, bool]]] = {}
         self._plan_end = HEADER_SIZE
         self._plan_count = 0
@@ -291,7 +298,7 @@ class Journal:
         # Free slots as file offsets, last first: pop() hands out the lowest, and a process
         # that is not concurrent keeps reusing the same page.
         self._free = [self.base + i * self.stride for i in range(self.count - 1, -1, -1)]
-        self._pipeline: Any = pipeline
+        self._pipeline = pipeline
         name = f"{PREFIX}{self.pid}-{os.urandom(4).hex()}{SUFFIX}"
         self.path = os.path.join(directory, name)
         flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
@@ -326,11 +333,11 @@ class Journal:
         _open_journals.add(self)
         # The first call writes the resource (the pipeline has none until it is built);
         # after that, calls go straight to the fast method.
-        self.start: Callable[[Any], None] = self._first_start
+        self.start: Callable[[Call], None] = self._first_start
 
     # ------------------------------------------------------------------ caller's thread
 
-    def _first_start(self, call: Any) -> None:
+    def _first_start(self, call: Call) -> None:
         failure = None
         with self._lock:
             if self._pipeline is not None:
@@ -344,7 +351,7 @@ class Journal:
         if failure is not None:
             _guard.internal_error("journal", failure)
 
-    def _start(self, call: Any) -> None:
+    def _start(self, call: Call) -> None:
         mm = self._mm
         if mm is None:
             return
@@ -417,7 +424,7 @@ class Journal:
         self._cache[inputs] = (kinds, encoded)
         return encoded
 
-    def end(self, call: Any) -> None:
+    def end(self, call: Call) -> None:
         offset = call.token
         if type(offset) is not int:
             return  # start() did not journal this call (slots full, closed, async level 1)
@@ -430,13 +437,13 @@ class Journal:
 
     # ------------------------------------------------------------------ rare paths
 
-    def _add_plan(self, plan: Any) -> int:
+    def _add_plan(self, plan: _Plan) -> int:
         with self._lock:
             index = self._plans.get(plan)
             if index is not None:
                 return index
             mm = self._mm
-            attrs = getattr(plan, "attributes", None) or {}
+            attrs = plan.attributes or {}
             entry = json.dumps(
                 [
                     str(plan.name)[:1024],
@@ -456,11 +463,11 @@ class Journal:
             self._plans[plan] = index
             return index
 
-    def _write_meta(self, pipeline: Any) -> None:
+    def _write_meta(self, pipeline: Pipeline | None) -> None:
         mm = self._mm
         if mm is None:
             return
-        resource = getattr(getattr(pipeline, "resource", None), "attributes", None) or {}
+        resource = (pipeline.resource.attributes if pipeline is not None else None) or {}
         attrs = {str(k): list(v) if isinstance(v, tuple) else v for k, v in resource.items()}
         argv = [str(a)[:256] for a in sys.argv[:16]]
         meta = {"host": socket.gethostname(), "resource": attrs, "argv": argv}
@@ -478,6 +485,10 @@ class Journal:
         mm = self._mm
         if mm is not None:
             _I64.pack_into(mm, _HEARTBEAT_AT, time.time_ns())
+
+    def flush(self, timeout: float) -> bool:
+        """Nothing queued: every record is written on the caller's thread."""
+        return True
 
     def in_flight(self) -> int:
         """Calls currently journaled."""
@@ -540,16 +551,12 @@ _recovery_lock = threading.Lock()
 _recovery_thread: threading.Thread | None = None
 
 
-def make_observer(settings: Settings, pipeline: Any) -> Journal | None:
-    """The pipeline's hook: this process's journal (level >= 1), and auto-recovery if asked.
+def make_observer(settings: Settings, pipeline: Pipeline) -> Journal | None:
+    """The observer registry's factory: this process's journal (``OTEL_GPU_JOURNAL``).
 
     A journal that cannot be created (unwritable or foreign directory, full disk) is a
     warning, once; the program runs on without it.
     """
-    if settings.recover_on_start:
-        _start_recovery(settings, pipeline)
-    if settings.level < 1:
-        return None
     directory = journal_dir(settings)
     try:
         _private_dir(directory, shared_parent=not settings.journal_dir)
@@ -564,14 +571,15 @@ def make_observer(settings: Settings, pipeline: Any) -> Journal | None:
             exc,
         )
         return None
-    add_hook = getattr(pipeline, "add_after_drain", None)
-    if add_hook is not None:  # the export thread drains every 100 ms: our heartbeat
-        add_hook(journal.heartbeat)
+    pipeline.add_after_drain(journal.heartbeat)  # the export thread drains every 100 ms
     return journal
 
 
-def _start_recovery(settings: Settings, pipeline: Any) -> None:
-    """``OTEL_GPU_RECOVER_ON_START``: once per process, in the background, so no call waits."""
+def start_recovery(settings: Settings, pipeline: Pipeline) -> None:
+    """``OTEL_GPU_RECOVER_ON_START``: once per process, in the background, so no call waits.
+
+    The pipeline calls this once it is built, so its processor exists.
+    """
     global _recovery_thread
     with _recovery_lock:
         if _recovery_thread is not None:
@@ -580,9 +588,6 @@ def _start_recovery(settings: Settings, pipeline: Any) -> None:
         def run() -> None:
             from otel_gpu.journal import recover
 
-            deadline = time.monotonic() + 5.0
-            while not hasattr(pipeline, "processor") and time.monotonic() < deadline:
-                time.sleep(0.005)  # the pipeline finishes building right after this hook
             try:
                 recover.recover(settings, processor=pipeline.processor)
             except Exception as exc:

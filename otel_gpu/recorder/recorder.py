@@ -26,7 +26,7 @@ import socket
 import sys
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -36,6 +36,11 @@ from otel_gpu.config import Settings, environ, expand_path
 from otel_gpu.recorder import manifest as _manifest
 from otel_gpu.recorder import target as _target
 from otel_gpu.recorder import tensor_files
+
+if TYPE_CHECKING:
+    from otel_gpu.calls.decorator import _Plan
+    from otel_gpu.calls.record import Call
+    from otel_gpu.export.pipeline import Pipeline
 
 __all__ = [
     "ATTR_DIR",
@@ -72,8 +77,8 @@ _STOP = object()
 _INPUTS, _FINAL = 0, 1  # writer jobs: a call's inputs (async mode), its outputs or exception
 
 
-def make_observer(settings: Settings, pipeline: Any) -> Recorder | None:
-    """Called by the pipeline at level 10: the recorder for ``settings``."""
+def make_observer(settings: Settings, pipeline: Pipeline | None) -> Recorder | None:
+    """The observer registry's factory (level 10): the recorder for ``settings``."""
     return Recorder(settings, pipeline)
 
 
@@ -93,9 +98,9 @@ class _Pending:
 class Recorder:
     """The level-10 observer: ``start``/``end`` on the caller's thread, a writer thread for outputs."""
 
-    min_level = 10  # functions decorated below level 10 are never dumped
+    min_level: int  # set by the observer registry (otel_gpu.export.observers)
 
-    def __init__(self, settings: Settings, pipeline: Any) -> None:
+    def __init__(self, settings: Settings, pipeline: Pipeline | None) -> None:
         self.settings = settings
         self.pipeline = pipeline
         self.root = os.path.abspath(os.path.expanduser(expand_path(settings.dump_dir)))
@@ -110,9 +115,9 @@ class Recorder:
         self.used = 0
         self.stopped: str | None = None
         self._lock = threading.Lock()
-        self._active: dict[Any, _Pending] = {}
+        self._active: dict[Call, _Pending] = {}
         self._selected: dict[str, bool] = {}
-        self._targets: dict[Any, _target.Target] = {}
+        self._targets: dict[_Plan, _target.Target] = {}
         words = tuple(settings.redact)
         # the same rule as the span attributes (OTEL_GPU_REDACT): parameter, dict key or kwarg name
         self._secret = (lambda name: metadata.is_secret(name, words)) if words else None
@@ -131,7 +136,7 @@ class Recorder:
 
     # ------------------------------------------------------------------ caller's thread
 
-    def start(self, call: Any) -> None:
+    def start(self, call: Call) -> None:
         """Write the call's inputs and manifest (fsync'd) before the call runs, or record why not."""
         reason = self._gate(call.plan)
         if reason is None:
@@ -142,7 +147,7 @@ class Recorder:
         if reason is not None:
             call.span.set_attribute(ATTR_SKIPPED, reason)
 
-    def end(self, call: Any) -> None:
+    def end(self, call: Call) -> None:
         """Record how the call ended: exception synchronously, outputs through the writer thread."""
         pending = self._active.pop(call, None)
         if pending is None:
@@ -152,7 +157,7 @@ class Recorder:
             saved = pending.saved
         try:
             if call.exc is not None:
-                self._record_raised(call, pending, saved)
+                self._record_raised(call, call.exc, pending, saved)
             else:
                 self._record_outputs(call, pending, saved)
         except OSError as exc:
@@ -191,7 +196,7 @@ class Recorder:
 
     # ------------------------------------------------------------------ decisions
 
-    def _gate(self, plan: Any) -> str | None:
+    def _gate(self, plan: _Plan) -> str | None:
         if self.stopped is not None:
             return self.stopped
         name = plan.name
@@ -250,7 +255,7 @@ class Recorder:
 
     # ------------------------------------------------------------------ recording
 
-    def _record_inputs(self, call: Any) -> str | None:
+    def _record_inputs(self, call: Call) -> str | None:
         plan = call.plan
         target, tensors, meta, params, arg_keys, receiver = encode_inputs(
             call, self._targets, self._secret
@@ -293,8 +298,9 @@ class Recorder:
         call.span.set_attribute(ATTR_DIR, directory)
         return None
 
-    def _record_raised(self, call: Any, pending: _Pending, saved: bool) -> None:
-        exc = call.exc
+    def _record_raised(
+        self, call: Call, exc: BaseException, pending: _Pending, saved: bool
+    ) -> None:
         manifest = pending.manifest
         manifest["status"] = "raised"
         manifest["time"]["end_unix_nano"] = call.end_ns
@@ -307,7 +313,7 @@ class Recorder:
             _touch(os.path.join(pending.dir, _manifest.RETURNED))
         self._submit(pending, tensor_files.HostCopies())
 
-    def _record_outputs(self, call: Any, pending: _Pending, saved: bool) -> None:
+    def _record_outputs(self, call: Call, pending: _Pending, saved: bool) -> None:
         manifest = pending.manifest
         manifest["time"]["end_unix_nano"] = call.end_ns
         tensors: dict[str, torch.Tensor] = {}
@@ -426,7 +432,7 @@ class Recorder:
 
 
 def encode_inputs(
-    call: Any, targets: dict[Any, _target.Target], secret: Any
+    call: Call, targets: dict[_Plan, _target.Target], secret: Any
 ) -> tuple[
     _target.Target,
     dict[str, torch.Tensor],
@@ -468,7 +474,7 @@ def encode_inputs(
     return target, tensors, meta, params, arg_keys, receiver
 
 
-def _receiver(call: Any, enc: _manifest.Encoder) -> dict[str, Any]:
+def _receiver(call: Call, enc: _manifest.Encoder) -> dict[str, Any]:
     """The receiver's encoding; its ``__otel_gpu_state__`` hook is user code, ``SystemExit`` too."""
     try:
         return _target.receiver(call, enc)
@@ -478,14 +484,14 @@ def _receiver(call: Any, enc: _manifest.Encoder) -> dict[str, Any]:
 
 
 def new_manifest(
-    call: Any,
+    call: Call,
     target: _target.Target,
     params: list[dict[str, Any]],
     receiver: dict[str, Any] | None,
     meta: dict[str, Any],
     why_not: str | None,
     seq: int,
-    pipeline: Any,
+    pipeline: Pipeline | None,
 ) -> dict[str, Any]:
     """A call's manifest as the recorder writes it before the call runs (status ``inputs_saved``).
 
@@ -502,7 +508,7 @@ def new_manifest(
             "qualname": target.qualname,
             "file": target.file,
             "receiver": receiver is not None,
-            "instrumented": getattr(plan, "instrumented", None),  # the instrument() target
+            "instrumented": plan.instrumented,  # the instrument() target
         },
         "replayable": why_not is None,
         "why_not_replayable": why_not,
@@ -588,10 +594,10 @@ def _process() -> dict[str, Any]:
     return dict(_proc)
 
 
-def _resource_summary(pipeline: Any) -> dict[str, Any]:
+def _resource_summary(pipeline: Pipeline | None) -> dict[str, Any]:
     """Versions and the process's resource attributes, computed once per resource."""
     global _resource
-    resource = getattr(pipeline, "resource", None)
+    resource = pipeline.resource if pipeline is not None else None
     if _resource is not None and _resource[0] is resource:
         return _resource[1]
     summary: dict[str, Any] = {
@@ -599,7 +605,7 @@ def _resource_summary(pipeline: Any) -> dict[str, Any]:
         "torch": torch.__version__,
         "torch.cuda": torch.version.cuda,
     }
-    for key, value in dict(getattr(resource, "attributes", None) or {}).items():
+    for key, value in dict(resource.attributes if resource is not None else {}).items():
         summary[key] = list(value) if isinstance(value, tuple) else value
     _resource = (resource, summary)
     return summary
@@ -609,11 +615,11 @@ def _touch(path: str) -> None:
     _files.touch(path)  # O_EXCL|O_NOFOLLOW: a planted link is never opened
 
 
-def _positional(call: Any, target: _target.Target) -> int | None:
+def _positional(call: Call, target: _target.Target) -> int | None:
     """Arguments passed positionally, not counting a receiver passed as the first one."""
-    args = getattr(call, "args", None)
+    args = call.args
     if args is None:
         return None
     plan = call.plan
-    passed = getattr(plan, "receiver_passed", False) and getattr(plan, "receiver", None) is None
+    passed = plan.receiver_passed and plan.receiver is None
     return max(len(args) - (1 if passed and target.receiver and args else 0), 0)

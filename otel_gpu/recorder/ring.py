@@ -31,7 +31,7 @@ import itertools
 import os
 import signal
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from otel_gpu import _files, _guard
 from otel_gpu.calls import _describe, metadata
@@ -39,23 +39,18 @@ from otel_gpu.config import Settings, expand_path
 from otel_gpu.recorder import target as _target
 from otel_gpu.recorder import tensor_files
 
-__all__ = ["ATTR_RING_DIR", "Ring", "make_observer"]
+if TYPE_CHECKING:
+    from otel_gpu.calls.decorator import _Plan
+    from otel_gpu.calls.record import Call
+    from otel_gpu.export.pipeline import Pipeline
+
+__all__ = ["ATTR_RING_DIR", "Ring"]
 
 ATTR_RING_DIR = "otel_gpu.ring.dump.dir"
 """Span attribute: the ring dump this call triggered."""
 _TRIGGERS = itertools.count(1)
 _SEQ = itertools.count(1)
 _NAME_TRIES = 100  # ring dump names already taken (planted) before one is given up
-
-
-def make_observer(settings: Settings, pipeline: Any) -> Ring | None:
-    """The pipeline's hook: the ring when ``OTEL_GPU_RING`` > 0 or ``OTEL_GPU_ON_NONFINITE=dump``
-    (a ring of size 0 still dumps the call itself); it serves levels >= 3."""
-    if settings.level < 3 or not (settings.ring or settings.on_nonfinite == "dump"):
-        return None
-    ring = Ring(settings, pipeline)
-    pipeline.ring = ring  # the watchdog dumps it for stuck calls
-    return ring
 
 
 class _Entry:
@@ -86,11 +81,15 @@ class _Entry:
 
 
 class Ring:
-    """Observer: ``start`` copies the inputs, ``end`` keeps the call and fires the triggers."""
+    """Observer: ``start`` copies the inputs, ``end`` keeps the call and fires the triggers.
 
-    min_level = 3  # the bound arguments exist from level 3
+    Built by the observer registry when ``OTEL_GPU_RING`` > 0 or ``OTEL_GPU_ON_NONFINITE=dump``,
+    from level 3; the registry hands it to the watchdog, which dumps it for stuck calls.
+    """
 
-    def __init__(self, settings: Settings, pipeline: Any) -> None:
+    min_level: int  # set by the observer registry (otel_gpu.export.observers)
+
+    def __init__(self, settings: Settings, pipeline: Pipeline) -> None:
         self.size = settings.ring
         self.max_bytes = int(settings.ring_max_mb * 2**20)
         self.settings = settings
@@ -104,7 +103,7 @@ class Ring:
         self.seen_nonfinite = False
         self._explained: set[int] = set()  # span ids whose NaN output a call inside produced
         self._lock = threading.RLock()
-        self._targets: dict[Any, _target.Target] = {}
+        self._targets: dict[_Plan, _target.Target] = {}
         self._buffers = tensor_files.HostBuffers(self.max_bytes)
         words = tuple(settings.redact)
         self._secret = (lambda name: metadata.is_secret(name, words)) if words else None
@@ -113,7 +112,7 @@ class Ring:
 
     # ------------------------------------------------------------------ caller's thread
 
-    def start(self, call: Any) -> None:
+    def start(self, call: Call) -> None:
         """Copy the call's inputs to host memory (asynchronously on CUDA)."""
         from otel_gpu.recorder import recorder
 
@@ -133,7 +132,7 @@ class Ring:
         with self._lock:
             self.active[id(call)] = entry
 
-    def end(self, call: Any) -> None:
+    def end(self, call: Call) -> None:
         """Keep the call in the ring; dump it and the ring if it raised or asked for it."""
         with self._lock:
             entry = self.active.pop(id(call), None)
@@ -159,7 +158,7 @@ class Ring:
             if directory is not None:
                 call.span.set_attribute(ATTR_RING_DIR, directory)
 
-    def _produced_nonfinite(self, call: Any) -> bool:
+    def _produced_nonfinite(self, call: Call) -> bool:
         """Dump a call that produced NaN/Inf: its outputs hold some, its inputs are finite, and no
         call inside it produced them; and the first non-finite call of the process whatever its
         inputs (they came from code otel-gpu does not see). Calls that merely pass a NaN on, and
@@ -181,6 +180,10 @@ class Ring:
         self.seen_nonfinite = True
         return first or (bad_out and not bad_in and not explained)
 
+    def flush(self, timeout: float) -> bool:
+        """Nothing queued: a ring writes only when triggered."""
+        return True
+
     def close(self) -> None:
         _restore_sigterm(self)
         with self._lock:
@@ -190,7 +193,7 @@ class Ring:
 
     # ------------------------------------------------------------------ dumping
 
-    def dump_for(self, call: Any, reason: str) -> str | None:
+    def dump_for(self, call: Call, reason: str) -> str | None:
         """Dump the ring and ``call`` (in flight): the watchdog's stuck report."""
         with self._lock:
             entry = self.active.get(id(call))

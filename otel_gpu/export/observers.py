@@ -1,0 +1,148 @@
+"""Observers: what runs on the caller's thread around each call, and the one registry of them.
+
+An observer sees every call of the functions it serves: ``start(call)`` before the call runs,
+``end(call)`` after it returned or raised (``call.bound`` and ``call.result`` are set only
+then), ``flush(timeout)`` when the pipeline flushes and ``close()`` at exit or reconfiguration.
+
+:data:`REGISTRY` lists every observer in the order they run, with the lowest level each serves
+and its factory. It is the only place that decides which observers run at which level: the
+pipeline builds them once (:func:`build`) and keeps one tuple per level, so a level-1 function
+never runs the level-3 or level-10 observers and no call checks a level.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, NamedTuple, Protocol
+
+from otel_gpu import _guard
+from otel_gpu.config import LEVELS, Settings
+
+if TYPE_CHECKING:
+    from otel_gpu.calls.record import Call
+    from otel_gpu.export.pipeline import Pipeline
+    from otel_gpu.recorder.ring import Ring
+
+__all__ = ["REGISTRY", "Built", "Entry", "Observer", "build", "by_level", "serves"]
+
+
+class Observer(Protocol):
+    """What the pipeline calls. ``start``/``end`` run on the caller's thread, so they stay cheap."""
+
+    min_level: int
+    """The lowest level served, set from the registry when the observer is built."""
+
+    def start(self, call: Call) -> None: ...
+
+    def end(self, call: Call) -> None: ...
+
+    def flush(self, timeout: float) -> bool:
+        """Finish queued work within ``timeout`` seconds; True when it did."""
+        ...
+
+    def close(self) -> None: ...
+
+
+Factory = Callable[[Settings, "Pipeline"], "Observer | None"]
+"""Builds an observer when the settings ask for it (None otherwise). Called once per pipeline."""
+
+
+class Entry(NamedTuple):
+    name: str
+    """Also the kind its internal errors are reported under."""
+    min_level: int
+    factory: Factory
+
+
+def _console(settings: Settings, pipeline: Pipeline) -> Observer | None:
+    if not pipeline.consoles:  # otel-gpu's own provider with a console or text destination
+        return None
+    from otel_gpu.exporters.destinations import ConsolePrecall
+
+    return ConsolePrecall(pipeline.consoles, settings)
+
+
+def _journal(settings: Settings, pipeline: Pipeline) -> Observer | None:
+    if not settings.journal:
+        return None
+    from otel_gpu.journal import writer
+
+    return writer.make_observer(settings, pipeline)
+
+
+def _watchdog(settings: Settings, pipeline: Pipeline) -> Observer | None:
+    if not settings.stuck_after:
+        return None
+    from otel_gpu.anomalies.watchdog import Watchdog
+
+    return Watchdog(settings, pipeline)
+
+
+def _ring(settings: Settings, pipeline: Pipeline) -> Observer | None:
+    # a ring of size 0 still dumps the call itself when OTEL_GPU_ON_NONFINITE=dump
+    if not (settings.ring or settings.on_nonfinite == "dump"):
+        return None
+    from otel_gpu.recorder.ring import Ring
+
+    return Ring(settings, pipeline)
+
+
+def _recorder(settings: Settings, pipeline: Pipeline) -> Observer | None:
+    from otel_gpu.recorder import recorder
+
+    return recorder.make_observer(settings, pipeline)
+
+
+REGISTRY: tuple[Entry, ...] = (
+    Entry("console", 3, _console),  # level 1 prints only the end-of-call line
+    Entry("journal", 1, _journal),
+    Entry("watchdog", 1, _watchdog),
+    Entry("ring", 3, _ring),  # the bound arguments exist from level 3
+    Entry("dump", 10, _recorder),  # the flight recorder
+)
+
+
+def serves(name: str, level: int) -> bool:
+    """Whether the observer ``name`` runs for functions decorated at ``level``."""
+    return any(e.name == name and e.min_level <= level for e in REGISTRY)
+
+
+class Built(NamedTuple):
+    observers: tuple[Observer, ...]
+    """In the registry's order."""
+    ring: Ring | None
+    """The ring, also handed to the watchdog (which dumps it for stuck calls)."""
+
+
+def build(settings: Settings, pipeline: Pipeline) -> Built:
+    """The observers ``settings`` ask for, in the registry's order. One that fails to build is an
+    internal error under its entry's name; the others are built all the same."""
+    built: dict[str, Observer] = {}
+    for entry in REGISTRY:
+        if settings.level < entry.min_level:
+            continue
+        try:
+            observer = entry.factory(settings, pipeline)
+        except Exception as exc:
+            _guard.internal_error(entry.name, exc)
+            continue
+        if observer is not None:
+            observer.min_level = entry.min_level
+            built[entry.name] = observer
+    ring = None
+    if "ring" in built:
+        from otel_gpu.recorder.ring import Ring
+
+        ring = built["ring"] if isinstance(built["ring"], Ring) else None
+        if ring is not None and "watchdog" in built:
+            from otel_gpu.anomalies.watchdog import Watchdog
+
+            watchdog = built["watchdog"]
+            if isinstance(watchdog, Watchdog):
+                watchdog.ring = ring
+    return Built(tuple(built.values()), ring)
+
+
+def by_level(observers: tuple[Observer, ...]) -> dict[int, tuple[Observer, ...]]:
+    """One tuple per level, decided once: the caller's thread only iterates its level's tuple."""
+    return {lvl: tuple(o for o in observers if o.min_level <= lvl) for lvl in LEVELS}
