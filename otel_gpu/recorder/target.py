@@ -5,12 +5,16 @@ from __future__ import annotations
 import os
 import sys
 import types
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from otel_gpu import _guard
 from otel_gpu.recorder import manifest
+
+if TYPE_CHECKING:
+    from otel_gpu.calls.decorator import _Plan
+    from otel_gpu.calls.record import Call
 
 __all__ = ["Target", "receiver"]
 
@@ -20,10 +24,13 @@ class Target:
 
     __slots__ = ("file", "found", "module", "qualname", "receiver", "why_not")
 
-    def __init__(self, plan: Any) -> None:
-        full = plan.attributes.get("code.function.name", plan.name)
+    def __init__(self, plan: _Plan) -> None:
+        full = f"{plan.module}.{plan.qualname}"
         self.file = plan.attributes.get("code.file.path")
-        self.module, self.qualname = _split_module(full)
+        if plan.module in sys.modules:  # the plan names the function as decoration found it
+            self.module, self.qualname = plan.module, plan.qualname
+        else:  # a module loaded without registering it: nothing replay could import
+            self.module, self.qualname = "", full
         self.receiver = False
         self.why_not: str | None = None
         if self.module == "__main__":
@@ -41,14 +48,14 @@ class Target:
             fn = fn.__wrapped__
         code = getattr(fn, "__code__", None)
         self.found = code is not None
-        note = getattr(plan, "replay_note", None)
+        note = plan.replay_note
         if note is not None and self.why_not is None:
             self.why_not = note
         if code is not None and code.co_argcount:
             self.receiver = code.co_varnames[0] in ("self", "cls")
         elif code is None and self.why_not is None:
             self.why_not = _why_no_code(full, fn)
-        if getattr(plan, "receiver", None) is not None:  # a bound method or a callable object
+        if plan.receiver is not None:  # a bound method or a callable object
             self.receiver = True
 
 
@@ -73,24 +80,15 @@ _BUILTIN_TYPES = (
 _BUILTIN_NAMES = frozenset({"OpOverloadPacket", "OpOverload", "builtin_function_or_method"})
 
 
-def _split_module(full: str) -> tuple[str, str]:
-    """Split ``pkg.mod.Class.meth`` at the longest prefix that is an imported module."""
-    parts = full.split(".")
-    for i in range(len(parts) - 1, 0, -1):
-        if ".".join(parts[:i]) in sys.modules:
-            return ".".join(parts[:i]), ".".join(parts[i:])
-    return "", full
-
-
-def receiver(call: Any, enc: manifest.Encoder) -> dict[str, Any]:
+def receiver(call: Call, enc: manifest.Encoder) -> dict[str, Any]:
     """Encode ``self``/``cls`` of a method: a class by reference, an object by its opt-in state hook.
 
     The receiver is the bound method's ``__self__`` (or the callable object) when the decorated
     callable carries it, else the first positional argument of the call.
     """
-    obj = getattr(call.plan, "receiver", None)
+    obj = call.plan.receiver
     if obj is None:
-        args = getattr(call, "args", None)
+        args = call.args
         if args is None:
             args = _args_from_wrapper_frame()
         if not args:
