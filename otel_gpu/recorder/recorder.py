@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from otel_gpu.calls.decorator import _Plan
     from otel_gpu.calls.record import Call
     from otel_gpu.export.pipeline import Pipeline
+    from otel_gpu.recorder.ring import _Entry
 
 __all__ = [
     "ATTR_DIR",
@@ -540,7 +541,7 @@ def new_manifest(
 
 
 def write_ring_call(
-    directory: str, entry: Any, result: Any, with_outputs: bool, fmt: str, secret: Any
+    directory: str, entry: _Entry, result: Any, with_outputs: bool, fmt: str, secret: Any
 ) -> str:
     """Write one call the ring kept into ``directory`` (its inputs; its outputs when given)."""
     manifest = entry.manifest
