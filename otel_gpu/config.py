@@ -407,6 +407,26 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     # ---- flight recorder (level 10)
     Setting(
+        "graph_stats_every",
+        "OTEL_GPU_GRAPH_STATS_EVERY",
+        100,
+        "integer > 0 and <= 1000000",
+        Bounded(1, _MAX_COUNT, integer=True),
+        "At level >= 5, read the statistics recorded inside a captured CUDA graph after replay 1 "
+        "and then one replay in N: each read replay gives one span per captured call "
+        "(otel_gpu.cuda_graph.replay), linked to its capture span. 1 reads every replay.",
+    ),
+    Setting(
+        "graph_dump_every",
+        "OTEL_GPU_GRAPH_DUMP_EVERY",
+        100,
+        "integer > 0 and <= 1000000",
+        Bounded(1, _MAX_COUNT, integer=True),
+        "At level 10, write a flight-recorder snapshot of each call captured in a CUDA graph "
+        "after replay 1 and then one replay in N (within OTEL_GPU_DUMP_MAX_COUNT and "
+        "OTEL_GPU_DUMP_MAX_SIZE_GB). 1 snapshots every replay.",
+    ),
+    Setting(
         "dump_dir",
         "OTEL_GPU_DUMP_DIR",
         "otel_gpu_dumps",
@@ -644,6 +664,8 @@ class Settings:
     dump_modules: bool = False
     dump_modules_max_mb: float = 1024.0
     module_param_stats: bool = False
+    graph_stats_every: int = 100
+    graph_dump_every: int = 100
     dump_dir: str = "otel_gpu_dumps"
     dump_max_size_gb: float = 20.0
     dump_max_count: int = 1000

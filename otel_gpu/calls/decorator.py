@@ -228,7 +228,8 @@ def _nonfinite(call: Call, result: Any) -> NonFiniteError | None:
 def _launch_stats(plan: _Plan, prefix: str, tensors: list[tuple[str, Any]]) -> list[stats.Pending]:
     """Start the reductions for a call's tensors, or record why not (CUDA graph capture)."""
     if plan.capture_stats is not None and plan.capture_stats():
-        return [stats.skipped(prefix + k, t.numel(), stats.CAPTURE_NOTE) for k, t in tensors]
+        # CUDA graph capture: into static device buffers, read after replays (devices/cuda_graphs)
+        return [stats.capture(prefix + k, t) for k, t in tensors]
     return [stats.compute(prefix + k, t) for k, t in tensors]
 
 
@@ -306,7 +307,7 @@ def _make_wrapper(
         nonfinite: NonFiniteError | None = None
         if pending:
             try:
-                call.stats = stats.finish(pending)
+                call.stats = stats.finish(pending, call)
                 if plan.on_nonfinite != "mark":
                     nonfinite = _nonfinite(call, result)
             except BaseException as exc:  # user hooks run here
