@@ -48,6 +48,9 @@ def _clean_otel_gpu(monkeypatch: pytest.MonkeyPatch):
     from otel_gpu.instrumentation import targets
 
     targets._reset_for_tests()
+    graphs = sys.modules.get("otel_gpu.devices.cuda_graphs")
+    if graphs is not None:  # a faked capture patched CUDAGraph: put it back
+        graphs.uninstall()
     pipeline.reset(timeout=2.0)
     pipeline.set_tracer_provider(None)
     config._reset()

@@ -371,3 +371,80 @@ def test_captured_statistics_match_eager(t):
     assert set(got.values) == set(eager.values)
     for key, value in eager.values.items():
         assert got.values[key] == pytest.approx(value, rel=1e-6, abs=1e-9), key
+
+
+# --------------------------------------------------------------------------- level 10
+
+
+def _recorder():
+    from otel_gpu.export import pipeline
+    from otel_gpu.recorder.recorder import Recorder
+
+    pipe = pipeline.current()
+    assert pipe is not None
+    (rec,) = [o for o in pipe.observers if isinstance(o, Recorder)]
+    return rec
+
+
+def test_level_10_defers_the_dump_and_writes_a_snapshot_after_sampled_replays(
+    otel_gpu_spans, fake, tmp_path
+):
+    """At capture nothing is copied or written; after replays 1 and 3 (OTEL_GPU_GRAPH_DUMP_EVERY=2)
+    a snapshot holds the static tensors as that replay left them, linked to its replay span."""
+    from otel_gpu.recorder import manifest, tensor_files
+
+    root = tmp_path / "dumps"
+    spans = otel_gpu_spans(level=10, dump_dir=str(root), graph_stats_every=1, graph_dump_every=2)
+    scale, _ = _lib()
+    graph = fake.graph_class()
+    x = torch.zeros(3)
+    with _captured(graph), _no_host_reads():
+        out = scale(x)
+    (capture,) = spans.get()
+    spans.clear()
+    assert capture.attributes["otel_gpu.dump.skipped"] == "cuda_graph_capture"
+    assert list(root.iterdir()) == [] and sum(fake.copies.values()) == 0
+    for i in range(1, 4):
+        x.fill_(float(i))
+        out.copy_(x * 2)  # what the replay's kernels write
+        _gpu_runs(graph, [x, out])
+        graph.replay()
+        assert cuda_graphs.flush(5.0)
+        assert _recorder().flush(5.0)
+    replayed = {s.attributes["otel_gpu.cuda_graph.replay"]: s for s in spans.get()}
+    assert sorted(replayed) == [1, 2, 3]
+    assert "otel_gpu.dump.dir" not in replayed[2].attributes
+    dirs = sorted(root.iterdir())
+    assert len(dirs) == 2
+    for n, directory in zip((1, 3), dirs):
+        span = replayed[n]
+        assert span.attributes["otel_gpu.dump.dir"] == str(directory)
+        man = manifest.read_manifest(str(directory))
+        assert man["status"] == "completed"
+        assert man["cuda_graph"] == {
+            "replay": n,
+            "capture_span_id": format(capture.context.span_id, "016x"),
+        }
+        assert man["span_id"] == format(span.context.span_id, "016x")
+        ins = tensor_files.load_tensors(str(directory), man["files"]["inputs"])
+        outs = tensor_files.load_tensors(str(directory), man["files"]["outputs"])
+        assert torch.equal(ins["input.x"], torch.full((3,), float(n)))
+        assert torch.equal(outs["output"], torch.full((3,), 2.0 * n))
+    assert fake.waits["caller"] == 0 and fake.waits["otel-gpu-dump"] == 4  # 2 snapshots x 2
+
+
+def test_snapshots_stay_within_the_dump_count_limit(otel_gpu_spans, fake, tmp_path):
+    """OTEL_GPU_DUMP_MAX_COUNT bounds snapshots too: replays beyond it get spans, not dumps."""
+    root = tmp_path / "dumps"
+    otel_gpu_spans(
+        level=10, dump_dir=str(root), graph_stats_every=1, graph_dump_every=1, dump_max_count=2
+    )
+    scale, _ = _lib()
+    graph = fake.graph_class()
+    with _captured(graph):
+        scale(torch.ones(2))
+    for _ in range(5):
+        graph.replay()
+        cuda_graphs.flush(5.0)
+    assert _recorder().flush(5.0)
+    assert len(list(root.iterdir())) == 2

@@ -30,7 +30,7 @@ __all__ = ["encode_inputs", "new_manifest", "write_ring_call"]
 
 
 def encode_inputs(
-    call: Call, targets: dict[_Plan, _target.Target], secret: Any
+    call: Call, targets: dict[_Plan, _target.Target], secret: Any, with_receiver: bool = True
 ) -> tuple[
     _target.Target,
     dict[str, torch.Tensor],
@@ -68,7 +68,8 @@ def encode_inputs(
         for name, value, is_default in call.bound or ()
     ]
     arg_keys = list(tensors)
-    receiver = _receiver(call, enc) if target.receiver else None
+    # the receiver's hook may read device memory: not during CUDA graph capture (with_receiver)
+    receiver = _receiver(call, enc) if target.receiver and with_receiver else None
     return target, tensors, meta, params, arg_keys, receiver
 
 

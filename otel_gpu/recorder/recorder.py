@@ -31,9 +31,9 @@ import torch
 from otel_gpu import _files, _guard
 from otel_gpu.calls import _describe, metadata
 from otel_gpu.config import Settings, expand_path
+from otel_gpu.recorder import graph_snapshots, tensor_files
 from otel_gpu.recorder import manifest as _manifest
 from otel_gpu.recorder import target as _target
-from otel_gpu.recorder import tensor_files
 from otel_gpu.recorder.call_manifest import encode_inputs, new_manifest
 
 if TYPE_CHECKING:
@@ -73,7 +73,8 @@ _QUEUE_BYTES = 1 << 30
 _CLOSE_TIMEOUT = 60.0  # seconds close() waits for queued outputs: they are the point of level 10
 _SEQ = itertools.count(1)  # process-wide, so directory names keep sorting across reconfiguration
 _STOP = object()
-_INPUTS, _FINAL = 0, 1  # writer jobs: a call's inputs (async mode), its outputs or exception
+# writer jobs: a call's inputs (async mode), its outputs or exception, a CUDA-graph snapshot
+_INPUTS, _FINAL, _SNAPSHOT = 0, 1, 2
 
 
 def make_observer(settings: Settings, pipeline: Pipeline | None) -> Recorder | None:
@@ -115,6 +116,7 @@ class Recorder:
         self.stopped: str | None = None
         self._lock = threading.Lock()
         self._active: dict[Call, _Pending] = {}
+        self._deferred: dict[Call, graph_snapshots.Deferred] = {}  # calls in a CUDA graph capture
         self._selected: dict[str, bool] = {}
         self._targets: dict[_Plan, _target.Target] = {}
         words = tuple(settings.redact)
@@ -138,7 +140,9 @@ class Recorder:
     def start(self, call: Call) -> None:
         """Write the call's inputs and manifest (fsync'd) before the call runs, or record why not."""
         reason = self._gate(call.plan)
-        if reason is None:
+        if reason == "cuda_graph_capture":  # no copy now: a snapshot after replays instead
+            self._deferred[call] = graph_snapshots.defer_inputs(self, call)
+        elif reason is None:
             try:
                 reason = self._record_inputs(call)
             except OSError as exc:
@@ -150,6 +154,9 @@ class Recorder:
         """Record how the call ended: exception synchronously, outputs through the writer thread."""
         pending = self._active.pop(call, None)
         if pending is None:
+            deferred = self._deferred.pop(call, None)
+            if deferred is not None and call.exc is None:
+                graph_snapshots.defer_outputs(self, call, deferred)
             return
         with self._lock:  # from here on the writer no longer writes an inputs_saved manifest
             pending.ended = True
@@ -354,6 +361,17 @@ class Recorder:
             return
         self._write_outputs(pending, copies)
 
+    def enqueue_snapshot(
+        self,
+        directory: str,
+        manifest: dict[str, Any],
+        inputs: tensor_files.HostCopies,
+        outputs: tensor_files.HostCopies,
+    ) -> bool:
+        """Queue a CUDA-graph snapshot for the writer; False (never a wait) when the queue is full."""
+        nbytes = inputs.nbytes + outputs.nbytes
+        return self._enqueue((_SNAPSHOT, (directory, manifest), (inputs, outputs), nbytes), nbytes)
+
     def _enqueue(self, job: tuple[Any, ...], nbytes: int) -> bool:
         with self._lock:
             if self._closing or self._queued_bytes + nbytes > _QUEUE_BYTES:
@@ -409,7 +427,13 @@ class Recorder:
                 return
             kind, pending, copies, nbytes = job
             try:
-                if self.stopped == "write_failed":
+                if kind == _SNAPSHOT:
+                    if self.stopped == "write_failed":
+                        for c in copies:
+                            self._buffers.release(c)
+                    else:
+                        graph_snapshots.write_snapshot(self, *pending, *copies)
+                elif self.stopped == "write_failed":
                     self._buffers.release(copies)
                     if pending.written is not None:
                         pending.written.set()
