@@ -283,42 +283,19 @@ def _fill(
 
 
 def _refine(items: list[tuple[TensorStats, Pending]]) -> None:
-    """Precise float64 statistics over finite values, plus NaN/Inf counts, in one more read."""
+    """Precise float64 statistics over finite values, plus NaN/Inf counts, in one more read.
+
+    The same masked kernels as at CUDA graph capture (:func:`_captured_vector`): no boolean
+    indexing, whose data-dependent size would cost one more device sync per tensor.
+    """
     vecs = []
     for _stats, p in items:
-        x = p.source
-        assert x is not None
-        finite = torch.isfinite(x)
-        nan = torch.isnan(x).sum()
-        inf = (~finite).sum() - nan
-        vals = x[finite].to(torch.float64)
-        count = finite.sum()
-        if vals.numel():
-            mn, mx = torch.aminmax(vals)
-            std, mean = (
-                torch.std_mean(vals)
-                if vals.numel() > 1
-                else (torch.tensor(math.nan, dtype=torch.float64, device=vals.device), vals.mean())
-            )
-        else:
-            mn = mx = mean = std = torch.tensor(math.nan, dtype=torch.float64, device=x.device)
-        vecs.append(
-            torch.stack([t.to(torch.float64) for t in (nan, inf, count, mn, mx, mean, std)])
-        )
+        assert p.source is not None
+        vecs.append(_captured_vector(p.source))
     rows = cuda.read_scalars(vecs)
     for (stats, p), row in zip(items, rows):
-        nan_n, inf_n, n_finite, lo, hi, avg, spread = row
-        stats.values.clear()
-        if not p.integer:
-            stats.values["nan_count"] = int(nan_n)
-            stats.values["inf_count"] = int(inf_n)
-        if n_finite == 0:
-            stats.note = _join(stats.note, "no finite values: min/max/mean/std left out")
-            continue
-        std_value = None if math.isnan(spread) else spread
-        _fill(stats, p, lo, hi, avg, std_value)
-        if nan_n or inf_n:
-            stats.note = _join(stats.note, "min/max/mean/std over finite values only")
+        precise = captured_stats(p.key, p.numel, p.note, p.integer, row)
+        stats.values, stats.note = precise.values, precise.note
 
 
 def _join(a: str | None, b: str) -> str:
