@@ -252,6 +252,23 @@ def test_each_replay_gives_one_span_per_captured_call_linked_to_its_capture(otel
     assert cuda_graphs.replays(graph) == (3, 0)
 
 
+def test_otel_gpu_flush_exports_the_spans_of_replays_being_read(otel_gpu_spans, fake):
+    """otel_gpu.flush() waits for the replays the reader still holds, then exports them."""
+    spans = otel_gpu_spans(level=5, graph_stats_every=1)
+    scale, _ = _lib()
+    graph = fake.graph_class()
+    with _captured(graph):
+        scale(torch.ones(2))
+    spans.get(), spans.clear()  # the capture span
+    fake.gate = threading.Event()
+    graph.replay()
+    threading.Timer(0.2, fake.gate.set).start()  # the copy completes later
+    assert otel_gpu.flush()
+    assert [
+        s.attributes["otel_gpu.cuda_graph.replay"] for s in spans.exporter.get_finished_spans()
+    ] == [1]
+
+
 def test_nan_and_inf_of_a_replay_are_counted(otel_gpu_spans, fake):
     """The counts of a replay's non-finite values reach its span, and the span is marked."""
     spans = otel_gpu_spans(level=5, graph_stats_every=1)

@@ -12,6 +12,7 @@ import functools
 import inspect
 import os
 import random
+import sys
 import time
 import types
 from collections.abc import Callable
@@ -475,4 +476,7 @@ def flush(timeout: float | None = None) -> bool:
     pipe = pipeline.current()
     if pipe is None or pipe.pid != os.getpid():
         return True
+    graphs = sys.modules.get("otel_gpu.devices.cuda_graphs")
+    if graphs is not None:  # CUDA-graph replays still being read become spans first
+        graphs.flush(pipe.settings.flush_timeout if timeout is None else timeout)
     return pipe.flush(timeout)
