@@ -310,6 +310,18 @@ def test_sampling_setting_bounds_read_replays(otel_gpu_spans, fake):
     assert fake.copies == {"caller": 3}
 
 
+@pytest.mark.parametrize("value", [0, -1, 1.5, "often"])
+def test_sampling_settings_reject_what_is_not_a_positive_integer(value):
+    """A bad sampling setting is refused with a one-line error naming the variable."""
+    for field, env in (
+        ("graph_stats_every", "OTEL_GPU_GRAPH_STATS_EVERY"),
+        ("graph_dump_every", "OTEL_GPU_GRAPH_DUMP_EVERY"),
+    ):
+        with pytest.raises(otel_gpu.ConfigError, match=env) as raised:
+            otel_gpu.configure(level=5, **{field: value})
+        assert "\n" not in str(raised.value) and "integer > 0" in str(raised.value)
+
+
 def test_a_slow_reader_never_blocks_the_caller(otel_gpu_spans, fake):
     """While earlier copies are still being read, replays are skipped (counted), not waited on:
     at most four pinned buffers per graph exist."""
