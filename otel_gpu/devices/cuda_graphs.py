@@ -137,6 +137,7 @@ _graphs: weakref.WeakKeyDictionary[Any, _Graph] = weakref.WeakKeyDictionary()
 _originals: dict[str, Any] = {}
 _installed_on: Any = None
 _install_lock = threading.Lock()
+_MISSING = object()  # the method was inherited, not defined on the patched class
 
 
 def record(call: Any) -> CapturedCall:
@@ -202,9 +203,6 @@ def install() -> None:
             fn.__wrapped__ = _originals[name][1]  # type: ignore[attr-defined]
             setattr(cls, name, fn)
         _installed_on = cls
-
-
-_MISSING = object()
 
 
 def uninstall() -> None:
