@@ -75,9 +75,9 @@ def _want_color(stream: IO[str], color: str) -> bool:
         return True
     if color == "never":
         return False
-    from otel_gpu.config import environ
+    from otel_gpu.config import no_color
 
-    if environ().get("NO_COLOR"):
+    if no_color():
         return False
     try:
         return bool(stream.isatty())

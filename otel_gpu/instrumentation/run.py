@@ -18,9 +18,11 @@ import shutil
 import sys
 from typing import Any
 
+from otel_gpu.config import RUN_PID
+
 __all__ = ["PROGRAM_PID", "bootstrap_dir", "build_env", "register"]
 
-PROGRAM_PID = "OTEL_GPU_RUN_PID"
+PROGRAM_PID = RUN_PID
 """Set by ``otel-gpu run`` for the program: the pid it keeps after ``execve``. Not a setting but
 a note from ``run`` to its bootstrap, so that only the program itself, not every Python process
 it starts (compile workers, helpers), warns at exit about targets that were never imported."""
@@ -71,7 +73,7 @@ def _main(args: argparse.Namespace) -> int:
         )
         return 2
     level = None if args.level is None else str(args.level)
-    env = build_env(dict(config.environ()), targets, level, args.dest)
+    env = build_env(config.child_environment(), targets, level, args.dest)
     # the same validation as the program will do: a ConfigError fails here, at the front door
     settings = config.load(env=env)
     if settings.level == 0:

@@ -621,9 +621,9 @@ def _torch_state(state: dict[str, Any]) -> Iterator[None]:
 
 def child_env() -> dict[str, str]:
     """The environment of an isolated replay: the same import path as this process."""
-    from otel_gpu.config import environ
+    from otel_gpu.config import child_environment
 
-    env = dict(environ())
+    env = child_environment()
     paths = [p or os.getcwd() for p in sys.path]
     env["PYTHONPATH"] = os.pathsep.join(
         paths + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
