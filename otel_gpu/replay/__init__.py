@@ -32,7 +32,8 @@ from typing import Any
 
 from otel_gpu import attributes
 from otel_gpu.recorder import manifest as _manifest
-from otel_gpu.replay.call import Allow, Refused, Skip, child_env, prepare_call
+from otel_gpu.replay.call import child_env, prepare_call
+from otel_gpu.replay.trust import Allow, Refused, Skip
 
 __all__ = [
     "VERDICTS",
