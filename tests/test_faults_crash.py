@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from commands import otel_gpu_command
 from jsonl_spans import read_spans
 
 HERE = Path(__file__).resolve()
@@ -72,13 +73,7 @@ def run_lab(env: dict[str, str], modes: str, count: int, seed: int = 0) -> list[
 
 def recover_cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     """Run ``otel-gpu recover`` as a user would, in ``env``."""
-    return subprocess.run(
-        [sys.executable, "-m", "otel_gpu", "recover", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return otel_gpu_command(["recover", *args], env)
 
 
 def jsonl_spans(path: Path) -> list[dict[str, Any]]:

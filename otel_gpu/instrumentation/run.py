@@ -103,19 +103,19 @@ def _settings_from_flags(args: argparse.Namespace) -> dict[str, Any]:
     return {"level": args.level, "dest": args.dest}
 
 
+_HELP = "run a program with OTEL_GPU_INSTRUMENT applied (no code change)"
+_DESCRIPTION = (
+    "Run a Python program so that the targets of --instrument and OTEL_GPU_INSTRUMENT "
+    "(modules, classes, functions, globs, flashinfer) make spans, in it and in every "
+    "Python process it starts. Example: otel-gpu run --instrument "
+    "transformers.models.gpt2.modeling_gpt2 -- python generate.py"
+)
+
+
 def register(sub: Any) -> None:
     from otel_gpu.cli import dest_flag, level_flag
 
-    p = sub.add_parser(
-        "run",
-        help="run a program with OTEL_GPU_INSTRUMENT applied (no code change)",
-        description=(
-            "Run a Python program so that the targets of --instrument and OTEL_GPU_INSTRUMENT "
-            "(modules, classes, functions, globs, flashinfer) make spans, in it and in every "
-            "Python process it starts. Example: otel-gpu run --instrument "
-            "transformers.models.gpt2.modeling_gpt2 -- python generate.py"
-        ),
-    )
+    p = sub.add_parser("run", help=_HELP, description=_DESCRIPTION)
     p.add_argument(
         "--instrument",
         action="append",
