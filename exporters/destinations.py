@@ -30,6 +30,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, Spa
 from otel_gpu.exporters.console import ConsoleSpanExporter
 
 from otel_gpu import _guard
+from otel_gpu.attributes import INPUT_PREFIX
 from otel_gpu.calls import metadata
 from otel_gpu.config import (
     ConfigError,
@@ -254,7 +255,7 @@ class ConsolePrecall:
             try:
                 attrs: dict[str, Any] = {}
                 if call.inputs:
-                    metadata.to_attributes("otel_gpu.input.", call.inputs, self.limit, attrs)
+                    metadata.to_attributes(INPUT_PREFIX, call.inputs, self.limit, attrs)
                 ctx = call.span.get_span_context()
                 exporter.write_call_start(call.plan.name, ctx.span_id, time.time_ns(), attrs)
             except Exception as exc:
