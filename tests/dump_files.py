@@ -67,3 +67,16 @@ def record_script(tmp_path: Path, calls: int) -> subprocess.CompletedProcess[str
     return subprocess.run(
         [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120
     )
+
+
+RECORDER_PROBES = """
+@otel_gpu.api
+def probe(x, check):
+    check(x)
+    return x + 1
+
+@otel_gpu.api
+def fails(x):
+    raise ValueError("bad input")
+"""
+"""Functions both recorder test libraries end with (the library imports otel_gpu)."""

@@ -10,17 +10,18 @@ import stat
 
 import pytest
 import torch
+from dump_files import RECORDER_PROBES, start_recording
 from dump_files import call_dirs as _dirs
 from dump_files import finish as _finish
 from dump_files import read_manifest as _manifest_of
-from dump_files import start_recording
 
 import otel_gpu
 from otel_gpu.devices import cuda
 from otel_gpu.recorder import recorder as dump
 from otel_gpu.recorder import tensor_files
 
-LIB = """
+LIB = (
+    """
 import collections
 import enum
 import torch
@@ -41,15 +42,6 @@ def combine(x, y, scale=1.0, *, mode=Mode.SUM, extra=None):
 @otel_gpu.api
 def big(x):
     return torch.cat([x, x])
-
-@otel_gpu.api
-def probe(x, check):
-    check(x)
-    return x + 1
-
-@otel_gpu.api
-def fails(x):
-    raise ValueError("bad input")
 
 @otel_gpu.api
 def inplace(x, out):
@@ -81,6 +73,8 @@ class Factory:
     def make(cls, n):
         return torch.zeros(n)
 """
+    + RECORDER_PROBES
+)
 
 
 @pytest.fixture

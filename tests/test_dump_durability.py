@@ -13,10 +13,10 @@ from collections import Counter
 
 import pytest
 import torch
+from dump_files import RECORDER_PROBES, start_recording
 from dump_files import call_dirs as _dirs
 from dump_files import finish as _finish
 from dump_files import read_manifest as _manifest_of
-from dump_files import start_recording
 
 from otel_gpu import config
 from otel_gpu.devices import cuda
@@ -27,7 +27,8 @@ from otel_gpu.replay import Allow, Options, replay
 
 MODES = ("fsync", "process", "async")
 
-LIB = """
+LIB = (
+    """
 import torch
 import otel_gpu
 
@@ -36,19 +37,13 @@ def combine(x, y, scale=1.0):
     return x * scale + y
 
 @otel_gpu.api
-def probe(x, check):
-    check(x)
-    return x + 1
-
-@otel_gpu.api
 def scribble(x):
     x.add_(100)  # changes its input in place: the recorded inputs must be the values before
     return x * 2
 
-@otel_gpu.api
-def fails(x):
-    raise ValueError("bad input")
 """
+    + RECORDER_PROBES
+)
 
 
 @pytest.fixture
