@@ -80,3 +80,16 @@ def fails(x):
     raise ValueError("bad input")
 """
 """Functions both recorder test libraries end with (the library imports otel_gpu)."""
+
+
+MODULE_BLOCK = """
+class Block(nn.Module):
+    def __init__(self, width):
+        super().__init__()
+        self.width = width
+        self.proj = nn.Linear(width, width)
+
+    def forward(self, x):
+        return self.proj(x)
+"""
+"""A small ``torch.nn.Module`` for test libraries that import ``from torch import nn``."""

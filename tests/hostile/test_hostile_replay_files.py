@@ -14,15 +14,15 @@ import shutil
 
 import pytest
 import torch
-from dump_files import record_script
+from dump_files import MODULE_BLOCK, record_script
 
 import otel_gpu
 from otel_gpu import cli
 from otel_gpu.export import pipeline
-from otel_gpu.recorder import module_state
 from otel_gpu.replay import Allow, Options, Result, exit_code, replay
 
-LIB = """
+LIB = (
+    """
 import torch
 import otel_gpu
 from torch import nn
@@ -31,22 +31,12 @@ from torch import nn
 def add(x, y):
     return x + y
 
-class Block(nn.Module):
-    def __init__(self, width):
-        super().__init__()
-        self.width = width
-        self.proj = nn.Linear(width, width)
-
-    def forward(self, x):
-        return self.proj(x)
 """
+    + MODULE_BLOCK
+)
 
 
-@pytest.fixture(autouse=True)
-def _fresh_states():
-    module_state._reset_for_tests()
-    yield
-    module_state._reset_for_tests()
+pytestmark = pytest.mark.usefixtures("fresh_module_states")
 
 
 @pytest.fixture
