@@ -22,6 +22,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.trace import StatusCode
 
+from otel_gpu import attributes as attr
 from otel_gpu._text import printable
 
 __all__ = ["ConsoleSpanExporter"]
@@ -75,9 +76,9 @@ def _want_color(stream: IO[str], color: str) -> bool:
         return True
     if color == "never":
         return False
-    from otel_gpu.config import environ
+    from otel_gpu.config import no_color
 
-    if environ().get("NO_COLOR"):
+    if no_color():
         return False
     try:
         return bool(stream.isatty())
@@ -159,18 +160,18 @@ def _lines_for(groups: Mapping[str, Mapping[str, Any]], style: _Style) -> list[s
 
 
 def _stats_line(attrs: Mapping[str, Any], style: _Style) -> str:
-    key = _s(attrs.get("otel_gpu.tensor", "?"))
+    key = _s(attrs.get(attr.STATS_TENSOR, "?"))
     parts = []
-    for name in ("min", "max", "mean", "std"):
+    for name in (attr.STATS_MIN, attr.STATS_MAX, attr.STATS_MEAN, attr.STATS_STD):
         if name in attrs:
             parts.append(f"{name}={_fmt_num(attrs[name])}")
-    for name in ("nan_count", "inf_count"):
+    for name in (attr.STATS_NAN_COUNT, attr.STATS_INF_COUNT):
         if name in attrs:
             text = f"{name.split('_')[0]}={_s(attrs[name])}"
             parts.append(style.red(text) if attrs[name] else text)
-    parts.append(f"numel={_s(attrs.get('numel', '?'))}")
+    parts.append(f"numel={_s(attrs.get(attr.STATS_NUMEL, '?'))}")
     line = f"    {key}: " + " ".join(parts)
-    note = attrs.get("otel_gpu.stats.note")
+    note = attrs.get(attr.STATS_NOTE)
     if note:
         line += style.dim(f"  [{_s(note)}]")
     return line
@@ -179,12 +180,12 @@ def _stats_line(attrs: Mapping[str, Any], style: _Style) -> str:
 def _dump_lines(attrs: Mapping[str, Any]) -> list[str]:
     """Where the flight recorder (level 10) or the ring put this call, or why it did not."""
     lines = []
-    if attrs.get("otel_gpu.dump.dir"):
-        lines.append(f"  dump: {_s(attrs['otel_gpu.dump.dir'])}")
-    elif attrs.get("otel_gpu.dump.skipped"):
-        lines.append(f"  not dumped: {_s(attrs['otel_gpu.dump.skipped'])}")
-    if attrs.get("otel_gpu.ring.dump.dir"):
-        lines.append(f"  ring dump: {_s(attrs['otel_gpu.ring.dump.dir'])}")
+    if attrs.get(attr.DUMP_DIR):
+        lines.append(f"  dump: {_s(attrs[attr.DUMP_DIR])}")
+    elif attrs.get(attr.DUMP_SKIPPED):
+        lines.append(f"  not dumped: {_s(attrs[attr.DUMP_SKIPPED])}")
+    if attrs.get(attr.RING_DUMP_DIR):
+        lines.append(f"  ring dump: {_s(attrs[attr.RING_DUMP_DIR])}")
     return lines
 
 
@@ -257,7 +258,7 @@ class ConsoleSpanExporter(SpanExporter):
             s.dim(_RULE),
             f"{s.bold('▶ ' + printable(name))}  {s.dim(_timestamp(start_ns))}  {s.dim('span ' + format(span_id, '016x'))}",
         ]
-        groups = _group(input_attributes, "otel_gpu.input.")
+        groups = _group(input_attributes, attr.INPUT_PREFIX)
         if groups:
             lines.append("  inputs:")
             lines.extend(_lines_for(groups, s))
@@ -279,19 +280,19 @@ class ConsoleSpanExporter(SpanExporter):
                 f"{s.bold(name)}  {s.dim(_timestamp(span.start_time))}  {s.dim('span ' + span_hex)}"
                 + (s.dim(f"  parent {span.parent.span_id:016x}") if span.parent else "")
             )
-            inputs = _group(attrs, "otel_gpu.input.")
+            inputs = _group(attrs, attr.INPUT_PREFIX)
             if inputs:
                 lines.append("  inputs:")
                 lines.extend(_lines_for(inputs, s))
-        outputs = _group(attrs, "otel_gpu.output.")
+        outputs = _group(attrs, attr.OUTPUT_PREFIX)
         if outputs:
             lines.append("  outputs:")
             lines.extend(_lines_for(outputs, s))
-        stat_events = [e for e in span.events if e.name == "otel_gpu.stats"]
+        stat_events = [e for e in span.events if e.name == attr.EVENT_STATS]
         if stat_events:
             lines.append("  stats:")
             lines.extend(_stats_line(e.attributes or {}, s) for e in stat_events)
-        if attrs.get("otel_gpu.nonfinite"):
+        if attrs.get(attr.NONFINITE):
             lines.append("  " + s.red("⚠ NaN/Inf found in this call's tensors"))
         # Here, not in the ▶ block: the recorder names the directory after the ▶ block is printed.
         lines.extend(_dump_lines(attrs))

@@ -76,3 +76,13 @@ def module_factory(tmp_path, monkeypatch):
     yield load
     for name in names:
         sys.modules.pop(name, None)
+
+
+@pytest.fixture
+def fresh_module_states():
+    """The recorder's table of stored module states is empty before and after the test."""
+    from otel_gpu.recorder import module_state
+
+    module_state._reset_for_tests()
+    yield
+    module_state._reset_for_tests()

@@ -155,11 +155,16 @@ def test_base_exceptions_also_pass_through(otel_gpu_spans):
     assert spans.get()[0].status.status_code is StatusCode.ERROR
 
 
-def test_nested_calls_are_children_and_user_spans_inside_are_children(otel_gpu_spans):
-    """Decorated call inside another → child; a user span opened inside a call → child of that call."""
+def _with_app_tracer(otel_gpu_spans, name: str):
+    """Level 1 into an application's own provider: (otel-gpu's spans, the app's tracer ``name``)."""
     provider = TracerProvider()
     spans = otel_gpu_spans(level=1, tracer_provider=provider)
-    tracer = provider.get_tracer("app")
+    return spans, provider.get_tracer(name)
+
+
+def test_nested_calls_are_children_and_user_spans_inside_are_children(otel_gpu_spans):
+    """Decorated call inside another → child; a user span opened inside a call → child of that call."""
+    spans, tracer = _with_app_tracer(otel_gpu_spans, "app")
 
     @otel_gpu.api
     def inner(x):
@@ -187,9 +192,7 @@ def test_nested_calls_are_children_and_user_spans_inside_are_children(otel_gpu_s
 
 def test_call_inside_application_span_becomes_its_child(otel_gpu_spans):
     """A call made inside an application's span (a serving request) is that span's child, same trace."""
-    provider = TracerProvider()
-    spans = otel_gpu_spans(level=1, tracer_provider=provider)
-    tracer = provider.get_tracer("server")
+    spans, tracer = _with_app_tracer(otel_gpu_spans, "server")
 
     @otel_gpu.api
     def decode(x):

@@ -149,9 +149,9 @@ class _Worker:
     ) -> None:
         self.spec = spec
         os.makedirs(workdir, exist_ok=True)
-        from otel_gpu.config import environ
+        from otel_gpu.config import child_environment
 
-        env = dict(environ())
+        env = child_environment()
         env["FLASHINFER_LOGLEVEL"] = "0"
         if spec.kind == "flashinfer":
             env["FLASHINFER_LOGLEVEL"] = str(spec.level)

@@ -23,6 +23,13 @@ from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext, Status, StatusCode, TraceFlags
 
 from otel_gpu import _guard, config
+from otel_gpu.attributes import (
+    CODE_FILE_PATH,
+    CODE_FUNCTION_NAME,
+    CODE_LINE_NUMBER,
+    STATS_INF_COUNT,
+    STATS_NAN_COUNT,
+)
 from otel_gpu.calls import metadata, stats
 from otel_gpu.calls.record import Call, CallSpan
 from otel_gpu.devices import cuda
@@ -104,10 +111,10 @@ class _Plan:
         code = getattr(fn, "__code__", None)
         self.module = getattr(fn, "__module__", None) or type(fn).__module__
         self.qualname = getattr(fn, "__qualname__", None) or type(fn).__qualname__
-        self.attributes: dict[str, Any] = {"code.function.name": f"{self.module}.{self.qualname}"}
+        self.attributes: dict[str, Any] = {CODE_FUNCTION_NAME: f"{self.module}.{self.qualname}"}
         if code is not None:
-            self.attributes["code.file.path"] = code.co_filename
-            self.attributes["code.line.number"] = code.co_firstlineno
+            self.attributes[CODE_FILE_PATH] = code.co_filename
+            self.attributes[CODE_LINE_NUMBER] = code.co_firstlineno
         if attributes:
             self.attributes.update(attributes)
         # Calls pass the receiver as args[0] only for functions decorated in a class body (or taken
@@ -211,7 +218,7 @@ def _traceback_of(exc: BaseException) -> Any:
 def _nonfinite(call: Call, result: Any) -> NonFiniteError | None:
     """OTEL_GPU_ON_NONFINITE=error/raise: status ERROR naming the tensors (dump: the ring writes)."""
     bad = {
-        s.key: (s.values.get("nan_count", 0), s.values.get("inf_count", 0))
+        s.key: (s.values.get(STATS_NAN_COUNT, 0), s.values.get(STATS_INF_COUNT, 0))
         for s in call.stats
         if s.nonfinite
     }

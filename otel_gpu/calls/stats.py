@@ -25,6 +25,17 @@ from typing import Any
 
 import torch
 
+from otel_gpu.attributes import (
+    STATS_INF_COUNT,
+    STATS_MAX,
+    STATS_MEAN,
+    STATS_MIN,
+    STATS_NAN_COUNT,
+    STATS_NOTE,
+    STATS_NUMEL,
+    STATS_STD,
+    STATS_TENSOR,
+)
 from otel_gpu.devices import cuda
 
 __all__ = [
@@ -65,7 +76,7 @@ class TensorStats:
 
     @property
     def nonfinite(self) -> bool:
-        return bool(self.values.get("nan_count", 0) or self.values.get("inf_count", 0))
+        return bool(self.values.get(STATS_NAN_COUNT, 0) or self.values.get(STATS_INF_COUNT, 0))
 
 
 class Pending:
@@ -185,19 +196,19 @@ def captured_stats(
     nan_n, inf_n, n_finite, lo, hi, mean, m2 = row
     values = stats.values
     if not integer:
-        values["nan_count"] = int(nan_n)
-        values["inf_count"] = int(inf_n)
+        values[STATS_NAN_COUNT] = int(nan_n)
+        values[STATS_INF_COUNT] = int(inf_n)
     if n_finite == 0:
         stats.note = _join(stats.note, "no finite values: min/max/mean/std left out")
         return stats
     std = math.sqrt(max(m2, 0.0) / (n_finite - 1)) if n_finite > 1 else None
     if note and note.startswith("integer"):
-        values["min"], values["max"] = int(lo), int(hi)
+        values[STATS_MIN], values[STATS_MAX] = int(lo), int(hi)
     else:
-        values["min"], values["max"] = lo, hi
-    values["mean"] = mean
+        values[STATS_MIN], values[STATS_MAX] = lo, hi
+    values[STATS_MEAN] = mean
     if std is not None:
-        values["std"] = std
+        values[STATS_STD] = std
     elif stats.note is None:
         stats.note = "std needs at least 2 elements"
     if nan_n or inf_n:
@@ -269,17 +280,17 @@ def _fill(
 ) -> None:
     values = stats.values
     if p.integer and stats.note and stats.note.startswith("integer"):
-        values["min"], values["max"] = int(mn), int(mx)
+        values[STATS_MIN], values[STATS_MAX] = int(mn), int(mx)
     else:
-        values["min"], values["max"] = mn, mx
-    values["mean"] = mean
+        values[STATS_MIN], values[STATS_MAX] = mn, mx
+    values[STATS_MEAN] = mean
     if std is not None:
-        values["std"] = std
+        values[STATS_STD] = std
     elif stats.note is None:
         stats.note = "std needs at least 2 elements"
     if not p.integer:
-        values.setdefault("nan_count", 0)
-        values.setdefault("inf_count", 0)
+        values.setdefault(STATS_NAN_COUNT, 0)
+        values.setdefault(STATS_INF_COUNT, 0)
 
 
 def _refine(items: list[tuple[TensorStats, Pending]]) -> None:
@@ -304,8 +315,8 @@ def _join(a: str | None, b: str) -> str:
 
 def event_attributes(stats: TensorStats) -> dict[str, Any]:
     """The attributes of one ``otel_gpu.stats`` span event."""
-    attrs: dict[str, Any] = {"otel_gpu.tensor": stats.key, "numel": stats.numel}
+    attrs: dict[str, Any] = {STATS_TENSOR: stats.key, STATS_NUMEL: stats.numel}
     attrs.update(stats.values)
     if stats.note:
-        attrs["otel_gpu.stats.note"] = stats.note
+        attrs[STATS_NOTE] = stats.note
     return attrs

@@ -40,6 +40,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanContext, TraceFlags
 
 from otel_gpu import _guard, config
+from otel_gpu.attributes import CUDA_GRAPH_CAPTURE, CUDA_GRAPH_REPLAY
 from otel_gpu.devices import cuda
 
 __all__ = [
@@ -55,9 +56,9 @@ __all__ = [
     "uninstall",
 ]
 
-ATTR_REPLAY = "otel_gpu.cuda_graph.replay"
+ATTR_REPLAY = CUDA_GRAPH_REPLAY
 """Span attribute of a replay span: the replay's number for its graph, from 1."""
-ATTR_CAPTURE = "otel_gpu.cuda_graph.capture"
+ATTR_CAPTURE = CUDA_GRAPH_CAPTURE
 """Span attribute of a call that ran during CUDA graph capture (level >= 5): true."""
 
 _SLOTS = 4  # pinned host buffers per graph: a replay finding all in use is skipped, not waited on

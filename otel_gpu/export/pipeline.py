@@ -33,7 +33,17 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, ParentBased
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from otel_gpu import _guard
+from otel_gpu import _guard, attributes
+from otel_gpu.attributes import (
+    ATTRIBUTES_OMITTED,
+    EVENT_EXCEPTION,
+    EVENT_STATS,
+    EVENTS_OMITTED,
+    EXCEPTION_MESSAGE,
+    INPUT_PREFIX,
+    NONFINITE,
+    OUTPUT_PREFIX,
+)
 from otel_gpu.calls import metadata, stats
 from otel_gpu.calls.record import Call, exception_attributes
 from otel_gpu.config import Settings
@@ -52,11 +62,11 @@ _WAKE_AT = 1024  # queued calls that wake the export thread early, to bound memo
 _EXPORT_CHUNK = 64  # spans per export; bounds how long drain() keeps the collector paused
 # keys (and prefixes) whose values the export thread writes per call
 _PER_CALL_KEYS = (
-    "otel_gpu.input.",
-    "otel_gpu.output.",
-    "otel_gpu.nonfinite",
-    "otel_gpu.events.omitted",
-    "otel_gpu.attributes.omitted",
+    INPUT_PREFIX,
+    OUTPUT_PREFIX,
+    NONFINITE,
+    EVENTS_OMITTED,
+    ATTRIBUTES_OMITTED,
 )
 
 try:
@@ -66,7 +76,7 @@ try:
 except Exception:
     _VERSION = "0.0.0"
 
-SCOPE = InstrumentationScope("otel_gpu", _VERSION)
+SCOPE = InstrumentationScope(attributes.SCOPE, _VERSION)
 _UNSET = Status(StatusCode.UNSET)
 
 
@@ -343,32 +353,32 @@ class Pipeline:
         if call.stats:
             nonfinite = False
             for result in call.stats:
-                events.append(Event("otel_gpu.stats", stats.event_attributes(result), call.end_ns))
+                events.append(Event(EVENT_STATS, stats.event_attributes(result), call.end_ns))
                 nonfinite = nonfinite or result.nonfinite
             if nonfinite:
-                attrs["otel_gpu.nonfinite"] = True
+                attrs[NONFINITE] = True
         if span.attributes:
             attrs.update(span.attributes)
         if call.inputs:
-            metadata.to_attributes("otel_gpu.input.", call.inputs, limit, attrs)
+            metadata.to_attributes(INPUT_PREFIX, call.inputs, limit, attrs)
         if call.outputs:
-            metadata.to_attributes("otel_gpu.output.", call.outputs, limit, attrs)
+            metadata.to_attributes(OUTPUT_PREFIX, call.outputs, limit, attrs)
         if span.events:
             events.extend(Event(name, a, ts) for name, a, ts in span.events)
         status = span.status or _UNSET
         if call.exc is not None:
             exc = call.exc
             exc_attrs = exception_attributes(exc, call.tb, off_thread=True)
-            events.append(Event("exception", exc_attrs, call.end_ns))
+            events.append(Event(EVENT_EXCEPTION, exc_attrs, call.end_ns))
             status = Status(
-                StatusCode.ERROR, f"{type(exc).__name__}: {exc_attrs['exception.message']}"[:limit]
+                StatusCode.ERROR, f"{type(exc).__name__}: {exc_attrs[EXCEPTION_MESSAGE]}"[:limit]
             )
         if self.max_events is not None and len(events) > self.max_events:
             # keep the exception event (last) and count what the event limit cuts
             tail = events[-1:] if call.exc is not None else []
             body = events[: len(events) - len(tail)]
             keep = self.max_events - len(tail)
-            attrs = {"otel_gpu.events.omitted": len(body) - keep, **attrs}
+            attrs = {EVENTS_OMITTED: len(body) - keep, **attrs}
             events = body[:keep] + tail
         return attrs, events, status
 
@@ -389,7 +399,7 @@ class Pipeline:
             f"{len(omitted)} attributes omitted (attribute count limit {limit}): "
             + ", ".join(omitted)
         )
-        kept["otel_gpu.attributes.omitted"] = metadata._truncate(summary, metadata.MAX_VALUE_BYTES)
+        kept[ATTRIBUTES_OMITTED] = metadata._truncate(summary, metadata.MAX_VALUE_BYTES)
         return kept
 
     # ------------------------------------------------------------------ flush and exit

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from otel_gpu import _guard, config
+from otel_gpu.attributes import EVENT_PARAM_STATS, MODULE_CLASS, MODULE_PATH, NONFINITE
 
 __all__ = ["instrument_module", "uninstrument_module"]
 
@@ -117,8 +118,8 @@ def _wrap_module(module: Any, span_name: str, path: str, settings: config.Settin
     if settings.module_param_stats and settings.level >= 5:
         forward = _with_param_stats(forward)
     attributes = {
-        "otel_gpu.module.class": f"{cls.__module__}.{cls.__qualname__}",
-        "otel_gpu.module.path": path,
+        MODULE_CLASS: f"{cls.__module__}.{cls.__qualname__}",
+        MODULE_PATH: path,
     }
     wrapped = _decorate(forward, span_name, attributes)
     wrapped.__otel_gpu_plan__.replay_note = (
@@ -158,6 +159,6 @@ def _param_events(module: Any) -> None:
     span = trace.get_current_span()
     for result in stats.finish([stats.compute(key, t) for key, t in params]):
         attrs = stats.event_attributes(result)
-        span.add_event("otel_gpu.param_stats", attrs)
+        span.add_event(EVENT_PARAM_STATS, attrs)
         if result.nonfinite:
-            span.set_attribute("otel_gpu.nonfinite", True)
+            span.set_attribute(NONFINITE, True)

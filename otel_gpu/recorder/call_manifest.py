@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from otel_gpu import _files, _guard
-from otel_gpu.config import environ
+from otel_gpu.config import rank
 from otel_gpu.recorder import manifest as _manifest
 from otel_gpu.recorder import target as _target
 from otel_gpu.recorder import tensor_files
@@ -184,10 +184,9 @@ _resource: tuple[Any, dict[str, Any]] | None = None
 def _process() -> dict[str, Any]:
     global _proc
     if _proc is None or _proc["pid"] != os.getpid():
-        rank = environ().get("RANK")
         _proc = {
             "pid": os.getpid(),
-            "rank": int(rank) if rank and rank.isdigit() else None,
+            "rank": rank(),
             "host": socket.gethostname(),
         }
     return dict(_proc)

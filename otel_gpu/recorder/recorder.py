@@ -29,6 +29,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from otel_gpu import _files, _guard
+from otel_gpu.attributes import (
+    DUMP_DIR,
+    DUMP_OUTPUTS_SKIPPED,
+    DUMP_OUTPUTS_UNSUPPORTED,
+    DUMP_SKIPPED,
+)
 from otel_gpu.calls import _describe, metadata
 from otel_gpu.config import Settings, expand_path
 from otel_gpu.recorder import graph_snapshots, tensor_files
@@ -50,13 +56,13 @@ __all__ = [
     "make_observer",
 ]
 
-ATTR_DIR = "otel_gpu.dump.dir"
+ATTR_DIR = DUMP_DIR
 """Span attribute: absolute path of the call's dump directory."""
-ATTR_SKIPPED = "otel_gpu.dump.skipped"
+ATTR_SKIPPED = DUMP_SKIPPED
 """Span attribute: why the call was not dumped (see :data:`SKIP_REASONS`)."""
-ATTR_OUTPUTS_SKIPPED = "otel_gpu.dump.outputs_skipped"
+ATTR_OUTPUTS_SKIPPED = DUMP_OUTPUTS_SKIPPED
 """Span attribute: why a dumped call's outputs (all or some) were not written."""
-ATTR_OUTPUTS_UNSUPPORTED = "otel_gpu.dump.outputs_unsupported"
+ATTR_OUTPUTS_UNSUPPORTED = DUMP_OUTPUTS_UNSUPPORTED
 """Span attribute: the parts of the outputs that could not be recorded, with their types."""
 
 SKIP_REASONS = (

@@ -34,6 +34,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from otel_gpu import _files, _guard
+from otel_gpu.attributes import RING_DUMP_DIR
 from otel_gpu.calls import _describe, metadata
 from otel_gpu.config import Settings, expand_path
 from otel_gpu.recorder import target as _target
@@ -46,7 +47,7 @@ if TYPE_CHECKING:
 
 __all__ = ["ATTR_RING_DIR", "Ring"]
 
-ATTR_RING_DIR = "otel_gpu.ring.dump.dir"
+ATTR_RING_DIR = RING_DUMP_DIR
 """Span attribute: the ring dump this call triggered."""
 _TRIGGERS = itertools.count(1)
 _SEQ = itertools.count(1)

@@ -568,10 +568,10 @@ def _check_environment(env: Mapping[str, str]) -> None:
 
 def _otlp_exporter() -> Any:
     """The official OTLP exporter; ConfigError when the standard variables cannot build one."""
-    from otel_gpu.config import ConfigError, environ
+    from otel_gpu.config import ConfigError, otel_standard_variables
     from otel_gpu.exporters.destinations import otlp_exporter
 
-    _check_environment(environ())
+    _check_environment(otel_standard_variables())
     try:
         return otlp_exporter()
     except Exception as exc:  # e.g. OTEL_EXPORTER_OTLP_COMPRESSION=zip
@@ -595,9 +595,9 @@ def describe_target(env: Mapping[str, str]) -> str:
 
 
 def _main(args: argparse.Namespace) -> int:
-    from otel_gpu.config import ConfigError, environ
+    from otel_gpu.config import ConfigError, otel_standard_variables
 
-    env = environ()
+    env = otel_standard_variables()
     try:
         if not args.check:  # before reading the files: a bad variable fails at once
             _check_environment(env)
