@@ -29,6 +29,7 @@ from otel_gpu import _guard, config
 __all__ = ["instrument_module", "uninstrument_module"]
 
 _ORIGINAL = "__otel_gpu_original__"
+_is_compiling = torch.compiler.is_compiling
 _UNIMPLEMENTED = torch.nn.Module.forward
 _NO_FORWARD = object()  # the module had no instance-level forward: restore by deleting ours
 
@@ -136,7 +137,8 @@ def _with_param_stats(forward: Any) -> Any:
 
     @functools.wraps(forward)
     def with_stats(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if id(self) not in done:
+        # under torch.compile the span is not in the OTel context: no parameter statistics
+        if not _is_compiling() and id(self) not in done:
             done.add(id(self))
             try:
                 _param_events(self)

@@ -1,0 +1,246 @@
+"""Under ``torch.compile(fullgraph=True)``: no graph break, no warning, eager results, and one span
+per runtime call of every decorated function inside the graph, nested as called."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from torch._dynamo.utils import counters
+
+import otel_gpu
+
+LIB = """
+import torch
+import otel_gpu
+
+@otel_gpu.api
+def scale(x, factor: float = 2.0):
+    return x * factor
+
+@otel_gpu.api
+def block(x, y):
+    return scale(x) + y.sin()
+
+def picked(x, idx):
+    return x[idx]
+
+def plain(x, y):
+    return x.cos() - y
+"""
+
+
+def _graph_breaks() -> int:
+    return sum(counters["graph_break"].values())
+
+
+def _compile(fn, backend):
+    torch._dynamo.reset()
+    counters.clear()
+    return torch.compile(fn, backend=backend, fullgraph=True)
+
+
+def _otel_warnings(caught) -> list[str]:
+    """Warnings raised from otel-gpu's code or naming it (torch's own deprecations are not ours)."""
+    return [
+        str(w.message)
+        for w in caught
+        if "otel_gpu" in (w.filename or "") or "otel" in str(w.message).lower()
+    ]
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+@pytest.mark.parametrize("level", [1, 3, 5, 10])
+def test_decorated_calls_compile_fullgraph_and_each_runtime_call_is_a_span(
+    otel_gpu_spans, module_factory, tmp_path, level, backend
+):
+    """Every level compiles with fullgraph under both backends with zero graph breaks and no
+    warning; results equal eager; two runs of a graph with two decorated calls give four
+    spans, each nested under the caller's span and its enclosing call, marked compiled, with
+    level-3 metadata and level-5 statistics taken from the runtime tensors."""
+    spans = otel_gpu_spans(level=level, dump_dir=str(tmp_path / "dumps"))
+    lib = module_factory(LIB)
+    x, y = torch.randn(3, 4), torch.randn(3, 4)
+    expected = lib.block(x, y)
+    otel_gpu.flush()
+    spans.clear()
+    compiled = _compile(lib.block, backend)
+    tracer = TracerProvider().get_tracer("test")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with tracer.start_as_current_span("caller") as caller:
+            first = compiled(x, y)
+            second = compiled(x + 1, y)
+    assert _graph_breaks() == 0
+    assert _otel_warnings(caught) == []
+    torch.testing.assert_close(first, expected)
+    torch.testing.assert_close(second, lib.block(x + 1, y))
+    otel_gpu.flush()
+    got = [s for s in spans.get() if s.attributes.get("otel_gpu.compiled")]
+    assert sorted(s.name.rsplit(".", 1)[-1] for s in got) == ["block", "block", "scale", "scale"]
+    outer = [s for s in got if s.name.endswith("block")]
+    inner = [s for s in got if s.name.endswith("scale")]
+    caller_id = caller.get_span_context().span_id
+    assert all(s.parent.span_id == caller_id for s in outer)
+    assert {s.parent.span_id for s in inner} == {s.context.span_id for s in outer}
+    assert all(s.start_time <= s.end_time for s in got)
+    if level >= 3:
+        assert all(s.attributes["otel_gpu.input.x.shape"] == (3, 4) for s in got), [
+            dict(s.attributes) for s in got
+        ]
+        assert all(s.attributes["otel_gpu.output.0.dtype"] == "torch.float32" for s in got)
+        assert all(s.attributes["otel_gpu.input.y.shape"] == (3, 4) for s in outer)
+    else:
+        assert not any("otel_gpu.input.x.shape" in s.attributes for s in got)
+    if level >= 5:
+        for s in inner:
+            keys = {e.attributes.get("otel_gpu.tensor") for e in s.events}
+            assert {"input.x", "output.0"} <= keys, s.events
+        # statistics are the runtime tensors' own: the second run saw x + 1
+        means = sorted(
+            e.attributes["mean"]
+            for s in inner
+            for e in s.events
+            if e.attributes.get("otel_gpu.tensor") == "input.x"
+        )
+        assert means[1] == pytest.approx(means[0] + 1, abs=1e-4)
+
+
+def test_level_0_compiles_to_the_same_graph_with_no_span(otel_gpu_spans, module_factory):
+    """Level 0 leaves the function itself: nothing in the graph, no span."""
+    spans = otel_gpu_spans(level=0)
+    lib = module_factory(LIB)
+    x, y = torch.randn(3, 4), torch.randn(3, 4)
+    torch.testing.assert_close(_compile(lib.block, "aot_eager")(x, y), lib.block(x, y))
+    assert _graph_breaks() == 0
+    otel_gpu.flush()
+    assert spans.get() == []
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_instrumented_targets_compile_fullgraph(otel_gpu_spans, module_factory, backend):
+    """A function patched by otel_gpu.instrument() compiles with fullgraph inside a caller's graph,
+    gives eager results, and each runtime call is a compiled span with its metadata."""
+    spans = otel_gpu_spans(level=3)
+    lib = module_factory(LIB)
+    assert otel_gpu.instrument(lib.plain)
+
+    def model(x, y):
+        return lib.plain(x, y) * 3
+
+    x, y = torch.randn(5), torch.randn(5)
+    expected = model(x, y)
+    otel_gpu.flush()
+    spans.clear()
+    compiled = _compile(model, backend)
+    for _ in range(3):
+        torch.testing.assert_close(compiled(x, y), expected)
+    assert _graph_breaks() == 0
+    otel_gpu.flush()
+    got = spans.get()
+    assert len(got) == 3
+    assert all(s.attributes["otel_gpu.compiled"] is True for s in got)
+    assert all(s.attributes["otel_gpu.input.x.shape"] == (5,) for s in got)
+
+
+def test_a_graph_that_raises_leaves_no_stale_parent(otel_gpu_spans, module_factory):
+    """A runtime error inside a compiled graph passes through; the calls it left open never
+    become parents: the next run's spans nest under the caller's span, as in a clean run."""
+    spans = otel_gpu_spans(level=1)
+    lib = module_factory(LIB)
+
+    @otel_gpu.api
+    def outer(x, idx):
+        return lib.scale(lib.picked(x, idx))
+
+    compiled = _compile(outer, "aot_eager")
+    x = torch.randn(4)
+    with pytest.raises(IndexError):
+        compiled(x, torch.tensor([7]))
+    otel_gpu.flush()
+    spans.clear()
+    tracer = TracerProvider().get_tracer("test")
+    with tracer.start_as_current_span("caller") as caller:
+        torch.testing.assert_close(compiled(x, torch.tensor([1])), x[[1]] * 2)
+    otel_gpu.flush()
+    got = {s.name.rsplit(".", 1)[-1]: s for s in spans.get()}
+    assert set(got) == {"outer", "scale"}
+    assert got["outer"].parent.span_id == caller.get_span_context().span_id
+    assert got["scale"].parent.span_id == got["outer"].context.span_id
+    assert trace.get_current_span() is trace.INVALID_SPAN  # no context left attached
+
+
+@pytest.fixture(scope="module")
+def gpt2_reference():
+    import tiny_models
+
+    model = tiny_models.gpt2()
+    ids, mask = tiny_models.inputs()
+    with torch.no_grad():
+        expected = model(ids, attention_mask=mask).logits
+    return ids, mask, expected
+
+
+@pytest.mark.parametrize(
+    ("level", "backend"),
+    [(1, "aot_eager"), (3, "aot_eager"), (5, "aot_eager"), (10, "aot_eager"), (3, "inductor")],
+)
+def test_tiny_gpt2_under_instrument_module_compiles_fullgraph(
+    otel_gpu_spans, gpt2_reference, tmp_path, level, backend
+):
+    """A transformers GPT2 instrumented whole compiles with fullgraph and no graph break, gives
+    the eager logits, and every run gives one span per submodule call, as an eager run does."""
+    import tiny_models
+
+    spans = otel_gpu_spans(level=level, dump_dir=str(tmp_path / "dumps"))
+    ids, mask, expected = gpt2_reference
+    model = tiny_models.gpt2()
+    assert otel_gpu.instrument_module(model) > 20
+    with torch.no_grad():
+        model(ids, attention_mask=mask)
+    otel_gpu.flush()
+    eager = sorted(s.name for s in spans.get())
+    spans.clear()
+    compiled = _compile(model, backend)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with torch.no_grad():
+            for _ in range(2):
+                torch.testing.assert_close(
+                    compiled(ids, attention_mask=mask).logits, expected, rtol=1e-4, atol=1e-5
+                )
+    assert _graph_breaks() == 0
+    assert _otel_warnings(caught) == []
+    otel_gpu.flush()
+    got = spans.get()
+    assert sorted(s.name for s in got) == sorted(eager * 2)
+    assert all(s.attributes["otel_gpu.compiled"] is True for s in got)
+    by_id = {s.context.span_id: s for s in got}
+    attn = [s for s in got if s.name == "transformer.h.0.attn"]
+    assert len(attn) == 2
+    assert all(by_id[s.parent.span_id].name == "transformer.h.0" for s in attn)
+    if level >= 3:
+        assert all(s.attributes["otel_gpu.input.hidden_states.shape"] == (2, 8, 64) for s in attn)
+
+
+def test_module_parameter_statistics_are_left_out_under_compile(otel_gpu_spans):
+    """OTEL_GPU_MODULE_PARAM_STATS at level 5: an eager first call gets them; under compile the
+    tree still compiles with fullgraph and its spans carry the call's statistics, not the
+    parameters' (documented in docs/compile.md)."""
+    spans = otel_gpu_spans(level=5, module_param_stats=True)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+    assert otel_gpu.instrument_module(model) == 3
+    x = torch.randn(2, 4)
+    # not model(x): an eager first call would take the parameter statistics itself
+    expected = torch.relu(torch.nn.functional.linear(x, model[0].weight, model[0].bias))
+    compiled = _compile(model, "aot_eager")
+    torch.testing.assert_close(compiled(x), expected)
+    assert _graph_breaks() == 0
+    otel_gpu.flush()
+    got = [s for s in spans.get() if s.attributes.get("otel_gpu.compiled")]
+    assert len(got) == 3
+    assert all(any(e.name == "otel_gpu.stats" for e in s.events) for s in got)
+    assert not any(e.name == "otel_gpu.param_stats" for s in got for e in s.events)
