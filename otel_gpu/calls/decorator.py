@@ -343,6 +343,8 @@ def _make_wrapper(
             # user's own exception, which passes through untouched
             raise nonfinite
 
+    heavy = level >= 3  # metadata (and stats) to capture around every call
+
     if inspect.iscoroutinefunction(fn):
 
         @functools.wraps(fn)
@@ -357,7 +359,9 @@ def _make_wrapper(
                     return await fn(*args, **kwargs)
                 finally:
                     _detach(token)
-            pending = before(call, pipe, args, kwargs)
+            # Level 1 with no observer skips before()/after(), as the sync wrapper does.
+            busy = heavy or pipe.observers_at[level]
+            pending = before(call, pipe, args, kwargs) if busy else None
             token = _attach(_set_span_in_context(call.span))
             call.start_ns = _time_ns()
             try:
@@ -367,16 +371,20 @@ def _make_wrapper(
                 _detach(token)
                 call.exc = exc
                 call.tb = _traceback_of(exc)
-                after(call, pipe, None, pending)
+                if busy:
+                    after(call, pipe, None, pending)
+                else:
+                    pipe.submit(call)
                 raise
             call.end_ns = _time_ns()
             _detach(token)
-            after(call, pipe, result, pending)
+            if busy:
+                after(call, pipe, result, pending)
+            else:
+                pipe.submit(call)
             return result
 
         return async_wrapper
-
-    heavy = level >= 3  # metadata (and stats) to capture around every call
     is_compiling = compiled.is_compiling
     plan_id = compiled.register(plan)
     compiled_call = compiled.call
