@@ -61,12 +61,15 @@ def test_decorated_calls_compile_fullgraph_and_each_runtime_call_is_a_span(
     warning; results equal eager; two runs of a graph with two decorated calls give four
     spans, each nested under the caller's span and its enclosing call, marked compiled, with
     level-3 metadata and level-5 statistics taken from the runtime tensors."""
-    spans = otel_gpu_spans(level=level, dump_dir=str(tmp_path / "dumps"))
+    dumps = tmp_path / "dumps"
+    spans = otel_gpu_spans(level=level, dump_dir=str(dumps))
     lib = module_factory(LIB)
     x, y = torch.randn(3, 4), torch.randn(3, 4)
-    expected = lib.block(x, y)
+    expected, expected_next = lib.block(x, y), lib.block(x + 1, y)
     otel_gpu.flush()
     spans.clear()
+    dumped = sorted(dumps.rglob("*")) if dumps.exists() else []
+    assert bool(dumped) == (level >= 10)  # the eager call is dumped at level 10
     compiled = _compile(lib.block, backend)
     tracer = TracerProvider().get_tracer("test")
     with warnings.catch_warnings(record=True) as caught:
@@ -77,7 +80,7 @@ def test_decorated_calls_compile_fullgraph_and_each_runtime_call_is_a_span(
     assert _graph_breaks() == 0
     assert _otel_warnings(caught) == []
     torch.testing.assert_close(first, expected)
-    torch.testing.assert_close(second, lib.block(x + 1, y))
+    torch.testing.assert_close(second, expected_next)
     otel_gpu.flush()
     got = [s for s in spans.get() if s.attributes.get("otel_gpu.compiled")]
     assert sorted(s.name.rsplit(".", 1)[-1] for s in got) == ["block", "block", "scale", "scale"]
@@ -107,6 +110,30 @@ def test_decorated_calls_compile_fullgraph_and_each_runtime_call_is_a_span(
             if e.attributes.get("otel_gpu.tensor") == "input.x"
         )
         assert means[1] == pytest.approx(means[0] + 1, abs=1e-4)
+    # calls inside a graph are never dumped (docs/compile.md): nothing new on disk
+    assert (sorted(dumps.rglob("*")) if dumps.exists() else []) == dumped
+
+
+def test_nonfinite_values_mark_the_span_but_never_raise_inside_a_graph(
+    otel_gpu_spans, module_factory
+):
+    """OTEL_GPU_ON_NONFINITE=raise raises after an eager call, but inside a compiled graph the
+    program runs on: the span is marked otel_gpu.nonfinite and holds the NaN count."""
+    spans = otel_gpu_spans(level=5, on_nonfinite="raise")
+    lib = module_factory(LIB)
+    x = torch.tensor([1.0, float("nan")])
+    with pytest.raises(otel_gpu.NonFiniteError):
+        lib.scale(x)
+    otel_gpu.flush()
+    spans.clear()
+    compiled = _compile(lambda t: lib.scale(t) + 1, "aot_eager")
+    out = compiled(x)
+    assert out[0].item() == 3.0 and out[1].isnan()
+    otel_gpu.flush()
+    (span,) = spans.get()
+    assert span.attributes["otel_gpu.nonfinite"] is True
+    nan = {e.attributes["otel_gpu.tensor"]: e.attributes.get("nan_count") for e in span.events}
+    assert nan["input.x"] == 1 and nan["output.0"] == 1
 
 
 def test_level_0_compiles_to_the_same_graph_with_no_span(otel_gpu_spans, module_factory):

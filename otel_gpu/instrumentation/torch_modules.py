@@ -25,11 +25,11 @@ from typing import Any
 import torch
 
 from otel_gpu import _guard, config
+from otel_gpu.calls.compiled import is_compiling as _is_compiling
 
 __all__ = ["instrument_module", "uninstrument_module"]
 
 _ORIGINAL = "__otel_gpu_original__"
-_is_compiling = torch.compiler.is_compiling
 _UNIMPLEMENTED = torch.nn.Module.forward
 _NO_FORWARD = object()  # the module had no instance-level forward: restore by deleting ours
 
