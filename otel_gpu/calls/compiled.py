@@ -54,6 +54,9 @@ _PLANS: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
 _ids = itertools.count()
 _DEPTH = [0]  # trace-time nesting of decorated calls; balanced, so always 0 between traces
 _SEP = "\x1f"  # joins argument names into one str argument of call_begin
+# ends the name of a tensor that requires grad: inside the graph every tensor reads False
+# (autograd runs around the compiled graph), so the traced value is passed instead
+_GRAD = "\x1e"
 
 
 class _Stack(threading.local):
@@ -109,12 +112,12 @@ def call(plan_id: int, plan: Any, fn: Any, args: tuple, kwargs: dict) -> Any:
 def _collect(key: str, value: Any, names: list[str], tensors: list[torch.Tensor]) -> None:
     """Tensors among an argument (itself, or the items of a list or tuple), detached."""
     if isinstance(value, torch.Tensor):
-        names.append(key)
+        names.append(key + _GRAD if value.requires_grad else key)
         tensors.append(value.detach())
     elif isinstance(value, (tuple, list)):
         for i, item in enumerate(value):
             if isinstance(item, torch.Tensor):
-                names.append(f"{key}.{i}")
+                names.append(f"{key}.{i}{_GRAD}" if item.requires_grad else f"{key}.{i}")
                 tensors.append(item.detach())
 
 
@@ -179,10 +182,7 @@ def _begin(plan_id: int, depth: int, names: str, tensors: list[torch.Tensor]) ->
     call.span.set_attribute(ATTRIBUTE, True)
     if plan.level >= 3:
         pending: list[tuple[str, torch.Tensor]] | None = [] if plan.level >= 5 else None
-        raw: list[tuple[str, int, Any]] = []
-        for key, tensor in zip(names.split(_SEP) if names else (), tensors):
-            metadata.capture(raw, key, tensor, plan.max_items, pending)
-        call.inputs = tuple(raw)
+        call.inputs = _capture(names, tensors, plan.max_items, pending)
         if pending:
             call.stats = [stats.compute("input." + k, t) for k, t in pending]
     entries.append(call)
@@ -204,10 +204,7 @@ def _end(depth: int, names: str, tensors: list[torch.Tensor]) -> None:
     call.stats = None
     if plan.level >= 3:
         found: list[tuple[str, torch.Tensor]] | None = [] if plan.level >= 5 else None
-        raw: list[tuple[str, int, Any]] = []
-        for key, tensor in zip(names.split(_SEP) if names else (), tensors):
-            metadata.capture(raw, key, tensor, plan.max_items, found)
-        call.outputs = tuple(raw)
+        call.outputs = _capture(names, tensors, plan.max_items, found)
         if found:
             pending = (pending or []) + [stats.compute("output." + k, t) for k, t in found]
     if pending:
@@ -215,6 +212,23 @@ def _end(depth: int, names: str, tensors: list[torch.Tensor]) -> None:
     pipeline_ = pipeline.get()
     if pipeline_ is not None:
         pipeline_.submit(call)
+
+
+def _capture(
+    names: str,
+    tensors: list[torch.Tensor],
+    max_items: int,
+    found: list[tuple[str, torch.Tensor]] | None,
+) -> tuple:
+    """Raw metadata of the runtime tensors, ``requires_grad`` as it was traced."""
+    raw: list[tuple[str, int, Any]] = []
+    for name, tensor in zip(names.split(_SEP) if names else (), tensors):
+        key = name.rstrip(_GRAD)
+        metadata.capture(raw, key, tensor, max_items, found)
+        meta = raw[-1][2]
+        if key != name and isinstance(meta, tuple) and len(meta) > 4:
+            raw[-1] = (key, raw[-1][1], (*meta[:4], True, *meta[5:]))
+    return tuple(raw)
 
 
 def _time_ns() -> int:
