@@ -147,11 +147,16 @@ def test_level_0_compiles_to_the_same_graph_with_no_span(otel_gpu_spans, module_
     assert spans.get() == []
 
 
-@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
-def test_instrumented_targets_compile_fullgraph(otel_gpu_spans, module_factory, backend):
+@pytest.mark.parametrize(
+    ("level", "backend"),
+    [(1, "aot_eager"), (3, "aot_eager"), (5, "aot_eager"), (10, "aot_eager"), (3, "inductor")],
+)
+def test_instrumented_targets_compile_fullgraph(
+    otel_gpu_spans, module_factory, tmp_path, level, backend
+):
     """A function patched by otel_gpu.instrument() compiles with fullgraph inside a caller's graph,
     gives eager results, and each runtime call is a compiled span with its metadata."""
-    spans = otel_gpu_spans(level=3)
+    spans = otel_gpu_spans(level=level, dump_dir=str(tmp_path / "dumps"))
     lib = module_factory(LIB)
     assert otel_gpu.instrument(lib.plain)
 
@@ -170,7 +175,8 @@ def test_instrumented_targets_compile_fullgraph(otel_gpu_spans, module_factory, 
     got = spans.get()
     assert len(got) == 3
     assert all(s.attributes["otel_gpu.compiled"] is True for s in got)
-    assert all(s.attributes["otel_gpu.input.x.shape"] == (5,) for s in got)
+    if level >= 3:
+        assert all(s.attributes["otel_gpu.input.x.shape"] == (5,) for s in got)
 
 
 def test_a_graph_that_raises_leaves_no_stale_parent(otel_gpu_spans, module_factory):
