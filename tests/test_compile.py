@@ -320,3 +320,27 @@ def test_calls_in_an_unsampled_trace_record_nothing(otel_gpu_spans, module_facto
     compiled(x, x)
     otel_gpu.flush()
     assert len(spans.get()) == 2
+
+
+def test_tensors_of_long_arguments_and_results_stop_at_max_items(otel_gpu_spans):
+    """OTEL_GPU_MAX_ITEMS bounds the tensors recorded from a list argument and a tuple result,
+    as in eager capture."""
+    spans = otel_gpu_spans(level=3, max_items=2)
+
+    @otel_gpu.api
+    def split(parts):
+        return tuple(p * 2 for p in parts)
+
+    compiled = _compile(lambda parts: split(parts), "aot_eager")
+    parts = [torch.randn(2) for _ in range(5)]
+    for got, part in zip(compiled(parts), parts):
+        torch.testing.assert_close(got, part * 2)
+    otel_gpu.flush()
+    (span,) = spans.get()
+    shapes = sorted(k for k in span.attributes if k.endswith(".shape"))
+    assert shapes == [
+        "otel_gpu.input.parts.0.shape",
+        "otel_gpu.input.parts.1.shape",
+        "otel_gpu.output.0.shape",
+        "otel_gpu.output.1.shape",
+    ]

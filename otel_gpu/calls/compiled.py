@@ -80,15 +80,16 @@ def call(plan_id: int, plan: Any, fn: Any, args: tuple, kwargs: dict) -> Any:
     Runs only at trace time; its Python is turned into graph nodes, never run per call.
     """
     depth = _DEPTH[0]
+    limit = plan.max_items  # OTEL_GPU_MAX_ITEMS, as in eager capture
     names: list[str] = []
     tensors: list[torch.Tensor] = []
     if plan.level >= 3:
         params = plan.param_names
         for i, value in enumerate(args[plan.skip :]):
             key = params[i] if i < len(params) else f"args.{i}"
-            _collect(key, value, names, tensors)
+            _collect(key, value, names, tensors, limit)
         for key, value in kwargs.items():
-            _collect(key, value, names, tensors)
+            _collect(key, value, names, tensors, limit)
     torch.ops.otel_gpu.call_begin(_TOKEN, plan_id, depth, _SEP.join(names), tensors)
     _DEPTH[0] = depth + 1
     try:
@@ -98,24 +99,27 @@ def call(plan_id: int, plan: Any, fn: Any, args: tuple, kwargs: dict) -> Any:
     out_names: list[str] = []
     outputs: list[torch.Tensor] = []
     if isinstance(result, torch.Tensor):
-        _collect("0", result, out_names, outputs)
+        _collect("0", result, out_names, outputs, limit)
     elif isinstance(result, (tuple, list)):
-        for i, item in enumerate(result):
-            _collect(str(i), item, out_names, outputs)
+        for i, item in enumerate(result[:limit]):
+            _collect(str(i), item, out_names, outputs, limit)
     elif isinstance(result, dict):
-        for key, item in result.items():
-            _collect(str(key), item, out_names, outputs)
+        for i, (key, item) in enumerate(result.items()):
+            if i < limit:
+                _collect(str(key), item, out_names, outputs, limit)
     torch.ops.otel_gpu.call_end(_TOKEN, plan_id, depth, _SEP.join(out_names), outputs)
     return result
 
 
-def _collect(key: str, value: Any, names: list[str], tensors: list[torch.Tensor]) -> None:
-    """Tensors among an argument (itself, or the items of a list or tuple), detached."""
+def _collect(
+    key: str, value: Any, names: list[str], tensors: list[torch.Tensor], limit: int
+) -> None:
+    """Tensors among an argument (itself, or the first ``limit`` items of a list or tuple)."""
     if isinstance(value, torch.Tensor):
         names.append(key + _GRAD if value.requires_grad else key)
         tensors.append(value.detach())
     elif isinstance(value, (tuple, list)):
-        for i, item in enumerate(value):
+        for i, item in enumerate(value[:limit]):
             if isinstance(item, torch.Tensor):
                 names.append(f"{key}.{i}{_GRAD}" if item.requires_grad else f"{key}.{i}")
                 tensors.append(item.detach())
