@@ -344,3 +344,28 @@ def test_tensors_of_long_arguments_and_results_stop_at_max_items(otel_gpu_spans)
         "otel_gpu.output.0.shape",
         "otel_gpu.output.1.shape",
     ]
+
+
+def test_a_compiled_callable_called_inside_a_decorated_eager_call_nests_under_it(
+    otel_gpu_spans, module_factory
+):
+    """An eager decorated call's span is current while it calls a compiled callable: the
+    compiled graph's calls become its children."""
+    spans = otel_gpu_spans(level=1)
+    lib = module_factory(LIB)
+    compiled = _compile(lib.block, "aot_eager")
+
+    @otel_gpu.api
+    def step(x):
+        return compiled(x, x)
+
+    x = torch.randn(3)
+    expected = lib.block(x, x)
+    otel_gpu.flush()
+    spans.clear()
+    torch.testing.assert_close(step(x), expected)
+    otel_gpu.flush()
+    got = {s.name.rsplit(".", 1)[-1]: s for s in spans.get() if s.name.endswith(("step", "block"))}
+    assert got["block"].parent.span_id == got["step"].context.span_id
+    assert got["block"].attributes["otel_gpu.compiled"] is True
+    assert "otel_gpu.compiled" not in got["step"].attributes
