@@ -369,3 +369,20 @@ def test_a_compiled_callable_called_inside_a_decorated_eager_call_nests_under_it
     assert got["block"].parent.span_id == got["step"].context.span_id
     assert got["block"].attributes["otel_gpu.compiled"] is True
     assert "otel_gpu.compiled" not in got["step"].attributes
+
+
+def test_torch_export_leaves_no_otel_gpu_operator_in_the_exported_program(otel_gpu_spans):
+    """An exported program outlives the process: exporting an instrumented model gives the graph
+    of the bare model, with no otel-gpu operator, and the same results."""
+    spans = otel_gpu_spans(level=3)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+    x = torch.randn(2, 4)
+    bare = torch.export.export(model, (x,))
+    assert otel_gpu.instrument_module(model) == 3
+    exported = torch.export.export(model, (x,))
+    targets = [str(n.target) for n in exported.graph.nodes if n.op == "call_function"]
+    assert not [t for t in targets if "otel_gpu" in t]
+    assert targets == [str(n.target) for n in bare.graph.nodes if n.op == "call_function"]
+    torch.testing.assert_close(exported.module()(x), bare.module()(x))
+    otel_gpu.flush()
+    assert spans.get() == []

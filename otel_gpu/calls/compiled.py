@@ -47,6 +47,9 @@ def _never() -> bool:
 
 
 is_compiling = torch.compiler.is_compiling if SUPPORTED else _never
+# torch.export traces through Dynamo too, but an exported program outlives this process: it
+# must not carry otel-gpu's operators nor plan ids that mean nothing elsewhere.
+_is_exporting = getattr(torch.compiler, "is_exporting", _never)
 
 _TOKEN = torch.zeros(1)  # what both ops mutate: the compiler neither drops nor reorders them
 # plan id (a graph constant) -> _Plan; weak, so a dropped model's plans (and modules) go
@@ -79,6 +82,8 @@ def call(plan_id: int, plan: Any, fn: Any, args: tuple, kwargs: dict) -> Any:
 
     Runs only at trace time; its Python is turned into graph nodes, never run per call.
     """
+    if _is_exporting():
+        return fn(*args, **kwargs)
     depth = _DEPTH[0]
     limit = plan.max_items  # OTEL_GPU_MAX_ITEMS, as in eager capture
     names: list[str] = []
