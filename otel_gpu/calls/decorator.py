@@ -385,13 +385,15 @@ def _make_wrapper(
             return result
 
         return async_wrapper
+
     is_compiling = compiled.is_compiling
     plan_id = compiled.register(plan)
     compiled_call = compiled.call
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        # While Dynamo traces: custom ops instead of locks and clocks (one check, ~0.1 µs)
+        # While Dynamo traces: graph operators instead of locks and clocks (calls/compiled.py);
+        # the check costs ~0.07 µs per eager call
         if is_compiling():
             return compiled_call(plan_id, plan, fn, args, kwargs)
         pipe = get_pipeline()
