@@ -208,6 +208,7 @@ def test_a_graph_that_raises_leaves_no_stale_parent(otel_gpu_spans, module_facto
 
 @pytest.fixture(scope="module")
 def gpt2_reference():
+    pytest.importorskip("transformers")
     import tiny_models
 
     model = tiny_models.gpt2()
@@ -217,6 +218,7 @@ def gpt2_reference():
     return ids, mask, expected
 
 
+@pytest.mark.transformers
 @pytest.mark.parametrize(
     ("level", "backend"),
     [(1, "aot_eager"), (3, "aot_eager"), (5, "aot_eager"), (10, "aot_eager"), (3, "inductor")],
