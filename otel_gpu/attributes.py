@@ -30,6 +30,7 @@ CUDA_GRAPH_CAPTURE = "otel_gpu.cuda_graph.capture"  # true on a call captured in
 CUDA_GRAPH_REPLAY = "otel_gpu.cuda_graph.replay"  # replay number of a captured call's span
 
 # --- Flags and summaries ---
+COMPILED = "otel_gpu.compiled"  # true on a call that ran inside a torch.compile graph
 NONFINITE = "otel_gpu.nonfinite"  # true when a tensor of the call held NaN/Inf (level >= 5)
 ATTRIBUTES_OMITTED = "otel_gpu.attributes.omitted"  # keys cut by the attribute count limit
 EVENTS_OMITTED = "otel_gpu.events.omitted"  # how many events the event count limit cut
