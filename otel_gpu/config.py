@@ -565,13 +565,13 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "dump_durability",
         "OTEL_GPU_DUMP_DURABILITY",
-        "fsync",
+        "process",
         "fsync, process, async",
         _str_choice(("fsync", "process", "async")),
-        "fsync: inputs and manifest are written and fsync'd before the call runs (survive a machine "
-        "crash); process: written before the call, no fsync (survive the process dying, not the "
-        "machine); async: copied before the call, written by a background thread (fastest; a "
-        "process that dies inside the call may lose them).",
+        "process: inputs and manifest are written before the call runs, no fsync (they survive the "
+        "process dying, not a power loss); fsync: the same, fsync'd (they survive a power loss too; "
+        "bound by the disk's durable write speed); async: copied before the call, written by a "
+        "background thread (a process that dies inside the call may lose them).",
     ),
     # ---- crash journal
     Setting(
@@ -759,7 +759,7 @@ class Settings:
     dump_include: tuple[str, ...] = ()
     dump_exclude: tuple[str, ...] = ()
     dump_format: str = "torch"
-    dump_durability: str = "fsync"
+    dump_durability: str = "process"
     journal: bool = True
     journal_dir: str | None = None
     recover_on_start: bool = False

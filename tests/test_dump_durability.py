@@ -62,9 +62,11 @@ def _recorder() -> dump.Recorder:
 # --------------------------------------------------------------------------- configuration
 
 
-def test_default_is_fsync():
-    """Without the variable the recorder keeps today's guarantee: fsync before the call."""
-    assert config.load(env={}).dump_durability == "fsync"
+def test_default_is_process():
+    """Without the variable the recorder writes the inputs before the call without fsync: the
+    fastest mode that still leaves a crashing call's inputs on disk."""
+    assert config.load(env={}).dump_durability == "process"
+    assert config.Settings().dump_durability == "process"
 
 
 @pytest.mark.parametrize("raw", ["never", "sync", "1"])
@@ -206,6 +208,27 @@ def test_the_caller_thread_never_fsyncs_in_the_faster_modes(
     assert len(_dirs(root)) == 6
     assert fsyncs["caller"] == 0
     assert sum(fsyncs.values()) == 0
+
+
+def test_the_default_writes_inputs_before_the_call_and_fsyncs_nothing(
+    otel_gpu_spans, lib, tmp_path, fsyncs
+):
+    """Default durability: inside the call the inputs and the inputs_saved manifest are on disk
+    (process mode), and no thread fsyncs anything, before or after the call."""
+    root, m = start_recording(otel_gpu_spans, lib, tmp_path)
+    seen = {}
+
+    def check(x):
+        (directory,) = _dirs(root)
+        seen["status"] = _manifest_of(directory)["status"]
+        seen["fsyncs"] = sum(fsyncs.values())
+
+    m.probe(torch.ones(4), check)
+    _finish()
+    assert seen == {"status": "inputs_saved", "fsyncs": 0}
+    assert sum(fsyncs.values()) == 0
+    (directory,) = _dirs(root)
+    assert _manifest_of(directory)["status"] == "completed"
 
 
 def test_fsync_mode_fsyncs_inputs_manifest_and_directory_before_the_call(
@@ -383,8 +406,9 @@ def step(x, y, tag):
 """
 
 
-def _killed_child(tmp_path, mode: str, kill_after: float = 0.0) -> str:
-    """Run a child that SIGKILLs itself inside a decorated call; returns the dump root."""
+def _killed_child(tmp_path, mode: str | None, kill_after: float = 0.0) -> str:
+    """Run a child that SIGKILLs itself inside a decorated call; returns the dump root.
+    ``mode`` None leaves OTEL_GPU_DUMP_DURABILITY unset (the default)."""
     (tmp_path / "killlib.py").write_text(textwrap.dedent(KILLLIB))
     root = tmp_path / "dumps"
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
@@ -393,12 +417,13 @@ def _killed_child(tmp_path, mode: str, kill_after: float = 0.0) -> str:
         OTEL_GPU_LOGDEST=str(tmp_path / "spans.jsonl"),
         OTEL_GPU_JOURNAL="false",
         OTEL_GPU_DUMP_DIR=str(root),
-        OTEL_GPU_DUMP_DURABILITY=mode,
         KILL_AFTER=str(kill_after),
         PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         + os.pathsep
         + env.get("PYTHONPATH", ""),
     )
+    if mode is not None:
+        env["OTEL_GPU_DUMP_DURABILITY"] = mode
     proc = subprocess.run(
         [sys.executable, "-c", CHILD, str(tmp_path)], env=env, capture_output=True, timeout=120
     )
@@ -406,10 +431,10 @@ def _killed_child(tmp_path, mode: str, kill_after: float = 0.0) -> str:
     return str(root)
 
 
-@pytest.mark.parametrize("mode", ["fsync", "process"])
+@pytest.mark.parametrize("mode", ["fsync", "process", None])
 def test_a_process_killed_inside_the_call_leaves_loadable_inputs(tmp_path, mode):
-    """fsync and process: SIGKILL inside the call leaves a manifest (inputs_saved) and complete inputs:
-    the data is in the kernel's page cache even without fsync."""
+    """fsync, process and the default (variable unset): SIGKILL inside the call leaves a manifest
+    (inputs_saved) and complete inputs: the data is in the kernel's page cache even without fsync."""
     root = _killed_child(tmp_path, mode)
     (directory,) = _dirs(root)
     man = _manifest_of(directory)

@@ -2,9 +2,9 @@
 
 For each call that passes the filters and limits, :class:`Recorder` creates one
 directory below ``OTEL_GPU_DUMP_DIR``. How the inputs reach the disk follows
-``OTEL_GPU_DUMP_DURABILITY``: ``fsync`` (default) and ``process`` write the inputs and
+``OTEL_GPU_DUMP_DURABILITY``: ``process`` (default) and ``fsync`` write the inputs and
 a manifest with status ``inputs_saved`` on the caller's thread *before the call runs*
-(fsync'd, or left to the kernel's page cache), so a process that dies inside the call
+(left to the kernel's page cache, or fsync'd), so a process that dies inside the call
 leaves a loadable case; ``async`` copies them before the call and lets the writer
 thread write them. After the call the outputs are copied to reused host buffers
 (pinned, and copied without waiting, for CUDA tensors) on the caller's thread and
