@@ -18,7 +18,6 @@ import types
 from collections.abc import Callable
 from typing import Any, TypeVar, overload
 
-from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext, Status, StatusCode, TraceFlags
 
@@ -30,7 +29,7 @@ from otel_gpu.attributes import (
     STATS_INF_COUNT,
     STATS_NAN_COUNT,
 )
-from otel_gpu.calls import compiled, metadata, stats
+from otel_gpu.calls import _context, compiled, metadata, stats
 from otel_gpu.calls.record import Call, CallSpan
 from otel_gpu.devices import cuda
 from otel_gpu.export import pipeline
@@ -59,10 +58,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _NOT_SAMPLED = TraceFlags(TraceFlags.DEFAULT)
-_get_current_span = trace.get_current_span
-_set_span_in_context = trace.set_span_in_context
-_attach = otel_context.attach
-_detach = otel_context.detach
+_get_current_span = _context.current_span
+_attach_span = _context.attach_span  # the API's attach(set_span_in_context(span)), fewer calls
+_detach = _context.detach
 _getrandbits = random.getrandbits  # reseeded in fork children by the random module
 _time_ns = time.time_ns
 _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
@@ -281,7 +279,7 @@ def _run_unsampled(
     span: NonRecordingSpan, fn: Callable[..., Any], args: tuple, kwargs: dict
 ) -> Any:
     """Run a call the sampler dropped, with its unsampled context current so children agree."""
-    token = _attach(_set_span_in_context(span))
+    token = _attach_span(span)
     try:
         return fn(*args, **kwargs)
     finally:
@@ -363,7 +361,7 @@ def _make_wrapper(
             if call is None or pipe is None:
                 return await fn(*args, **kwargs)
             if not isinstance(call, Call):  # not sampled: children must see the decision
-                token = _attach(_set_span_in_context(call))
+                token = _attach_span(call)
                 try:
                     return await fn(*args, **kwargs)
                 finally:
@@ -371,7 +369,7 @@ def _make_wrapper(
             # Level 1 with no observer skips before()/after(), as the sync wrapper does.
             busy = heavy or pipe.observers_at[level]
             pending = before(call, pipe, args, kwargs) if busy else None
-            token = _attach(_set_span_in_context(call.span))
+            token = _attach_span(call.span)
             call.start_ns = _time_ns()
             try:
                 result = await fn(*args, **kwargs)
@@ -414,7 +412,7 @@ def _make_wrapper(
         # Level 1 with no observer skips before()/after(): ids, clocks and one append.
         busy = heavy or pipe.observers_at[level]
         pending = before(call, pipe, args, kwargs) if busy else None
-        token = _attach(_set_span_in_context(call.span))
+        token = _attach_span(call.span)
         call.start_ns = _time_ns()
         try:
             result = fn(*args, **kwargs)

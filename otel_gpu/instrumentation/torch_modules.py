@@ -96,12 +96,8 @@ def _wrap_module(module: Any, span_name: str, path: str, settings: config.Settin
     cls = type(module)
     original = module.__dict__.get("forward")
     if original is None:
-        func = cls.forward
-
-        def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
-            return func(self, *args, **kwargs)
-
-        functools.update_wrapper(forward, func)  # binding follows the class's forward signature
+        # the class's function itself, bound to the module below: no extra frame a span
+        forward = cls.forward
     else:  # someone set an instance-level forward already (e.g. an offloading hook): keep it
 
         def forward(self: Any, *args: Any, **kwargs: Any) -> Any:

@@ -1,0 +1,59 @@
+"""The call's OTel context operations (otel_gpu/calls/_context.py) behave as the API's own."""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+
+import pytest
+from opentelemetry import context, trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.trace import INVALID_SPAN
+
+from otel_gpu.calls import _context
+
+
+@pytest.fixture
+def tracer():
+    return TracerProvider().get_tracer("test")
+
+
+def test_the_default_runtime_context_takes_the_direct_path():
+    """With the SDK's ContextVar runtime context the ContextVar is read directly."""
+    assert _context.FAST
+
+
+def test_current_span_is_the_api_current_span(tracer):
+    """current_span() sees an application span made current by the API, and INVALID_SPAN without."""
+    assert _context.current_span() is INVALID_SPAN
+    with tracer.start_as_current_span("app") as app:
+        assert _context.current_span() is app is trace.get_current_span()
+    assert _context.current_span() is INVALID_SPAN
+
+
+def test_attach_span_and_detach_are_seen_by_the_api(tracer):
+    """A span attached here is the API's current span, keeps the other context values, and
+    detach restores the previous context exactly."""
+    token_value = context.attach(context.set_value("user-key", 42))
+    try:
+        before = context.get_current()
+        with tracer.start_as_current_span("app") as app:
+            child = tracer.start_span("child")
+            token = _context.attach_span(child)
+            assert trace.get_current_span() is child
+            assert context.get_value("user-key") == 42
+            _context.detach(token)
+            assert trace.get_current_span() is app
+        assert context.get_current() == before
+    finally:
+        context.detach(token_value)
+
+
+def test_detaching_a_token_of_another_context_logs_and_never_raises(tracer, caplog):
+    """As context.detach: a token made in another context is logged, not raised into the program."""
+    span = tracer.start_span("elsewhere")
+    token = contextvars.copy_context().run(_context.attach_span, span)
+    with caplog.at_level(logging.ERROR, logger="opentelemetry.context"):
+        _context.detach(token)
+    assert "Failed to detach context" in caplog.text
+    assert _context.current_span() is INVALID_SPAN
