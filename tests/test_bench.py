@@ -225,6 +225,35 @@ def test_worker_gpt2_attention_only_writes_a_span_per_attention_call(
     assert cfg.count() == 6
 
 
+@pytest.mark.transformers
+@needs_transformers
+@pytest.mark.parametrize("level", [0, 1])
+def test_worker_mixtral_round_writes_a_span_per_submodule_call(
+    tensors, tmp_path, deferred_export, level: int
+):
+    """The mixtral rows run whole forwards of the tiny Mixtral; at level 1 every submodule call
+    (experts included, as many as the router picks) reaches the file, at level 0 nothing."""
+    q, k = tensors
+    cfg = worker.Mixtral({"level": level, "dir": str(tmp_path)}, q, k)
+    assert type(cfg.model).__name__ == "MixtralForCausalLM"
+    assert cfg.spans_per_call >= 20
+    assert cfg.identity == (level == 0)
+    worker._timed_round(cfg, 2, "cpu")
+    if level == 0:
+        assert cfg.count() is None
+    else:
+        assert cfg.count() == 2 * cfg.spans_per_call
+
+
+def test_mixtral_rows_have_budgets_beside_gpt2():
+    """The bench reports the model budgets for Mixtral as for GPT2: level 1 ≤ 1.3×, level 3 ≤ 2×
+    of the Mixtral forward at level 0."""
+    budgets = {(b.ours, b.other): b.limit for b in _report.BUDGETS}
+    assert budgets[("mixtral_1", "mixtral_0")] == 1.3
+    assert budgets[("mixtral_3", "mixtral_0")] == 2.0
+    assert budgets[("gpt2_1", "gpt2_0")] == 1.3
+
+
 def test_worker_ring_row_runs_level_5_with_the_ring_and_writes_every_span(
     tensors, tmp_path, deferred_export
 ):

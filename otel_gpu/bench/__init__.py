@@ -17,6 +17,7 @@ The ``gpt2_*`` rows are a second workload: one forward pass of a tiny transforme
 per call, every module instrumented with :func:`otel_gpu.instrument_module` (about 30
 spans per forward), compared with the same forward at level 0. The ``gpt2att_*`` rows
 instrument the attention modules only (``include=["*Attention"]``, 2 spans per forward).
+The ``mixtral_*`` rows are the same workload for a tiny Mixtral (mixture of experts).
 
 ``ours5ring`` is level 5 with the in-memory ring on (``ring=8``): compared with level 5 it
 gives the ring's own cost per call, and with level 10 (the recorder it stands in for) the
@@ -78,6 +79,9 @@ CONFIGS: tuple[ConfigSpec, ...] = (
     ConfigSpec("gpt2_5", "tiny GPT2 forward, level 5", "gpt2", 5),
     ConfigSpec("gpt2att_1", "tiny GPT2, attention only, L1", "gpt2", 1, include=("*Attention",)),
     ConfigSpec("gpt2att_3", "tiny GPT2, attention only, L3", "gpt2", 3, include=("*Attention",)),
+    ConfigSpec("mixtral_0", "tiny Mixtral forward, level 0", "mixtral", 0),
+    ConfigSpec("mixtral_1", "tiny Mixtral forward, level 1", "mixtral", 1),
+    ConfigSpec("mixtral_3", "tiny Mixtral forward, level 3", "mixtral", 3),
 )
 _BY_NAME = {c.name: c for c in CONFIGS}
 
@@ -288,7 +292,8 @@ def run(
             # keep more records alive, for the garbage collector to walk, than a real run does.
             kind = _BY_NAME[name].kind
             max_n = _MAX_QUEUED if kind in ("ours", "otel") else 200_000
-            if kind == "gpt2":  # ~30 (or 2) spans a forward: as many queued spans as above
+            # a model row makes ~30 (or 2) spans a forward: as many queued spans as above
+            if kind in ("gpt2", "mixtral"):
                 max_n = max(1, _MAX_QUEUED // (results[name].info.get("spans_per_call") or 1))
             answer = ask(name, cmd="calibrate", target_s=target_s, max_n=max_n)
             if answer is not None:

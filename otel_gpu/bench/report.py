@@ -33,6 +33,8 @@ _PEER = {
     "gpt2_5": "gpt2_0",
     "gpt2att_1": "gpt2_0",
     "gpt2att_3": "gpt2_0",
+    "mixtral_1": "mixtral_0",
+    "mixtral_3": "mixtral_0",
     "ours5ring": "ours5",  # the ring's own cost: level 5 with it on, against level 5
 }
 _FLOORED = ("ours5", "ours10", "fi5")
@@ -48,6 +50,8 @@ _SPAN_WRITERS = (
     "gpt2_5",
     "gpt2att_1",
     "gpt2att_3",
+    "mixtral_1",
+    "mixtral_3",
 )
 
 
@@ -93,6 +97,20 @@ BUDGETS: tuple[Budget, ...] = (
         "tiny GPT2 forward, level 3 ≤ 2× level 0 (total: every span on disk)",
         "gpt2_3",
         "gpt2_0",
+        "total",
+        2.0,
+    ),
+    Budget(
+        "tiny Mixtral forward, level 1 ≤ 1.3× level 0 (total: every span on disk)",
+        "mixtral_1",
+        "mixtral_0",
+        "total",
+        1.3,
+    ),
+    Budget(
+        "tiny Mixtral forward, level 3 ≤ 2× level 0 (total: every span on disk)",
+        "mixtral_3",
+        "mixtral_0",
         "total",
         2.0,
     ),
@@ -189,7 +207,9 @@ def evaluate(configs: dict[str, Any], device: str) -> list[dict[str, Any]]:
                 t_ours, t_other = _cost(configs, "ours5", "total"), _cost(configs, b.other, "total")
                 if t_ours and t_other:
                     entry["detail"] += f"; total incl. export {t_ours / t_other:.2f}×"
-            elif b.ours.startswith("gpt2"):  # the reading (forward time), beside the budget
+            elif b.ours.startswith(
+                ("gpt2", "mixtral")
+            ):  # the reading (forward time), beside the budget
                 c_ours, c_other = (
                     _cost(configs, b.ours, "caller"),
                     _cost(configs, b.other, "caller"),
@@ -390,11 +410,15 @@ def render(report: dict[str, Any]) -> str:
             syncs = row.get("host_syncs_per_call") or {}
             line += f" {_fmt(syncs.get('torch_syncs'), '.2f'):>10}"
         lines.append(line)
-    gpt2 = {n: r for n, r in report["configs"].items() if n.startswith("gpt2") and r["calls"]}
+    gpt2 = {
+        n: r
+        for n, r in report["configs"].items()
+        if n.startswith(("gpt2", "mixtral")) and r["calls"]
+    }
     if gpt2:
         lines += [
             "",
-            "gpt2: one call is a forward pass with input ids [2, 8]; spans per forward expected "
+            "gpt2, mixtral: one call is a forward pass with input ids [2, 8]; spans per forward expected "
             "(submodule calls counted with forward hooks) / modules instrumented: "
             + ", ".join(
                 f"{n} {r['spans_per_call']}/{r['modules_instrumented']}" for n, r in gpt2.items()

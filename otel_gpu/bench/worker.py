@@ -199,6 +199,31 @@ def tiny_gpt2(device: Any = "cpu") -> tuple[Any, Any]:
     return model.to(device), ids.to(device)
 
 
+MIXTRAL_CONFIG = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 1000,
+    "max_position_embeddings": 128,
+    "num_local_experts": 4,
+    "num_experts_per_tok": 2,
+}
+
+
+def tiny_mixtral(device: Any = "cpu") -> tuple[Any, Any]:
+    """The tiny Mixtral (4 experts, 2 a token) of the bench, from a config, and its [2, 8] ids."""
+    import torch
+
+    transformers = _import_transformers()
+    torch.manual_seed(0)
+    config = transformers.MixtralConfig(**MIXTRAL_CONFIG)
+    model = transformers.MixtralForCausalLM(config).eval()
+    ids = torch.randint(0, MIXTRAL_CONFIG["vocab_size"], GPT2_IDS)
+    return model.to(device), ids.to(device)
+
+
 def module_calls(model: Any, *args: Any, include: Sequence[str] | None = None) -> int:
     """Submodule calls one forward makes, counted with forward hooks (independently of otel-gpu).
 
@@ -236,6 +261,8 @@ class Gpt2(Ours):
     """One forward of the tiny GPT2 per call, every module (or those ``include`` selects) wrapped
     by ``instrument_module``."""
 
+    build = staticmethod(tiny_gpt2)
+
     def __init__(self, spec: dict[str, Any], q: Any, k: Any) -> None:
         self.transformers = _import_transformers()
         super().__init__(spec, q, k)  # configures the pipeline at this level, export deferred
@@ -243,7 +270,7 @@ class Gpt2(Ours):
 
         import otel_gpu
 
-        self.model, self.ids = tiny_gpt2(q.device)
+        self.model, self.ids = self.build(q.device)
         include = spec.get("include") or None
         self.spans_per_call = module_calls(self.model, self.ids, include=include)
         # Level 0: instrument_module wraps nothing and returns 0 (the baseline of these rows).
@@ -259,6 +286,12 @@ class Gpt2(Ours):
 
     def count_dumps(self) -> int | None:
         return None
+
+
+class Mixtral(Gpt2):
+    """The same rows for a tiny Mixtral: a mixture-of-experts model, its routing in Python."""
+
+    build = staticmethod(tiny_mixtral)
 
 
 class OtelSdk(Config):
@@ -350,6 +383,7 @@ KINDS: dict[str, type[Config]] = {
     "floor": Floor,
     "ours": Ours,
     "gpt2": Gpt2,
+    "mixtral": Mixtral,
     "otel": OtelSdk,
     "flashinfer": FlashInfer,
     "save": TorchSave,
