@@ -57,3 +57,20 @@ def test_detaching_a_token_of_another_context_logs_and_never_raises(tracer, capl
         _context.detach(token)
     assert "Failed to detach context" in caplog.text
     assert _context.current_span() is INVALID_SPAN
+
+
+def test_a_call_span_attached_is_the_current_span_for_both_paths():
+    """otel-gpu's own CallSpan (the parent of a nested module call) is returned as it is, by
+    current_span() and by the API."""
+    from opentelemetry.trace import SpanContext, TraceFlags
+
+    from otel_gpu.calls.record import CallSpan
+
+    span = CallSpan(SpanContext(7, 9, False, TraceFlags(TraceFlags.SAMPLED)), "parent")
+    token = _context.attach_span(span)
+    try:
+        assert _context.current_span() is span is trace.get_current_span()
+        assert _context.current_span().get_span_context().span_id == 9
+    finally:
+        _context.detach(token)
+    assert _context.current_span() is INVALID_SPAN
