@@ -74,3 +74,26 @@ def test_a_call_span_attached_is_the_current_span_for_both_paths():
     finally:
         _context.detach(token)
     assert _context.current_span() is INVALID_SPAN
+
+
+def test_a_calls_span_context_is_the_one_the_constructor_builds():
+    """The span context a call gets (built without SpanContext's constructor) is equal, field by
+    field, to SpanContext(trace_id, span_id, False, SAMPLED, state), with or without a state."""
+    from opentelemetry.trace import SpanContext, TraceFlags, TraceState
+
+    from otel_gpu.calls import decorator
+
+    sampled = TraceFlags(TraceFlags.SAMPLED)
+    for state in (decorator._NO_STATE, TraceState([("vendor", "v1")])):
+        for trace_id, span_id in ((1, 1), (2**128 - 1, 2**64 - 1), (0xABC, 0xDEF)):
+            ours = decorator._new_context(trace_id, span_id, state)
+            real = SpanContext(trace_id, span_id, False, sampled, state)
+            assert type(ours) is SpanContext
+            assert ours == real
+            assert (ours.trace_id, ours.span_id, ours.is_remote, ours.is_valid) == (
+                trace_id,
+                span_id,
+                False,
+                True,
+            )
+            assert ours.trace_flags.sampled and ours.trace_state is state
