@@ -65,6 +65,19 @@ STUCK_CALL = "otel_gpu.stuck.call"  # the stuck call's span name
 STUCK_SPAN_ID = "otel_gpu.stuck.span_id"  # the stuck call's span ID, 16 hex digits
 STUCK_THREAD = "otel_gpu.stuck.thread"  # thread_stack event: true on the stuck call's thread
 
+# --- Collectives (the torch.distributed target) ---
+COLLECTIVE_PREFIX = "otel_gpu.collective."  # every otel_gpu.collective.* key below
+COLLECTIVE_OP = "otel_gpu.collective.op"  # all_reduce, broadcast, send, ...
+COLLECTIVE_GROUP_NAME = "otel_gpu.collective.group.name"  # the group's description (default_pg)
+COLLECTIVE_GROUP_ID = "otel_gpu.collective.group.id"  # torch's unique group_name ("0")
+COLLECTIVE_GROUP_RANKS = "otel_gpu.collective.group.ranks"  # the group's global ranks
+COLLECTIVE_GROUP_SIZE = "otel_gpu.collective.group.size"  # how many ranks it has
+COLLECTIVE_GROUP_RANK = "otel_gpu.collective.group.rank"  # the caller's rank in the group
+COLLECTIVE_SEQ = "otel_gpu.collective.seq"  # this process's count of calls on the group, from 1
+COLLECTIVE_ASYNC_OP = "otel_gpu.collective.async_op"  # true for async_op=True, isend, irecv
+COLLECTIVE_ASYNC_END = "otel_gpu.collective.async_end"  # work_completed or call_returned
+COLLECTIVE_PEER = "otel_gpu.collective.peer"  # dst/src of a p2p call or a rooted collective
+
 # --- Replay spans (otel-gpu replay) ---
 LINK_KIND = "otel_gpu.link.kind"  # link attribute: "replay_of" on a replay span's link
 REPLAY_VERDICT = "otel_gpu.replay.verdict"  # pass, mismatch, error, ...

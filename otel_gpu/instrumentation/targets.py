@@ -45,6 +45,8 @@ _patches: dict[tuple[int, str], tuple[Any, str, Any, str]] = {}
 # pending string targets: spec -> (include, exclude, name)
 _pending: dict[str, tuple[tuple[str, ...], tuple[str, ...], str | None]] = {}
 _special: dict[str, Callable[[], None]] = {}  # targets with their own routing (flashinfer)
+# spec -> the wrapper factory of a target that patches with its own wrapper (torch.distributed)
+_wrappers: dict[str, Callable[[Any], Any]] = {}
 _matched_globs: set[str] = set()  # glob targets that matched at least one imported module
 # the process that warns at exit about targets never imported (None: none, e.g. a run helper)
 _report_pid: int | None = os.getpid()
@@ -255,6 +257,8 @@ def _owner_name(owner: Any) -> str:
 
 def _special_target(spec: str) -> list[str] | None:
     """Targets that route a library's own decorator to ours instead of patching attributes."""
+    if spec == "torch.distributed":
+        return _torch_distributed()
     if spec != "flashinfer":
         return None
     from otel_gpu.instrumentation import flashinfer
@@ -262,6 +266,28 @@ def _special_target(spec: str) -> list[str] | None:
     flashinfer.install(lambda fn, span_name: _wrap(fn, span_name, "flashinfer"))
     _special["flashinfer"] = flashinfer.uninstall
     return ["flashinfer (its @flashinfer_api decorator)"]
+
+
+def _torch_distributed() -> list[str]:
+    """The collectives, patched with their own wrapper (instrumentation/torch_distributed.py)."""
+    from otel_gpu.instrumentation import torch_distributed
+
+    specs: list[str] = []
+
+    def register(spec: str, span_name: str, make: Callable[[Any], Any]) -> list[str]:
+        _wrappers[spec] = make
+        specs.append(spec)
+        return _instrument_spec(spec, (), (), span_name)
+
+    done = torch_distributed.install(register)
+
+    def undo() -> None:
+        for spec in specs:
+            _pending.pop(spec, None)
+            _wrappers.pop(spec, None)
+
+    _special["torch.distributed"] = undo
+    return done or ["torch.distributed (on import)"]
 
 
 # --------------------------------------------------------------------------- patching
@@ -337,6 +363,10 @@ def _patch(owner: Any, attr: str, spec: str, name: str | None) -> list[str]:
 
 def _wrap(fn: Any, span_name: str, spec: str) -> Any:
     from otel_gpu.calls.decorator import _decorate
+
+    make = _wrappers.get(spec)
+    if make is not None:
+        return make(fn)
 
     return _decorate(fn, span_name, instrumented=spec)
 
