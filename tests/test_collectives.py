@@ -175,3 +175,29 @@ def test_level_zero_patches_nothing(otel_gpu_spans):
     otel_gpu_spans(level=0)
     assert otel_gpu.instrument("torch.distributed") == []
     assert dist.all_reduce is ORIGINALS["all_reduce"]
+
+
+def test_point_to_point_calls_are_counted_apart_per_pair(otel_gpu_spans, world):
+    """send/recv numbering is per pair of ranks, so it never shifts the group's collective
+    numbering (ranks not involved in a send never see it)."""
+    spans = otel_gpu_spans(level=1)
+
+    def send(tensor, dst=None, group=None, tag=0, group_dst=None):
+        return None
+
+    def all_reduce(tensor, op=None, group=None, async_op=False):
+        return None
+
+    send_ = torch_distributed.wrap(send, "send")
+    all_reduce_ = torch_distributed.wrap(all_reduce, "all_reduce")
+    t = torch.ones(1)
+    all_reduce_(t)
+    send_(t, 0)
+    send_(t, group_dst=0)
+    all_reduce_(t)
+    got = [
+        (s.attributes["otel_gpu.collective.op"], s.attributes["otel_gpu.collective.seq"])
+        for s in _collectives(spans)
+    ]
+    assert got == [("all_reduce", 1), ("send", 1), ("send", 2), ("all_reduce", 2)]
+    assert all(s.attributes.get("otel_gpu.collective.peer", 0) == 0 for s in _collectives(spans))

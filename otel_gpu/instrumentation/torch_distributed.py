@@ -16,7 +16,9 @@ them through its module globals, so ``all_gather_object`` shows its inner ``all_
 
 The sequence number counts the calls of this process on each group (by its ``group_name``),
 from 1, whether or not a call was sampled, so the same collective has the same number on every
-rank of a group that runs the same program. It is otel-gpu's count, not c10d's internal one.
+rank of a group that runs the same program. Point-to-point calls are counted apart, per pair of
+ranks, so a ``send`` between two ranks does not shift the others' numbering. It is otel-gpu's
+count, not c10d's internal one.
 
 An async call (``async_op=True``, ``isend``, ``irecv``) is a span that ends when its work
 completes, observed through ``Work.get_future()``; where the backend gives no future, the span
@@ -48,7 +50,7 @@ from otel_gpu.attributes import (
     COLLECTIVE_SEQ,
 )
 
-__all__ = ["MODULE", "OPS", "SPEC", "span_name", "wrap"]
+__all__ = ["MODULE", "OPS", "P2P_OPS", "SPEC", "p2p_key", "span_name", "wrap"]
 
 SPEC = "torch.distributed"
 """The target's name in ``instrument()`` and ``OTEL_GPU_INSTRUMENT``."""
@@ -72,6 +74,8 @@ OPS = (
     "isend",
     "irecv",
 )
+P2P_OPS = frozenset({"send", "recv", "isend", "irecv"})
+"""Point-to-point ops: their sequence number counts the calls between the same two ranks."""
 _ALWAYS_ASYNC = frozenset({"isend", "irecv"})
 _PEER_PARAMS = ("dst", "src", "group_dst", "group_src")
 
@@ -92,6 +96,7 @@ def wrap(original: Any, op: str) -> Any:
     params = list(inspect.signature(original).parameters)
     position = {name: i for i, name in enumerate(params)}
     always_async = op in _ALWAYS_ASYNC
+    p2p = op in P2P_OPS
 
     def argument(args: tuple, kwargs: dict, name: str) -> Any:
         if name in kwargs:
@@ -103,12 +108,19 @@ def wrap(original: Any, op: str) -> Any:
         attrs = dict(_group_attributes(argument(args, kwargs, "group")))
         attrs[COLLECTIVE_OP] = op
         attrs[COLLECTIVE_ASYNC_OP] = is_async
-        attrs[COLLECTIVE_SEQ] = _next_seq(attrs.get(COLLECTIVE_GROUP_ID, ""))
+        peer = None
         for name in _PEER_PARAMS:
             value = argument(args, kwargs, name)
             if isinstance(value, int):
-                attrs[COLLECTIVE_PEER] = value
+                ranks = attrs[COLLECTIVE_GROUP_RANKS]
+                peer = value if not name.startswith("group_") else ranks[value]
+                attrs[COLLECTIVE_PEER] = peer
                 break
+        key = attrs[COLLECTIVE_GROUP_ID]
+        if p2p:  # counted per pair of ranks: the ranks not involved never see these calls
+            me = attrs[COLLECTIVE_GROUP_RANKS][attrs[COLLECTIVE_GROUP_RANK]]
+            key = p2p_key(key, me, peer)
+        attrs[COLLECTIVE_SEQ] = _next_seq(key)
         return attrs
 
     def inner(*args: Any, **kwargs: Any) -> Any:
@@ -133,6 +145,15 @@ def wrap(original: Any, op: str) -> Any:
     functools.update_wrapper(collective, original)
     collective.__otel_gpu_plan__ = plan  # type: ignore[attr-defined]
     return collective
+
+
+def p2p_key(group_id: str, rank: int, peer: int | None) -> str:
+    """The counter of the p2p calls between two global ranks of a group (``any`` peer: a
+    ``recv`` from any source, which nothing can line up)."""
+    if peer is None:
+        return f"{group_id}/p2p/{rank}-any"
+    low, high = sorted((rank, peer))
+    return f"{group_id}/p2p/{low}-{high}"
 
 
 def _next_seq(group_id: str) -> int:
