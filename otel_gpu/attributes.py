@@ -78,6 +78,16 @@ COLLECTIVE_ASYNC_OP = "otel_gpu.collective.async_op"  # true for async_op=True, 
 COLLECTIVE_ASYNC_END = "otel_gpu.collective.async_end"  # work_completed or call_returned
 COLLECTIVE_PEER = "otel_gpu.collective.peer"  # dst/src of a p2p call or a rooted collective
 
+# --- Snapshots (otel-gpu snapshot) ---
+SNAPSHOT = "otel_gpu.snapshot"  # true on a snapshot span
+SNAPSHOT_SPAN_NAME = "otel_gpu.snapshot"  # a snapshot span's name
+SNAPSHOT_CALLS = "otel_gpu.snapshot.calls"  # how many calls were in flight
+SNAPSHOT_REQUESTED_BY = "otel_gpu.snapshot.requested_by"  # pid of the requesting command
+EVENT_CALL_IN_FLIGHT = "otel_gpu.call_in_flight"  # one per call in flight on a snapshot
+CALL_NAME = "otel_gpu.call.name"  # call_in_flight event: the call's span name
+CALL_SPAN_ID = "otel_gpu.call.span_id"  # call_in_flight event: its span ID, 16 hex digits
+CALL_SECONDS = "otel_gpu.call.seconds"  # call_in_flight event: how long it has run
+
 # --- Replay spans (otel-gpu replay) ---
 LINK_KIND = "otel_gpu.link.kind"  # link attribute: "replay_of" on a replay span's link
 REPLAY_VERDICT = "otel_gpu.replay.verdict"  # pass, mismatch, error, ...

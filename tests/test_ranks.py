@@ -262,9 +262,10 @@ def _recover(directory: Path) -> None:
 
 
 def test_a_4_rank_job_with_a_sleeping_rank(tmp_path):
-    """4 gloo ranks; rank 2 sleeps before its 8th all_reduce. Every rank's collectives are spans
-    numbered 1..7 in order; after the job is killed and recovered, `otel-gpu ranks` names rank 2
-    and the 8th all_reduce."""
+    """4 gloo ranks; rank 2 sleeps before its 8th all_reduce. `otel-gpu snapshot` on rank 2
+    exports its stack while it sleeps; every rank's collectives are spans numbered 1..7 in
+    order; after the job is killed and recovered, `otel-gpu ranks` names rank 2, the 8th
+    all_reduce and where rank 2 was."""
     procs = distributed_job.start(tmp_path, JOB_SLEEPER="2", JOB_SLEEP_BEFORE="8")
     try:
         distributed_job.wait_for(lambda: (tmp_path / "sleeping-2").exists(), "rank 2 to sleep")
@@ -274,6 +275,25 @@ def test_a_4_rank_job_with_a_sleeping_rank(tmp_path):
             return all(f.exists() and b'"otel_gpu.stuck"' in f.read_bytes() for f in files)
 
         distributed_job.wait_for(stuck_reported, "the waiting ranks' stuck-call reports")
+        # while rank 2 sleeps: a snapshot of it exports its stack
+        env = without_otel(OTEL_GPU_JOURNAL_DIR=str(tmp_path / "journal"))
+        asked = otel_gpu_command(["snapshot", str(procs[2].pid), "--timeout", "120"], env)
+        assert asked.returncode == 0, asked.stderr
+        assert f"pid {procs[2].pid}: snapshot exported" in asked.stdout
+        snapshots = [
+            s
+            for s in read_spans(tmp_path / "spans-2.jsonl", plain=True)
+            if s["name"] == "otel_gpu.snapshot"
+        ]
+        assert len(snapshots) == 1
+        stacks = [
+            {a["key"]: a["value"] for a in e["attributes"]}
+            for e in snapshots[0]["events"]
+            if e["name"] == "otel_gpu.thread_stack"
+        ]
+        (main,) = [s for s in stacks if s["thread.name"]["stringValue"] == "MainThread"]
+        assert "time.sleep(3600)" in main["code.stacktrace"]["stringValue"]
+        assert procs[2].poll() is None  # the snapshot did not disturb the sleeping rank
     finally:
         distributed_job.stop(procs)
     for rank in range(4):
@@ -291,6 +311,8 @@ def test_a_4_rank_job_with_a_sleeping_rank(tmp_path):
     assert result.returncode == 1, result.stdout + result.stderr
     assert "stalled at #8 all_reduce: entered by ranks 0, 1, 3, never by rank 2" in result.stdout
     assert "rank 2 is behind: last collective #7 all_reduce" in result.stdout
+    frames = result.stdout.split("top frames (snapshot):")[1].splitlines()
+    assert "job.py" in frames[1] and "<module>" in frames[1]  # where rank 2 slept
 
 
 def test_a_4_rank_job_where_one_rank_has_a_different_shape(tmp_path):

@@ -33,6 +33,7 @@ _COMMAND_MODULES = (
     "otel_gpu.traces.ship",
     "otel_gpu.traces.show",
     "otel_gpu.cli.ranks",
+    "otel_gpu.cli.snapshot",
     "otel_gpu.bench",
     "otel_gpu.instrumentation.run",
 )

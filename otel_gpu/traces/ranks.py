@@ -45,6 +45,7 @@ from otel_gpu.attributes import (
     EVENT_THREAD_STACK,
     INPUT_PREFIX,
     RECOVERED,
+    SNAPSHOT_SPAN_NAME,
     STUCK,
     STUCK_SECONDS,
     STUCK_SPAN_ID,
@@ -63,7 +64,6 @@ EXIT_USAGE = 2
 """Bad input: a missing or invalid file, or no span at all."""
 
 RANK_KEY = "otel_gpu.rank"  # the resource attribute (RANK) naming the process's rank
-SNAPSHOT_NAME = "otel_gpu.snapshot"
 _P2P = {"send": "p2p", "isend": "p2p", "recv": "p2p", "irecv": "p2p"}
 # inputs that may legitimately differ between ranks: their shapes are not compared
 _UNEVEN = frozenset({"all_to_all", "all_to_all_single", "gather", "scatter"})
@@ -181,7 +181,7 @@ def _span(raw: dict[str, Any], where: str, rank: Rank) -> None:
         rank.stuck[span_id] = (called, max(seconds, old[1] if old else 0.0))
         _newer_stack(rank, base.end, f"stuck-call report of {called}", _stuck_stack(raw, where))
         return
-    if base.name == SNAPSHOT_NAME:
+    if base.name == SNAPSHOT_SPAN_NAME:
         _newer_stack(rank, base.end, "snapshot", _main_stack(raw, where))
         return
     call = Call(
