@@ -201,3 +201,39 @@ def test_point_to_point_calls_are_counted_apart_per_pair(otel_gpu_spans, world):
     ]
     assert got == [("all_reduce", 1), ("send", 1), ("send", 2), ("all_reduce", 2)]
     assert all(s.attributes.get("otel_gpu.collective.peer", 0) == 0 for s in _collectives(spans))
+
+
+def test_a_module_imported_after_instrument_is_patched_when_imported(
+    otel_gpu_spans, world, tmp_path, monkeypatch
+):
+    """Before the import: the target waits (post-import hook) and patches the functions when
+    the module that defines them is imported, and the package that re-exports them too.
+
+    ``import otel_gpu`` imports torch, hence torch.distributed, today, so this stands in a
+    fresh package for distributed_c10d."""
+    import importlib
+    import sys
+    import uuid
+
+    name = f"fakedist_{uuid.uuid4().hex[:8]}"
+    (tmp_path / name).mkdir()
+    (tmp_path / name / "__init__.py").write_text(f"from {name}.c10d import *\n")
+    ops = "\n".join(
+        f"def {op}(tensor=None, op=None, group=None, async_op=False):\n    return None\n"
+        for op in torch_distributed.OPS
+    )
+    (tmp_path / name / "c10d.py").write_text(f"__all__ = {list(torch_distributed.OPS)!r}\n{ops}")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(torch_distributed, "MODULE", f"{name}.c10d")
+    spans = otel_gpu_spans(level=1)
+    try:
+        assert otel_gpu.instrument("torch.distributed") == ["torch.distributed (on import)"]
+        assert f"{name}.c10d" not in sys.modules  # instrumenting never imports it
+        package = importlib.import_module(name)
+        package.all_reduce(torch.ones(1))
+        sys.modules[f"{name}.c10d"].barrier()
+        got = [(s.name, s.attributes["otel_gpu.collective.seq"]) for s in _collectives(spans)]
+        assert got == [("torch.distributed.all_reduce", 1), ("torch.distributed.barrier", 2)]
+    finally:
+        for mod in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
+            del sys.modules[mod]

@@ -78,6 +78,9 @@ CONFIGS: tuple[ConfigSpec, ...] = (
     ConfigSpec("gpt2_5", "tiny GPT2 forward, level 5", "gpt2", 5),
     ConfigSpec("gpt2att_1", "tiny GPT2, attention only, L1", "gpt2", 1, include=("*Attention",)),
     ConfigSpec("gpt2att_3", "tiny GPT2, attention only, L3", "gpt2", 3, include=("*Attention",)),
+    ConfigSpec("gloo0", "gloo all_reduce [4], bare", "gloo", 0),
+    ConfigSpec("gloo1", "gloo all_reduce [4], level 1", "gloo", 1),
+    ConfigSpec("gloo3", "gloo all_reduce [4], level 3", "gloo", 3),
 )
 _BY_NAME = {c.name: c for c in CONFIGS}
 
@@ -403,7 +406,9 @@ def register(sub: Any) -> None:
             "a plain OTel SDK span and FlashInfer's @flashinfer_api (when installed); and one "
             "forward pass of a tiny GPT2 with every module instrumented "
             "(otel_gpu.instrument_module) at levels 0/1/3/5, or its attention modules only at "
-            "levels 1/3 (when transformers is installed). Each configuration runs in its own worker "
+            "levels 1/3 (when transformers is installed); and an all_reduce of 4 floats on a "
+            "one-rank gloo group, bare and with the torch.distributed target at levels 1/3. "
+            "Each configuration runs in its own worker "
             "process, measured in interleaved rounds; medians and ratios against the budgets."
         ),
     )

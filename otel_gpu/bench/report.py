@@ -34,6 +34,8 @@ _PEER = {
     "gpt2att_1": "gpt2_0",
     "gpt2att_3": "gpt2_0",
     "ours5ring": "ours5",  # the ring's own cost: level 5 with it on, against level 5
+    "gloo1": "gloo0",  # an instrumented all_reduce against the bare one
+    "gloo3": "gloo0",
 }
 _FLOORED = ("ours5", "ours10", "fi5")
 _SPAN_WRITERS = (
@@ -48,6 +50,8 @@ _SPAN_WRITERS = (
     "gpt2_5",
     "gpt2att_1",
     "gpt2att_3",
+    "gloo1",
+    "gloo3",
 )
 
 
