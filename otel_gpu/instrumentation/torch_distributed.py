@@ -30,6 +30,7 @@ from __future__ import annotations
 import functools
 import inspect
 import itertools
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -80,8 +81,8 @@ _ALWAYS_ASYNC = frozenset({"isend", "irecv"})
 _PEER_PARAMS = ("dst", "src", "group_dst", "group_src")
 
 _seq: dict[str, Callable[[], int]] = {}  # group_name -> next() of its counter
-# (id(group), group_name) -> the group's fixed attributes, resolved once
-_groups: dict[tuple[int, str], dict[str, Any]] = {}
+# id(group) -> (the group, its fixed attributes), resolved once
+_groups: dict[int, tuple[Any, dict[str, Any]]] = {}
 
 
 def span_name(op: str) -> str:
@@ -104,12 +105,14 @@ def wrap(original: Any, op: str) -> Any:
         i = position.get(name)
         return args[i] if i is not None and i < len(args) else None
 
+    peer_params = tuple(n for n in _PEER_PARAMS if n in position)  # decided once, per op
+
     def attributes(args: tuple, kwargs: dict, is_async: bool) -> dict[str, Any]:
         attrs = dict(_group_attributes(argument(args, kwargs, "group")))
         attrs[COLLECTIVE_OP] = op
         attrs[COLLECTIVE_ASYNC_OP] = is_async
         peer = None
-        for name in _PEER_PARAMS:
+        for name in peer_params:
             value = argument(args, kwargs, name)
             if isinstance(value, int):
                 ranks = attrs[COLLECTIVE_GROUP_RANKS]
@@ -165,23 +168,34 @@ def _next_seq(group_id: str) -> int:
 
 def _group_attributes(group: Any) -> dict[str, Any]:
     """The group's name, id, ranks, size and our rank in it (resolved once per group)."""
+    pg = group if group is not None else _default_group()
+    cached = _groups.get(id(pg))
+    if cached is not None and cached[0] is pg:  # the reference kept makes the id unique
+        return cached[1]
     import torch.distributed as dist
 
-    pg = group if group is not None else dist.distributed_c10d._get_default_group()
     group_id = str(getattr(pg, "group_name", "") or "")
-    key = (id(pg), group_id)
-    attrs = _groups.get(key)
-    if attrs is None:
-        ranks = [int(r) for r in dist.get_process_group_ranks(pg)]
-        attrs = {
-            COLLECTIVE_GROUP_ID: group_id,
-            COLLECTIVE_GROUP_NAME: str(getattr(pg, "group_desc", "") or group_id),
-            COLLECTIVE_GROUP_RANKS: ranks,
-            COLLECTIVE_GROUP_SIZE: len(ranks),
-            COLLECTIVE_GROUP_RANK: int(dist.get_rank(pg)),
-        }
-        _groups[key] = attrs
+    ranks = [int(r) for r in dist.get_process_group_ranks(pg)]
+    attrs = {
+        COLLECTIVE_GROUP_ID: group_id,
+        COLLECTIVE_GROUP_NAME: str(getattr(pg, "group_desc", "") or group_id),
+        COLLECTIVE_GROUP_RANKS: ranks,
+        COLLECTIVE_GROUP_SIZE: len(ranks),
+        COLLECTIVE_GROUP_RANK: int(dist.get_rank(pg)),
+    }
+    _groups[id(pg)] = (pg, attrs)
     return attrs
+
+
+def _default_group() -> Any:
+    """The default group: c10d's world state read directly (``_get_default_group()`` checks
+    and reads it four times a call), torch's own function where that state is not there."""
+    c10d = sys.modules["torch.distributed.distributed_c10d"]  # imported: its functions run
+    try:
+        pg = c10d._world.default_pg
+    except AttributeError:
+        pg = None
+    return pg if pg is not None else c10d._get_default_group()
 
 
 def _run_async(
