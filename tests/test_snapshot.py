@@ -14,6 +14,8 @@ import threading
 import pytest
 import torch
 from commands import otel_gpu_command, without_otel
+from distributed_job import wait_for
+from jsonl_spans import read_spans
 
 import otel_gpu
 from otel_gpu.anomalies import snapshot
@@ -138,3 +140,52 @@ def test_a_process_that_does_not_answer_is_reported(tmp_path):
     assert result.returncode == 1
     assert f"pid {sleeper.pid} did not answer within 0.5 s" in result.stderr
     assert not os.path.exists(snapshot.request_path(str(journal), sleeper.pid))
+
+
+PROGRAM = """
+import os, sys, time
+import otel_gpu
+
+@otel_gpu.api
+def step(n):
+    open(sys.argv[1], "w").close()
+    time.sleep(600)
+
+step(1)
+"""
+
+
+def test_snapshot_all_asks_every_live_otel_gpu_process_of_the_user(tmp_path):
+    """--all: every live process with a journal in the directory answers with a snapshot span
+    in its own trace file, naming its call in flight."""
+    journal = tmp_path / "journal"
+    program = tmp_path / "program.py"
+    program.write_text(PROGRAM)
+    procs = []
+    for i in range(2):
+        env = without_otel(
+            OTEL_GPU_LOGLEVEL="3",
+            OTEL_GPU_LOGDEST=str(tmp_path / f"spans-{i}.jsonl"),
+            OTEL_GPU_JOURNAL_DIR=str(journal),
+        )
+        ready = tmp_path / f"ready-{i}"
+        procs.append((subprocess.Popen([sys.executable, str(program), str(ready)], env=env), ready))
+    try:
+        for _, ready in procs:
+            wait_for(ready.exists, f"{ready.name}")
+        env = without_otel(OTEL_GPU_JOURNAL_DIR=str(journal))
+        result = otel_gpu_command(["snapshot", "--all", "--timeout", "120"], env)
+    finally:
+        for p, _ in procs:
+            p.kill()
+            p.wait()
+    assert result.returncode == 0, result.stderr
+    for i, (p, _) in enumerate(procs):
+        assert f"pid {p.pid}: snapshot exported" in result.stdout
+        assert "1 call(s) in flight" in result.stdout
+        (snap,) = [
+            s
+            for s in read_spans(tmp_path / f"spans-{i}.jsonl", plain=True)
+            if s["name"] == "otel_gpu.snapshot"
+        ]
+        assert snap["attrs"]["otel_gpu.snapshot.calls"] == 1
