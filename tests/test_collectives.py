@@ -237,3 +237,12 @@ def test_a_module_imported_after_instrument_is_patched_when_imported(
     finally:
         for mod in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
             del sys.modules[mod]
+
+
+def test_instrumenting_twice_patches_once_and_says_so(otel_gpu_spans, world):
+    """A second instrument('torch.distributed') patches nothing more and reports nothing."""
+    spans = otel_gpu_spans(level=1)
+    assert otel_gpu.instrument("torch.distributed")
+    assert otel_gpu.instrument("torch.distributed") == []
+    dist.all_reduce(torch.ones(1))
+    assert len(_collectives(spans)) == 1

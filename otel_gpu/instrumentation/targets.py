@@ -287,7 +287,9 @@ def _torch_distributed() -> list[str]:
             _wrappers.pop(spec, None)
 
     _special["torch.distributed"] = undo
-    return done or ["torch.distributed (on import)"]
+    if not done and any(spec in _pending for spec in specs):
+        return ["torch.distributed (on import)"]
+    return done
 
 
 # --------------------------------------------------------------------------- patching
