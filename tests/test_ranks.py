@@ -220,6 +220,44 @@ def test_different_shapes_or_collectives_at_one_number_are_a_divergence(tmp_path
     assert "divergence in group default_pg at #2: all_reduce with different inputs" in out
 
 
+def test_point_to_point_calls_line_up_per_pair_without_blaming_the_others(tmp_path):
+    """Ranks 0 and 1 exchange send/recv between all_reduces; ranks 2 and 3 take no part: the
+    ranks agree, and a shape that differs between a send and its recv is a divergence."""
+    job = _job()
+
+    def p2p(r: Rank, op: str, peer: int, seq: int, shape: tuple[int, ...] = (2,)) -> None:
+        r._span(
+            f"torch.distributed.{op}",
+            {
+                "otel_gpu.collective.op": op,
+                "otel_gpu.collective.group.id": "0",
+                "otel_gpu.collective.group.name": "default_pg",
+                "otel_gpu.collective.group.ranks": [0, 1, 2, 3],
+                "otel_gpu.collective.group.rank": r.rank,
+                "otel_gpu.collective.peer": peer,
+                "otel_gpu.collective.seq": seq,
+                "otel_gpu.input.tensor.shape": list(shape),
+            },
+        )
+
+    for r in job:
+        r.collective()
+        if r.rank == 0:
+            p2p(r, "send", 1, 1)
+            p2p(r, "isend", 1, 2)
+        if r.rank == 1:
+            p2p(r, "recv", 0, 1)
+            p2p(r, "irecv", 0, 2)
+        r.collective()
+    code, out, _ = _run([r.write(tmp_path) for r in job])
+    assert code == 0, out
+    p2p(job[0], "send", 1, 3, shape=(2,))
+    p2p(job[1], "recv", 0, 3, shape=(3,))
+    code, out, _ = _run([r.write(tmp_path) for r in job], as_json=True)
+    (divergence,) = json.loads(out)["divergences"]
+    assert code == 1 and divergence["seq"] == 3 and divergence["what"] == "inputs"
+
+
 def test_bad_input_exits_2_with_one_line(tmp_path):
     """A missing file, an invalid line, or files with no call span: exit 2, the reason named."""
     good = Rank(0)
