@@ -15,6 +15,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
+from distributed_job import wait_for
 
 import otel_gpu
 from otel_gpu.instrumentation import torch_distributed
@@ -246,3 +247,23 @@ def test_instrumenting_twice_patches_once_and_says_so(otel_gpu_spans, world):
     assert otel_gpu.instrument("torch.distributed") == []
     dist.all_reduce(torch.ones(1))
     assert len(_collectives(spans)) == 1
+
+
+def test_a_real_async_all_reduce_on_gloo_ends_by_its_future(otel_gpu_spans, world):
+    """gloo's work has a future: a real async all_reduce's span says work_completed, and the
+    program's wait() and result are torch's own."""
+    spans = otel_gpu_spans(level=1)
+    otel_gpu.instrument("torch.distributed")
+    t = torch.full((3,), 2.0)
+    work = dist.all_reduce(t, async_op=True)
+    work.wait()
+    assert torch.equal(t, torch.full((3,), 2.0))
+
+    def exported() -> bool:  # the future's callback may run just after wait() returns
+        otel_gpu.flush()
+        return bool(_collectives(spans))
+
+    wait_for(exported, "the async all_reduce's span")
+    (span,) = _collectives(spans)
+    assert span.attributes["otel_gpu.collective.async_op"] is True
+    assert span.attributes["otel_gpu.collective.async_end"] == "work_completed"
