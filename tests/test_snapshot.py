@@ -189,3 +189,23 @@ def test_snapshot_all_asks_every_live_otel_gpu_process_of_the_user(tmp_path):
             if s["name"] == "otel_gpu.snapshot"
         ]
         assert snap["attrs"]["otel_gpu.snapshot.calls"] == 1
+
+
+def test_without_a_journal_the_calls_in_flight_are_unknown_not_zero(otel_gpu_spans, tmp_path):
+    """OTEL_GPU_JOURNAL=false: the snapshot still has the stacks, and no call count (the
+    journal is where the calls in flight are read), rather than a false 0."""
+    directory = tmp_path / "journal"
+    spans = otel_gpu_spans(level=1, journal=False, journal_dir=str(directory))
+    replies = []
+
+    @otel_gpu.api
+    def in_flight():
+        replies.extend(snapshot.request(str(directory), [os.getpid()], timeout=120))
+
+    in_flight()
+    otel_gpu.flush()
+    (reply,) = replies
+    assert reply.answer is not None and reply.answer["calls_in_flight"] is None
+    (snap,) = _snapshots(spans)
+    assert "otel_gpu.snapshot.calls" not in snap.attributes
+    assert any(e.name == "otel_gpu.thread_stack" for e in snap.events)

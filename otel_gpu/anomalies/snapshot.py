@@ -128,7 +128,9 @@ class Responder:
         record.end_ns = now
         threads = add_thread_stacks(record.span, None, now)
         calls = self._calls_in_flight(record.span, now)
-        attrs: dict[str, Any] = {SNAPSHOT: True, SNAPSHOT_CALLS: calls}
+        attrs: dict[str, Any] = {SNAPSHOT: True}
+        if calls is not None:  # None: no crash journal, so the calls in flight are not known
+            attrs[SNAPSHOT_CALLS] = calls
         if requested_by is not None:
             attrs[SNAPSHOT_REQUESTED_BY] = requested_by
         ring = self.pipeline.ring
@@ -149,11 +151,14 @@ class Responder:
         }
         _write_reply(reply_path(self.directory, self.pid), reply)
 
-    def _calls_in_flight(self, span: CallSpan, now: int) -> int:
-        """One event per call this process's journal has in flight, inputs as journaled."""
+    def _calls_in_flight(self, span: CallSpan, now: int) -> int | None:
+        """One event per call this process's journal has in flight, inputs as journaled; None
+        when the process keeps no journal."""
         from otel_gpu.journal import reader, recover, writer
 
         journals = [j for j in list(writer._open_journals) if j.pid == self.pid]
+        if not journals:
+            return None
         count = 0
         for journal in journals:
             try:
@@ -243,11 +248,14 @@ def same_user(pid: int) -> bool:
     return True
 
 
-def request(directory: str, pids: list[int], timeout: float) -> list[Reply]:
-    """Ask every pid for a snapshot and wait up to ``timeout`` seconds for their replies."""
+def request(directory: str, pids: list[int], timeout: float, *, chosen: bool = True) -> list[Reply]:
+    """Ask every pid for a snapshot and wait up to ``timeout`` seconds for their replies.
+
+    ``chosen``: the directory was set (``OTEL_GPU_JOURNAL_DIR``), not the default one, whose
+    parent is shared: checked as the journal checks it."""
     from otel_gpu.journal.writer import _private_dir
 
-    _private_dir(directory, shared_parent=False)
+    _private_dir(directory, shared_parent=not chosen)
     for pid in pids:
         for stale in (reply_path(directory, pid), request_path(directory, pid)):
             try:

@@ -23,7 +23,8 @@ def _main(args: argparse.Namespace) -> int:
     def say(line: str) -> None:
         print(printable(f"otel-gpu snapshot: {line}"), file=sys.stderr)
 
-    directory = journal_dir(config.current())
+    settings = config.current()
+    directory = journal_dir(settings)
     if args.all:
         pids = snapshot.live_processes(directory)
         if not pids:
@@ -36,7 +37,7 @@ def _main(args: argparse.Namespace) -> int:
             return EXIT_USAGE
         pids = [pid]
     try:
-        replies = snapshot.request(directory, pids, args.timeout)
+        replies = snapshot.request(directory, pids, args.timeout, chosen=bool(settings.journal_dir))
     except OSError as exc:
         say(f"cannot write the request in {directory}: {exc.strerror or exc}")
         return EXIT_USAGE
@@ -56,10 +57,16 @@ def _main(args: argparse.Namespace) -> int:
             printable(
                 f"pid {reply.pid}: snapshot exported: span {answer.get('span_id')} in trace "
                 f"{answer.get('trace_id')} ({answer.get('threads')} thread(s), "
-                f"{answer.get('calls_in_flight')} call(s) in flight{ring})"
+                f"{_calls(answer.get('calls_in_flight'))}{ring})"
             )
         )
     return code
+
+
+def _calls(count: Any) -> str:
+    if count is None:
+        return "calls in flight unknown: no crash journal"
+    return f"{count} call(s) in flight"
 
 
 def _pid(raw: str) -> int:
