@@ -14,9 +14,7 @@ so a span name or attribute cannot send terminal control sequences. See ``docs/s
 
 from __future__ import annotations
 
-import argparse
 import fnmatch
-import re
 import sys
 from collections.abc import Iterable, Sequence
 from typing import IO, Any
@@ -24,7 +22,7 @@ from typing import IO, Any
 from otel_gpu._text import printable
 from otel_gpu.traces.reader import Span, Trace, TraceFileError, build_traces, read_all, tree_path
 
-__all__ = ["register", "show"]
+__all__ = ["DEFAULT_LIMIT", "show"]
 
 EXIT_FOUND, EXIT_NONE, EXIT_USAGE = 0, 1, 2
 DEFAULT_LIMIT = 200
@@ -437,81 +435,3 @@ def _unknown_lines(w: _Writer, spans: list[Span]) -> None:
             f"tensor, so nothing can be said about them: {listed}{more}",
             "yellow",
         )
-
-
-# --------------------------------------------------------------------------- CLI
-
-
-def _trace_id(raw: str) -> str:
-    if not re.fullmatch(r"[0-9a-fA-F]{32}", raw):
-        raise argparse.ArgumentTypeError(f"{raw!r} is not a trace id: 32 hex digits, any case")
-    return raw.lower()
-
-
-def _limit(raw: str) -> int:
-    try:
-        value = int(raw)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{raw!r}: a number of spans >= 0 (0: no limit)")
-    return value
-
-
-def _main(args: argparse.Namespace) -> int:
-    from otel_gpu.config import environ
-
-    color = not args.no_color and not environ().get("NO_COLOR") and sys.stdout.isatty()
-    return show(
-        args.files,
-        nonfinite=args.nonfinite,
-        names=args.name or (),
-        trace_id=args.trace_id,
-        limit=args.limit,
-        color=color,
-        skip_invalid=args.skip_invalid,
-    )
-
-
-def register(sub: Any) -> None:
-    p = sub.add_parser(
-        "show",
-        help="render OTLP JSON Lines trace files as a tree; find the first call producing NaN/Inf",
-        description="Render the spans of OTLP JSON Lines files (as OTEL_GPU_LOGDEST=FILE.jsonl or "
-        "the OpenTelemetry Collector's file exporter writes them; .gz too) as one tree per "
-        "trace. Exit codes: 0 spans shown (--nonfinite: a producer found); 1 nothing matched "
-        "(--nonfinite: no producer found), or lines skipped (a torn last line, or invalid lines "
-        "with --skip-invalid); 2 usage errors (missing file, invalid line).",
-    )
-    p.add_argument("files", nargs="+", metavar="TRACE.jsonl", help="OTLP JSON Lines files")
-    p.add_argument(
-        "--nonfinite",
-        action="store_true",
-        help="report the first call whose outputs hold NaN/Inf while its inputs are finite "
-        "and no call below it produced them (needs level-5 statistics)",
-    )
-    p.add_argument(
-        "--name",
-        action="append",
-        metavar="GLOB",
-        help="keep spans whose name matches (fnmatch; repeatable) and their ancestors; "
-        "with --nonfinite, report only producers whose name matches",
-    )
-    p.add_argument(
-        "--trace-id", type=_trace_id, metavar="ID", help="only this trace (32 hex digits)"
-    )
-    p.add_argument(
-        "--limit",
-        type=_limit,
-        default=DEFAULT_LIMIT,
-        metavar="N",
-        help=f"show at most N spans of the tree (default {DEFAULT_LIMIT}; 0: all)",
-    )
-    p.add_argument(
-        "--skip-invalid",
-        action="store_true",
-        help="show the valid lines even if some lines are invalid or some files cannot be read "
-        "(each is reported; exit code 1). A torn last line is skipped without it",
-    )
-    p.add_argument("--no-color", action="store_true", help="plain text (also when NO_COLOR is set)")
-    p.set_defaults(func=_main, reads_settings=False)  # a trace file, never the environment
