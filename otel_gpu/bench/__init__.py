@@ -80,6 +80,10 @@ CONFIGS: tuple[ConfigSpec, ...] = (
     ConfigSpec("gpt2att_3", "tiny GPT2, attention only, L3", "gpt2", 3, include=("*Attention",)),
 )
 _BY_NAME = {c.name: c for c in CONFIGS}
+SECTIONS = ("otel_gpu.bench.tools",)
+"""Rows measured by a module of their own after the configurations, each named by its ``NAME``
+(``--only`` takes it): ``measure(rounds=, spans=, log=)`` returns a section with ``budgets``,
+``problems`` and what its ``render(section)`` turns into lines."""
 
 _MAX_QUEUED = (
     1024  # otel_gpu.export.pipeline._WAKE_AT: production never defers more calls than this
@@ -351,8 +355,9 @@ def _main(args: argparse.Namespace) -> int:
     rounds = args.rounds or rounds
     target = args.target_ms / 1e3 if args.target_ms else target
     only = [n.strip() for n in args.only.split(",") if n.strip()] if args.only else None
+    sections = {name.rsplit(".", 1)[1]: name for name in SECTIONS}
     if only:
-        unknown = [n for n in only if n not in _BY_NAME]
+        unknown = [n for n in only if n not in _BY_NAME and n not in sections]
         if unknown:
             print(
                 f"otel-gpu bench: unknown configuration(s) {', '.join(unknown)}; "
@@ -363,7 +368,8 @@ def _main(args: argparse.Namespace) -> int:
     report = run(
         rounds=rounds,
         target_s=target,
-        only=only,
+        # `--only tools`: the bare row alone gives the report its machine and versions
+        only=[n for n in only if n in _BY_NAME] or ["bare"] if only else None,
         device=args.device,
         threads=args.threads,
         journal=not args.no_journal,
@@ -372,11 +378,26 @@ def _main(args: argparse.Namespace) -> int:
         seed=args.seed,
         log=None if args.json else sys.stderr,
     )
+    for name, module in sections.items():
+        if only is None or name in only:
+            _add_section(report, name, module, rounds=3 if args.quick else 5, quick=args.quick)
     if args.json:
         print(json.dumps(report, indent=2))
     else:
         print(_report.render(report))
     return 0 if report["ok"] else 1
+
+
+def _add_section(report: dict[str, Any], name: str, module: str, rounds: int, quick: bool) -> None:
+    import importlib
+
+    section = importlib.import_module(module).measure(
+        rounds=rounds, spans=5_000 if quick else 50_000, log=lambda m: print(m, file=sys.stderr)
+    )
+    report.setdefault("sections", {})[name] = section
+    report["budgets"] += section["budgets"]
+    report["problems"] += [f"{name}: {p}" for p in section["problems"]]
+    report["ok"] = not report["problems"]
 
 
 def _positive_ms(raw: str) -> float:
@@ -423,7 +444,8 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--only",
         default="",
-        help=f"comma-separated configurations to run (default all): {','.join(_BY_NAME)}",
+        help="comma-separated configurations to run (default all): "
+        + ",".join([*_BY_NAME, *(name.rsplit(".", 1)[1] for name in SECTIONS)]),
     )
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     p.add_argument(

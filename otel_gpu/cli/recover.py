@@ -20,38 +20,34 @@ if TYPE_CHECKING:
 __all__ = ["register"]
 
 
+_LINES = {
+    "recovered": "{calls}: exported as ERROR spans to {to}",
+    "unconfirmed": "{calls}: handed as ERROR spans to {to}, but {detail}; journal removed all "
+    "the same (delivery is at most once)",
+    "failed": "{calls}: not exported ({detail}); journal kept for another run",
+    "dead": "{calls} (dry run: not exported, journal kept)",
+    "empty": "pid {pid} died with no call in flight: nothing to export, journal removed",
+    "alive": "pid {pid} is still running: left alone",
+    "other-host": "pid {pid} ran on host {detail}: left alone, run otel-gpu recover there",
+    "taken": "not recovered here: {detail}",
+    "invalid": "not a journal this otel-gpu can recover ({detail}): left alone",
+    "unreadable": "cannot list the directory ({detail})",
+}
+
+
 def _line(o: Outcome, dry_run: bool) -> str:
     """What happened to one journal, in words that claim only what was checked."""
-    calls = f"pid {o.pid} died with {o.spans} call(s) in flight"
-    kept = "journal kept" if dry_run else "journal removed"
-    if o.state == "recovered":
-        return f"{calls}: exported as ERROR spans to {o.to}"
-    if o.state == "unconfirmed":
-        return (
-            f"{calls}: handed as ERROR spans to {o.to}, but {o.detail}; journal removed all "
-            "the same (delivery is at most once)"
-        )
-    if o.state == "failed":
-        return f"{calls}: not exported ({o.detail}); journal kept for another run"
-    if o.state == "dead":
-        return f"{calls} (dry run: not exported, journal kept)"
-    if o.state == "empty":
-        return f"pid {o.pid} died with no call in flight: nothing to export, journal removed"
-    if o.state == "alive":
-        return f"pid {o.pid} is still running: left alone"
-    if o.state == "other-host":
-        return f"pid {o.pid} ran on host {o.detail}: left alone, run otel-gpu recover there"
     if o.state == "clean":
         if o.detail:
             return f"pid {o.pid} exited normally, but its journal remains ({o.detail})"
+        kept = "journal kept" if dry_run else "journal removed"
         return f"pid {o.pid} exited normally: nothing to export, {kept}"
-    if o.state == "taken":
-        return f"not recovered here: {o.detail}"
-    if o.state == "invalid":
-        return f"not a journal this otel-gpu can recover ({o.detail}): left alone"
-    if o.state == "unreadable":
-        return f"cannot list the directory ({o.detail})"
-    return f"{o.state} ({o.detail})" if o.detail else o.state
+    template = _LINES.get(o.state)
+    if template is None:
+        return f"{o.state} ({o.detail})" if o.detail else o.state
+    calls = f"pid {o.pid} died with {o.spans} call(s) in flight"
+    # the values are inserted once: braces in a detail are not read as fields
+    return template.format(calls=calls, to=o.to, detail=o.detail, pid=o.pid)
 
 
 def _summary(outcomes: list[Outcome], where: str, dry_run: bool) -> str:

@@ -228,6 +228,16 @@ def _scope_lists(node: dict[str, Any], camel: str, snake: str) -> list[Any]:
     return value
 
 
+def _head(node: dict[str, Any], key: str, message: Any) -> bytes:
+    """A ``ResourceSpans`` or ``ScopeSpans`` without its list: its ``key`` and schema url."""
+    head: dict[str, Any] = {}
+    if key in node:
+        head[key] = _fields(node[key], _HEAD_FIELDS)
+    if "schemaUrl" in node or "schema_url" in node:
+        head["schema_url"] = node.get("schemaUrl", node.get("schema_url"))
+    return bytes(message(**head).SerializeToString())
+
+
 def _decode_fast(payload: Any) -> list[Group]:
     pb = _messages()
     span_type, resource_spans, scope_spans = pb.Span, pb.ResourceSpans, pb.ScopeSpans
@@ -235,19 +245,9 @@ def _decode_fast(payload: Any) -> list[Group]:
     if "resourceSpans" not in payload and "resource_spans" not in payload:
         raise _Invalid
     for rs in _scope_lists(payload, "resourceSpans", "resource_spans"):
-        head = {}
-        if "resource" in rs:
-            head["resource"] = _fields(rs["resource"], _HEAD_FIELDS)
-        if "schemaUrl" in rs or "schema_url" in rs:
-            head["schema_url"] = rs.get("schemaUrl", rs.get("schema_url"))
-        resource = resource_spans(**head).SerializeToString()
+        resource = _head(rs, "resource", resource_spans)
         for ss in _scope_lists(rs, "scopeSpans", "scope_spans"):
-            head = {}
-            if "scope" in ss:
-                head["scope"] = _fields(ss["scope"], _HEAD_FIELDS)
-            if "schemaUrl" in ss or "schema_url" in ss:
-                head["schema_url"] = ss.get("schemaUrl", ss.get("schema_url"))
-            scope = scope_spans(**head).SerializeToString()
+            scope = _head(ss, "scope", scope_spans)
             spans = []
             for span in _scope_lists(ss, "spans", "spans"):
                 # inline, not a helper per span: this loop is ship's whole cost
