@@ -235,7 +235,7 @@ def too_deep(raw: bytes) -> bool:
     # Drop escaped backslashes and quotes (pairing from the left, as JSON does), then all but
     # brackets and quotes, then the strings (with any brackets in them). What is left is
     # brackets; each pass removes the innermost pairs, so passes count the depth.
-    shape = raw.replace(b"\\\\", b"").replace(b'\\"', b"").translate(_BRACKETS, _NOT_BRACKETS)
+    shape = _unescaped(raw).translate(_BRACKETS, _NOT_BRACKETS)
     shape = shape.replace(b'""', b"")  # removing two neighbouring quotes keeps the pairing
     if b'"' in shape:
         shape = b"".join(shape.split(b'"')[::2])
@@ -247,6 +247,28 @@ def too_deep(raw: bytes) -> bool:
             return False  # unbalanced: the JSON parser says where
         shape = inner
     return b"[]" in shape
+
+
+def _unescaped(raw: bytes) -> bytes:
+    """``raw`` without its escaped quotes, escapes paired from the left as JSON pairs them.
+
+    Split at the backslashes, which are few in trace files (two ``bytes.replace`` over the
+    whole line cost more than ``too_deep``'s other passes together): a backslash either
+    escapes the next one (``\\\\``) or the first byte after it, which is dropped if a quote."""
+    if b"\\" not in raw:
+        return raw
+    parts = raw.split(b"\\")
+    out = [parts[0]]
+    pending = False  # the last backslash escapes the next one
+    for part in parts[1:]:
+        if pending:  # this backslash was escaped: what follows it is plain
+            pending = False
+            out.append(part)
+        elif not part:
+            pending = True
+        else:
+            out.append(part[1:] if part[0] == 0x22 else part)  # 0x22: an escaped quote
+    return b"".join(out)
 
 
 def read_spans(
@@ -316,7 +338,7 @@ def _span(raw: dict[str, Any], where: str, service: str) -> Span:
     span_id = _id(_get(raw, "spanId", "span_id"), 8, "spanId", at)
     if trace_id is None or span_id is None:
         raise TraceFileError(f"{at}: no traceId or spanId (or an all-zero one)")
-    attrs = _attributes(raw, at, _span_key)
+    attrs = _span_attributes(raw, at)
     stats = [
         _attributes(event, at, _STAT_KEYS.__contains__)
         for event in _list(raw, ("events",), at)
@@ -375,6 +397,32 @@ def _attributes(node: Any, where: str, wanted: Callable[[str], bool]) -> dict[st
     return out
 
 
+_KEPT: dict[str, bool] = {}
+"""Whether :func:`_span_key` keeps a key, per distinct key (a file repeats a few hundred)."""
+_KEPT_MAX = 1 << 16  # a hostile file's distinct keys are decided one by one past this
+
+
+def _span_attributes(node: dict[str, Any], where: str) -> dict[str, Any]:
+    """:func:`_attributes` with :func:`_span_key`, inlined: this loop runs once per attribute
+    of every span of the file, and most attributes are not kept."""
+    out = {}
+    kept = _KEPT
+    for kv in _list(node, ("attributes",), where):
+        if not isinstance(kv, dict):
+            continue
+        key = kv.get("key")
+        if type(key) is not str:
+            key = str(key)
+        keep = kept.get(key)
+        if keep is None:
+            keep = _span_key(key)
+            if len(kept) < _KEPT_MAX:
+                kept[key] = keep
+        if keep:
+            out[sys.intern(key)] = _value(kv.get("value"), where)
+    return out
+
+
 def _span_key(key: str) -> bool:
     if key.startswith(("otel_gpu.input.", "otel_gpu.output.")):
         return not key.endswith(_UNUSED_FIELDS)
@@ -397,7 +445,14 @@ def _value(node: Any, where: str) -> Any:
         except (TypeError, ValueError, OverflowError):
             raise TraceFileError(f"{where}: doubleValue {brief(raw)} is not a number") from None
     if kind == "arrayValue":
-        return [_value(v, where) for v in _values(raw)]
+        values = _values(raw)
+        try:  # a shape or stride: whole numbers, converted without a call per element
+            ints = [int(v["intValue"]) for v in values if len(v) == 1]
+            if len(ints) == len(values):
+                return ints
+        except (KeyError, TypeError, ValueError, OverflowError):
+            pass  # the general path converts or names what is wrong
+        return [_value(v, where) for v in values]
     if kind == "kvlistValue":
         return {
             str(kv.get("key")): _value(kv.get("value"), where)

@@ -15,6 +15,7 @@ so a span name or attribute cannot send terminal control sequences. See ``docs/s
 from __future__ import annotations
 
 import fnmatch
+import gc
 import sys
 from collections.abc import Iterable, Sequence
 from typing import IO, Any
@@ -116,7 +117,7 @@ def _render(
     writer: _Writer,
     err: IO[str],
 ) -> int:
-    traces = build_traces(spans)
+    traces = _linked(spans)
     what = f"trace {trace_id.lower()}" if trace_id else "spans"
     if not traces:
         _say(err, f"no {what} in {', '.join(paths)}")
@@ -129,6 +130,18 @@ def _render(
         return EXIT_NONE
     _tree(writer, traces, matched, limit)
     return EXIT_FOUND
+
+
+def _linked(spans: list[Span]) -> list[Trace]:
+    """:func:`build_traces` with the cyclic garbage collector paused, as the reading was: the
+    links it makes would otherwise trigger full collections over every span read."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return build_traces(spans)
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _say(err: IO[str], message: str) -> None:
