@@ -273,6 +273,8 @@ def groups_of(traces: Any) -> list[Group]:
         head = pb.ResourceSpans(resource=rs.resource, schema_url=rs.schema_url)
         if not rs.HasField("resource"):
             head.ClearField("resource")
+        elif "entity_refs" in head.resource.DESCRIPTOR.fields_by_name:
+            head.resource.ClearField("entity_refs")  # as the fast path: not sent
         resource = head.SerializeToString()
         for ss in rs.scope_spans:
             scope_head = pb.ScopeSpans(scope=ss.scope, schema_url=ss.schema_url)
