@@ -228,7 +228,9 @@ def _timed(argv: list[str], env: dict[str, str], out: Any = None) -> dict[str, A
 
 
 def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "FLASHINFER_"))}
+    from otel_gpu.config import environ
+
+    env = {k: v for k, v in environ().items() if not k.startswith(("OTEL_", "FLASHINFER_"))}
     env.update(extra)
     return env
 
