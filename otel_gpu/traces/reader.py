@@ -38,6 +38,7 @@ __all__ = [
     "Trace",
     "TraceFileError",
     "build_traces",
+    "fill",
     "load_json",
     "read_all",
     "read_lines",
@@ -119,6 +120,8 @@ class Span:
     where: str
     """``FILE:LINE`` the span was read from."""
     service: str = ""
+    pending: bool = False
+    """Read without ``attrs`` and ``stats`` (``attributes=False``): :func:`fill` reads them."""
     cycle: bool = False
     """Its parent is in the file, but linking to it would close a cycle: shown as a root."""
     parent: Span | None = None
@@ -272,7 +275,10 @@ def _unescaped(raw: bytes) -> bytes:
 
 
 def read_spans(
-    path: str, trace_id: str | None = None, problem: Problem | None = None
+    path: str,
+    trace_id: str | None = None,
+    problem: Problem | None = None,
+    attributes: bool = True,
 ) -> Iterator[Span]:
     """The spans of ``path`` (gzip too), line by line; only trace ``trace_id`` (hex) if given.
 
@@ -285,7 +291,7 @@ def read_spans(
     for line in read_lines(path, report):
         try:
             payload = load_json(line.raw, line.where, line.torn)
-            spans = list(_line_spans(payload, line.where, trace_id))
+            spans = list(_line_spans(payload, line.where, trace_id, attributes))
         except TraceFileError as exc:
             report(exc)
             continue
@@ -312,7 +318,9 @@ def _list(node: Any, keys: tuple[str, ...], where: str) -> list[Any]:
     return []
 
 
-def _line_spans(payload: Any, where: str, only: str | None) -> Iterator[Span]:
+def _line_spans(
+    payload: Any, where: str, only: str | None, attributes: bool = True
+) -> Iterator[Span]:
     if not isinstance(payload, dict):
         raise TraceFileError(f"{where}: expected a JSON object (OTLP TracesData)")
     if "resourceSpans" not in payload and "resource_spans" not in payload:
@@ -326,24 +334,19 @@ def _line_spans(payload: Any, where: str, only: str | None) -> Iterator[Span]:
             for raw in _list(ss, ("spans",), where):
                 if not isinstance(raw, dict):
                     raise TraceFileError(f"{where}: a span is not a JSON object")
-                span = _span(raw, where, service)
+                span = _span(raw, where, service, attributes)
                 if only is None or span.trace_id == only:
                     yield span
 
 
-def _span(raw: dict[str, Any], where: str, service: str) -> Span:
+def _span(raw: dict[str, Any], where: str, service: str, attributes: bool = True) -> Span:
     name = str(raw.get("name", ""))
     at = f"{where}: span {brief(name)}"
     trace_id = _id(_get(raw, "traceId", "trace_id"), 16, "traceId", at)
     span_id = _id(_get(raw, "spanId", "span_id"), 8, "spanId", at)
     if trace_id is None or span_id is None:
         raise TraceFileError(f"{at}: no traceId or spanId (or an all-zero one)")
-    attrs = _span_attributes(raw, at)
-    stats = [
-        _attributes(event, at, _STAT_KEYS.__contains__)
-        for event in _list(raw, ("events",), at)
-        if isinstance(event, dict) and event.get("name") == "otel_gpu.stats"
-    ]
+    attrs, stats = _details(raw, at) if attributes else ({}, [])
     status = raw.get("status") or {}
     return Span(
         trace_id=trace_id,
@@ -358,7 +361,19 @@ def _span(raw: dict[str, Any], where: str, service: str) -> Span:
         stats=stats,
         where=where,
         service=service,
+        pending=not attributes,
     )
+
+
+def _details(raw: dict[str, Any], at: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The attributes ``show`` uses and the ``otel_gpu.stats`` events of one span."""
+    attrs = _span_attributes(raw, at)
+    stats = [
+        _attributes(event, at, _STAT_KEYS.__contains__)
+        for event in _list(raw, ("events",), at)
+        if isinstance(event, dict) and event.get("name") == "otel_gpu.stats"
+    ]
+    return attrs, stats
 
 
 def _id(raw: Any, size: int, key: str, where: str) -> str | None:
@@ -468,18 +483,64 @@ def _values(raw: Any) -> list[Any]:
 
 
 def read_all(
-    paths: Iterable[str], trace_id: str | None = None, problem: Problem | None = None
+    paths: Iterable[str],
+    trace_id: str | None = None,
+    problem: Problem | None = None,
+    attributes: bool = True,
 ) -> list[Span]:
     """The spans of every file in ``paths``, read with the cyclic garbage collector paused.
 
-    Invalid lines and unreadable files go to ``problem`` (see :func:`read_spans`)."""
+    Invalid lines and unreadable files go to ``problem`` (see :func:`read_spans`). Without
+    ``attributes`` the spans are ``pending``: a tree needs the ids, names, times and status of
+    every span, but the attributes only of those it draws, which :func:`fill` reads."""
     enabled = gc.isenabled()
     gc.disable()  # every decoded line would otherwise trigger full collections of the spans so far
     try:
-        return [span for path in paths for span in read_spans(path, trace_id, problem)]
+        return [span for path in paths for span in read_spans(path, trace_id, problem, attributes)]
     finally:
         if enabled:
             gc.enable()
+
+
+def fill(spans: Iterable[Span]) -> None:
+    """Read the ``attrs`` and ``stats`` of the ``pending`` spans among ``spans``.
+
+    Only the lines they came from are parsed again. A file that changed since the first reading
+    leaves a span it no longer holds as it was, without attributes."""
+    wanted: dict[str, dict[int, dict[str, list[Span]]]] = {}
+    for span in spans:
+        if span.pending:
+            path, _, number = span.where.rpartition(":")
+            by_id = wanted.setdefault(path, {}).setdefault(int(number), {})
+            by_id.setdefault(span.span_id, []).append(span)
+    for path, lines in wanted.items():
+        for line in read_lines(path, _ignore):
+            found = lines.pop(line.number, None)
+            if found is None:
+                continue
+            try:
+                payload = load_json(line.raw, line.where, line.torn)
+                for raw in _raw_spans(payload, line.where):
+                    span_id = _id(_get(raw, "spanId", "span_id"), 8, "spanId", line.where)
+                    for span in found.pop(span_id or "", ()):
+                        span.attrs, span.stats = _details(raw, line.where)
+                        span.pending = False
+            except TraceFileError:
+                continue  # the line changed since: its spans stay without attributes
+            if not lines:
+                break  # every line needed was read
+
+
+def _ignore(_exc: TraceFileError) -> None:
+    """Problems were reported when the file was first read."""
+
+
+def _raw_spans(payload: Any, where: str) -> Iterator[dict[str, Any]]:
+    for rs in _list(payload, ("resourceSpans", "resource_spans"), where):
+        for ss in _list(rs, _SCOPE_KEYS, where):
+            for raw in _list(ss, ("spans",), where):
+                if isinstance(raw, dict):
+                    yield raw
 
 
 # --------------------------------------------------------------------------- trees

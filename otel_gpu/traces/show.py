@@ -21,7 +21,15 @@ from collections.abc import Iterable, Sequence
 from typing import IO, Any
 
 from otel_gpu._text import printable
-from otel_gpu.traces.reader import Span, Trace, TraceFileError, build_traces, read_all, tree_path
+from otel_gpu.traces.reader import (
+    Span,
+    Trace,
+    TraceFileError,
+    build_traces,
+    fill,
+    read_all,
+    tree_path,
+)
 
 __all__ = ["DEFAULT_LIMIT", "show"]
 
@@ -92,7 +100,10 @@ def show(
     out = sys.stdout if out is None else out
     err = sys.stderr if err is None else err
     problems: list[TraceFileError] = []
-    spans = read_all(paths, trace_id and trace_id.lower(), problems.append)
+    # the tree reads the attributes of the spans it draws when it draws them; the NaN/Inf
+    # report and --limit 0 read every span's
+    eager = nonfinite or not limit
+    spans = read_all(paths, trace_id and trace_id.lower(), problems.append, attributes=eager)
     for problem in problems[:_SHOWN_PROBLEMS]:
         _say(err, str(problem))
     if len(problems) > _SHOWN_PROBLEMS:
@@ -194,6 +205,8 @@ def _tree(w: _Writer, traces: list[Trace], matched: set[Span] | None, limit: int
     """Draw the trees; with ``matched`` (--name) only those spans and their ancestors."""
     keep = _with_ancestors(matched) if matched is not None else None
     total = len(keep) if keep is not None else sum(t.count for t in traces)
+    rows: list[tuple[Span | None, str, bool]] = []  # (span, prefix, last); None: a trace header
+    headers: list[list[Segment]] = []
     shown = 0
     for trace in traces:
         roots = [r for r in trace.roots if keep is None or r in keep]
@@ -203,16 +216,26 @@ def _tree(w: _Writer, traces: list[Trace], matched: set[Span] | None, limit: int
             break
         services = sorted({s.service for s in roots if s.service})
         header = f"trace {trace.trace_id}  {trace.count} span{'s' * (trace.count != 1)}"
-        w.line((header, "bold"), ("  service " + ", ".join(services) if services else "", "dim"))
+        headers.append(
+            [(header, "bold"), ("  service " + ", ".join(services) if services else "", "dim")]
+        )
+        rows.append((None, "", False))
         stack = [(r, "", i == len(roots) - 1) for i, r in enumerate(roots)][::-1]
         while stack and not (limit and shown >= limit):
             span, prefix, last = stack.pop()
-            context = matched is not None and span not in matched
-            w.line((prefix + ("└─ " if last else "├─ "), "dim"), *_describe(span, context))
+            rows.append((span, prefix, last))
             shown += 1
             kids = [c for c in span.children if keep is None or c in keep]
             inner = prefix + ("   " if last else "│  ")
             stack.extend((c, inner, i == len(kids) - 1) for i, c in reversed(list(enumerate(kids))))
+    fill(span for span, _, _ in rows if span is not None)  # attributes of the drawn spans only
+    next_header = iter(headers)
+    for drawn, prefix, last in rows:
+        if drawn is None:
+            w.line(*next(next_header))
+            continue
+        context = matched is not None and drawn not in matched
+        w.line((prefix + ("└─ " if last else "├─ "), "dim"), *_describe(drawn, context))
     if shown < total:
         w.line(
             (f"… {_n(total - shown, 'more span')} not shown (--limit {limit}; ", ""),
