@@ -3,8 +3,10 @@
 Each subcommand has one module with ``register(subparsers)``: ``otel_gpu/cli/<name>.py`` for
 most, the package of its concept for ``replay``, ``bench`` and ``run``. ``main`` imports only
 the module of the command it runs; the others are listed from :data:`COMMANDS` without being
-imported, so ``otel-gpu --help``, ``show``, ``ship``, ``recover`` and ``info`` start without
-importing torch. A command module imports its heavy machinery inside the command.
+imported, so ``otel-gpu --help``, ``show`` and ``ship`` run without importing torch, and
+``recover`` and ``info`` start without it (``recover`` imports it to read a journal, ``info``
+for its resource's CUDA facts). A command module imports its heavy machinery inside the
+command.
 
 Errors a user can fix are reported here, the same way for every command: one line on stderr,
 ``otel-gpu COMMAND: what was wrong and what is allowed``, exit status 2, no traceback. That

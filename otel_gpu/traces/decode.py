@@ -9,9 +9,10 @@ every type and range. One Python walk over the keys and values, instead of ``jso
 pure-Python ``ParseDict`` (which cost ~1 ms a span).
 
 A line that fails anywhere in that walk is parsed again by the slow, exact path
-(:func:`parse_slow`: hex ids checked and turned into base64, then ``ParseDict``), which names
-the offending entry and field; that is also what decides whether the line is valid, so the
-fast path accepts nothing the slow path would refuse.
+(:func:`parse_slow`: hex ids checked and turned into base64, then ``ParseDict``), which decides
+whether it is valid and names the offending entry and field. On the lines the tests try
+(otel-gpu's files, the official file exporter's, snake_case keys, enum names, NaN and
+Infinity, bytes, arrays and kvlists, unknown keys) both paths build the same message.
 """
 
 from __future__ import annotations
