@@ -368,6 +368,40 @@ def test_a_50k_span_file_arrives_whole_with_ids_intact(
     assert result.requests == len(sizes) == -(-50_000 // ship.BATCH_SIZE)
 
 
+def test_spans_under_the_pre_0_15_scope_key_are_shipped() -> None:
+    """``instrumentationLibrarySpans`` (which ``show`` reads) is shipped as ``scopeSpans``, its
+    ``instrumentationLibrary`` as the scope, by the fast path and the exact path alike."""
+    from opentelemetry.proto.trace.v1.trace_pb2 import TracesData
+
+    from otel_gpu.traces import decode
+
+    line = {
+        "resourceSpans": [
+            {
+                "resource": {},
+                "instrumentationLibrarySpans": [
+                    {
+                        "instrumentationLibrary": {"name": "old.lib", "version": "0.9"},
+                        "spans": [
+                            {
+                                "traceId": "0af7651916cd43dd8448eb211c80319c",
+                                "spanId": "b7ad6b7169203331",
+                                "name": "legacy",
+                            }
+                        ],
+                    }
+                ],
+            }
+        ]
+    }
+    traces = ship.parse_line(json.dumps(line), "old.jsonl:1")
+    scope = traces.resource_spans[0].scope_spans[0]
+    assert (scope.scope.name, scope.scope.version) == ("old.lib", "0.9")
+    assert [s.name for s in scope.spans] == ["legacy"]
+    fast = TracesData.FromString(decode.request_bytes(decode._decode_fast(line)))
+    assert fast == decode.parse_slow(json.loads(json.dumps(line)), "old.jsonl:1") == traces
+
+
 def test_the_fast_decoder_builds_what_json_format_builds(rich_file: Path, demo_file: Path) -> None:
     """On every line of the official exporter's file, otel-gpu's demo file and a hand-written
     line (snake_case keys, enum names, NaN/Infinity doubles, bytes, kvlists, arrays, unknown

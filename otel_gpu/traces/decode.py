@@ -229,6 +229,29 @@ def _scope_lists(node: dict[str, Any], camel: str, snake: str) -> list[Any]:
     return value
 
 
+_OLD_SCOPES = ("instrumentationLibrarySpans", "instrumentation_library_spans")
+_OLD_SCOPE = ("instrumentationLibrary", "instrumentation_library")
+
+
+def _scopes(rs: dict[str, Any]) -> list[Any]:
+    """The scope spans of a ``ResourceSpans``, also in the pre-0.15 form that older producers
+    still write (``instrumentationLibrarySpans`` holding an ``instrumentationLibrary``), which
+    ``show`` reads too: renamed, not skipped."""
+    if "scopeSpans" in rs or "scope_spans" in rs or not any(k in rs for k in _OLD_SCOPES):
+        return _scope_lists(rs, "scopeSpans", "scope_spans")
+    return [_renamed(old) for old in _scope_lists(rs, *_OLD_SCOPES)]
+
+
+def _renamed(old: Any) -> Any:
+    if not isinstance(old, dict):
+        return old  # named as what it is by whoever reads it
+    new = {k: v for k, v in old.items() if k not in _OLD_SCOPE}
+    library = next((old[k] for k in _OLD_SCOPE if k in old), None)
+    if library is not None:
+        new["scope"] = library
+    return new
+
+
 def _head(node: dict[str, Any], key: str, message: Any) -> bytes:
     """A ``ResourceSpans`` or ``ScopeSpans`` without its list: its ``key`` and schema url."""
     head: dict[str, Any] = {}
@@ -247,7 +270,7 @@ def _decode_fast(payload: Any) -> list[Group]:
         raise _Invalid
     for rs in _scope_lists(payload, "resourceSpans", "resource_spans"):
         resource = _head(rs, "resource", resource_spans)
-        for ss in _scope_lists(rs, "scopeSpans", "scope_spans"):
+        for ss in _scopes(rs):
             scope = _head(ss, "scope", scope_spans)
             spans = []
             for span in _scope_lists(ss, "spans", "spans"):
@@ -347,6 +370,10 @@ def parse_slow(payload: Any, where: str) -> Any:
         raise ShipError(f"{where}: not OTLP trace data ({what})")
     for r, rs in enumerate(_items(payload, "resourceSpans", "resource_spans", where)):
         at_r = f"{where}: resourceSpans[{r}]"
+        if isinstance(rs, dict) and "scopeSpans" not in rs and "scope_spans" not in rs:
+            old = next((k for k in _OLD_SCOPES if k in rs), None)
+            if old is not None and isinstance(rs[old], list):
+                rs["scopeSpans"] = [_renamed(ils) for ils in rs.pop(old)]
         for s, ss in enumerate(_items(rs, "scopeSpans", "scope_spans", at_r)):
             at_s = f"{at_r}.scopeSpans[{s}]"
             for i, span in enumerate(_items(ss, "spans", "spans", at_s)):
