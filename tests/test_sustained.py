@@ -218,3 +218,50 @@ def test_queue_full_setting_is_validated():
 
     with pytest.raises(config.ConfigError, match=r"OTEL_GPU_QUEUE_FULL.*block, drop"):
         config.load(env={"OTEL_GPU_QUEUE_FULL": "wait"})
+
+
+def test_bench_row_reports_delivered_fraction_and_cpu_against_flashinfer():
+    """The sustained-load row divides what reached the file by the calls made, and otel-gpu's
+    CPU per call by FlashInfer's; a row short of every span is marked as missing its budget."""
+    from otel_gpu.bench import sustained
+
+    rows = [
+        {
+            "kind": "ours",
+            "level": 1,
+            "calls": 1000,
+            "delivered": 1000,
+            "cpu_s": 0.009,
+            "loop_cpu_s": 0.005,
+            "dropped": 0,
+        },
+        {"kind": "flashinfer", "level": 1, "calls": 1000, "delivered": 1000, "cpu_s": 0.012},
+        {
+            "kind": "ours",
+            "level": 3,
+            "calls": 1000,
+            "delivered": 900,
+            "cpu_s": 0.03,
+            "loop_cpu_s": 0.02,
+            "dropped": 100,
+        },
+        {"kind": "flashinfer", "level": 3, "calls": 1000, "delivered": 1000, "cpu_s": 0.05},
+    ]
+    summary = sustained._summary(rows)
+    assert [(s["level"], s["delivered"], s["dropped"]) for s in summary] == [
+        (1, 1.0, 0),
+        (3, 0.9, 100),
+    ]
+    assert summary[0]["cpu_ratio"] == pytest.approx(0.75)
+    text = sustained.render({"calls": 1000, "summary": summary})
+    assert "0.75×  every span, ≤ 1.00× met" in text
+    assert "90.0%" in text and "MISSED" in text
+
+
+def test_bench_only_accepts_the_sustained_row(capsys):
+    """`otel-gpu bench --only` knows the sustained row by name (and still refuses unknown ones)."""
+    from otel_gpu import cli
+
+    assert cli.main(["bench", "--only", "sustained,nope"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown configuration(s) nope;" in err and "sustained" in err
