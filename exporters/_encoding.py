@@ -12,7 +12,16 @@ from typing import Any, TypeVar
 
 from opentelemetry.attributes import BoundedAttributes
 
-__all__ = ["CACHE_MAX", "INT64_MAX", "INT64_MIN", "SMALL_CACHE_MAX", "CachingEncoder"]
+__all__ = [
+    "CACHE_MAX",
+    "INT64_MAX",
+    "INT64_MIN",
+    "SMALL_CACHE_MAX",
+    "CachingEncoder",
+    "Unencodable",
+    "attribute_items",
+    "plain",
+]
 
 INT64_MIN = -(1 << 63)
 INT64_MAX = (1 << 63) - 1
@@ -70,6 +79,3 @@ class CachingEncoder:
             cache.clear()
         cache[key] = value
         return value
-
-
-__all__ += ["Unencodable", "attribute_items", "plain"]
