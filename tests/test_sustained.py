@@ -265,3 +265,24 @@ def test_bench_only_accepts_the_sustained_row(capsys):
     assert cli.main(["bench", "--only", "sustained,nope"]) == 2
     err = capsys.readouterr().err
     assert "unknown configuration(s) nope;" in err and "sustained" in err
+
+
+def test_a_chunk_exported_by_the_caller_runs_no_after_drain_hook(tmp_path, monkeypatch):
+    """Hooks added with add_after_drain (the watchdog's check, which may wait on a collector)
+    run when the export thread or a flush drains, never inside the program's call; the
+    destination's batch is still written by the caller's chunk."""
+    _never_wake(monkeypatch)
+    path = tmp_path / "spans.jsonl"
+    otel_gpu.configure(level=1, dest=str(path), provider="own", queue_size=10)
+    fn = otel_gpu.api(_fn())
+    fn(1, 2)
+    pipe = pipeline.current()
+    assert pipe is not None
+    ran: list[int] = []
+    pipe.add_after_drain(lambda: ran.append(pipe.exported))
+    for _ in range(99):
+        fn(1, 2)
+    assert pipe.exported >= 90 and ran == []
+    assert len(_spans(path)) == pipe.exported
+    assert otel_gpu.flush(10.0)
+    assert ran and ran[-1] == 100

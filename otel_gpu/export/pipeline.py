@@ -20,7 +20,7 @@ import gc
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import trace
@@ -81,7 +81,8 @@ class Pipeline(SpanBuilder):
         self._drain_lock = threading.Lock()
         self._stopped = False
         self._own_provider: SdkTracerProvider | None = None
-        self._after_drain: list[Any] = []
+        self._after_drain: list[Any] = []  # destinations' batch writes: after every chunk
+        self._after_drain_hooks: list[Any] = []  # add_after_drain (the watchdog): drains only
         self._counters: list[Any] = []  # own destinations' exporters, counting confirmed spans
         self.native = False  # the processors take SpanData (own provider, native encoders)
         self._heads: dict[Any, int] = {}  # plan -> leading attributes shared by its spans
@@ -156,7 +157,7 @@ class Pipeline(SpanBuilder):
 
     def add_after_drain(self, hook: Callable[[], Any]) -> None:
         """Run ``hook`` on the export thread after each drain (every ~100 ms), e.g. a heartbeat."""
-        self._after_drain.append(hook)
+        self._after_drain_hooks.append(hook)
 
     def export_now(self, call: Call, timeout: float | None = None) -> None:
         """Build and export one record immediately, flushed (the stuck-call report: a watchdog
@@ -222,7 +223,9 @@ class Pipeline(SpanBuilder):
         if lock.acquire(blocking=False):
             try:
                 self._drainer = threading.get_ident()
-                self._export_chunk(None)
+                # the batch writes only: a hook such as the watchdog's report (which may wait
+                # on a collector to confirm) never runs inside the program's call
+                self._export_chunk(None, ())
             finally:
                 self._drainer = None
                 lock.release()
@@ -255,16 +258,16 @@ class Pipeline(SpanBuilder):
             return  # the export thread is stuck in a span (e.g. a slow __repr__): don't wait on it
         try:
             self._drainer = threading.get_ident()
-            while self._export_chunk(deadline) and self.queue:
+            while self._export_chunk(deadline, self._after_drain_hooks) and self.queue:
                 pass
         finally:
             self._drainer = None
             self._drain_lock.release()
 
-    def _export_chunk(self, deadline: float | None) -> bool:
-        """Build and hand over up to ``_EXPORT_CHUNK`` queued calls, then run the after-drain
-        hooks (they write local destinations' batches). False when ``deadline`` passed.
-        Called with ``_drain_lock`` held."""
+    def _export_chunk(self, deadline: float | None, hooks: Sequence[Callable[[], Any]]) -> bool:
+        """Build and hand over up to ``_EXPORT_CHUNK`` queued calls, write local destinations'
+        batches, then run ``hooks``. False when ``deadline`` passed. Called with ``_drain_lock``
+        held."""
         queue = self.queue
         build = self.materialise_native if self.native else self.materialise
         on_time = True
@@ -308,7 +311,7 @@ class Pipeline(SpanBuilder):
                 except Exception as exc:
                     self._internal("export", exc)
             self.exported += len(spans) - failed
-            for hook in self._after_drain:
+            for hook in (*self._after_drain, *hooks):
                 try:
                     hook()
                 except Exception as exc:
