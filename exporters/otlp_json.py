@@ -28,16 +28,8 @@ from typing import IO, Any
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.trace import SpanKind, StatusCode
-from otel_gpu.exporters import _streams
-from otel_gpu.exporters._encoding import (
-    CACHE_MAX,
-    INT64_MAX,
-    INT64_MIN,
-    CachingEncoder,
-    Unencodable,
-    attribute_items,
-    plain,
-)
+from otel_gpu.exporters import _encoding, _streams
+from otel_gpu.exporters._encoding import CACHE_MAX, INT64_MAX, INT64_MIN
 from otel_gpu.exporters._grouping import group_spans
 
 __all__ = ["JsonEncoder", "JsonLinesSpanExporter", "encode_json"]
@@ -65,7 +57,7 @@ def _value(v: Any) -> str:
     if t is int:
         if INT64_MIN <= v <= INT64_MAX:
             return f'{{"intValue":"{v}"}}'
-        raise Unencodable(f"int {v} is outside int64")
+        raise _encoding.Unencodable(f"int {v} is outside int64")
     if t is float:
         return f'{{"doubleValue":{v!r}}}' if v - v == 0 else _special_float(v)
     if t is list or t is tuple:
@@ -77,7 +69,7 @@ def _value(v: Any) -> str:
 
 def _value_slow(v: Any) -> str:
     """Subclasses and the types otel-gpu never produces, in the official encoder's order."""
-    v = plain(v)
+    v = _encoding.plain(v)
     if v is None:
         return "{}"
     if isinstance(v, bytes):
@@ -105,7 +97,7 @@ def _status(status: Any) -> str:
     return ',"status":{' + ",".join(parts) + "}"
 
 
-class JsonEncoder(CachingEncoder):
+class JsonEncoder(_encoding.CachingEncoder):
     """Encodes spans to OTLP/JSON text, caching what repeats. Safe to share between threads.
 
     Fragment cache keys assume valid OTel values: a sequence holds one element type.
@@ -171,7 +163,7 @@ class JsonEncoder(CachingEncoder):
         if not attributes:
             return ""
         out: list[str] = []
-        self._attributes(attribute_items(attributes), out)
+        self._attributes(_encoding.attribute_items(attributes), out)
         return ",".join(out)
 
     # ------------------------------------------------------------------ spans
@@ -205,7 +197,7 @@ class JsonEncoder(CachingEncoder):
         if attributes:
             out: list[str] = []
             fixed = getattr(span, "fixed", None)
-            items = attribute_items(attributes)
+            items = _encoding.attribute_items(attributes)
             if fixed is not None and fixed[1] > 0:
                 constant = self._fixed.get(fixed)
                 if constant is None:  # first span of this key: encode its constant head once
@@ -213,7 +205,7 @@ class JsonEncoder(CachingEncoder):
                     constant = ",".join(out)
                     self._remember(self._fixed, fixed, constant, CACHE_MAX)
                     out = []
-                    items = attribute_items(attributes)
+                    items = _encoding.attribute_items(attributes)
                 if constant:
                     out.append(constant)
                 if len(attributes) > fixed[1]:

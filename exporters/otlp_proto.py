@@ -24,15 +24,8 @@ from typing import Any
 
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanKind, StatusCode
-from otel_gpu.exporters._encoding import (
-    CACHE_MAX,
-    INT64_MAX,
-    INT64_MIN,
-    CachingEncoder,
-    Unencodable,
-    attribute_items,
-    plain,
-)
+from otel_gpu.exporters import _encoding
+from otel_gpu.exporters._encoding import CACHE_MAX, INT64_MAX, INT64_MIN
 from otel_gpu.exporters._grouping import group_spans
 
 __all__ = ["ProtoEncoder", "encode_request"]
@@ -88,7 +81,7 @@ def _value(v: Any) -> bytes:
             return b"\x18" + _BYTE[v]
         if INT64_MIN <= v <= INT64_MAX:
             return b"\x18" + _varint(v & _U64)  # negative int64: ten-byte two's complement
-        raise Unencodable(f"int {v} is outside int64")
+        raise _encoding.Unencodable(f"int {v} is outside int64")
     if t is float:
         return _DOUBLE.pack(0x21, v)
     if t is list or t is tuple:
@@ -98,7 +91,7 @@ def _value(v: Any) -> bytes:
 
 def _value_slow(v: Any) -> bytes:
     """Subclasses and the types otel-gpu never produces, in the official encoder's order."""
-    v = plain(v)
+    v = _encoding.plain(v)
     if v is None:
         return b""
     if isinstance(v, bytes):
@@ -126,7 +119,7 @@ def _status(status: Any) -> bytes:
     return _field(b"\x7a", body)
 
 
-class ProtoEncoder(CachingEncoder):
+class ProtoEncoder(_encoding.CachingEncoder):
     """Encodes spans to ``ExportTraceServiceRequest`` bytes, caching what repeats.
 
     Safe to share between threads. Fragment cache keys assume valid OTel values: a
@@ -193,7 +186,7 @@ class ProtoEncoder(CachingEncoder):
         if not attributes:
             return b""
         out: list[bytes] = []
-        self._attributes(tag, attribute_items(attributes), out)
+        self._attributes(tag, _encoding.attribute_items(attributes), out)
         return b"".join(out)
 
     # ------------------------------------------------------------------ spans
@@ -235,7 +228,7 @@ class ProtoEncoder(CachingEncoder):
         attributes = span.attributes
         if attributes:
             fixed = getattr(span, "fixed", None)
-            items = attribute_items(attributes)
+            items = _encoding.attribute_items(attributes)
             if fixed is not None and fixed[1] > 0:
                 constant = self._fixed.get(fixed)
                 if constant is None:  # first span of this key: encode its constant head once
@@ -243,7 +236,7 @@ class ProtoEncoder(CachingEncoder):
                     self._attributes(b"\x4a", islice(items, fixed[1]), head)
                     constant = b"".join(head)
                     self._remember(self._fixed, fixed, constant, CACHE_MAX)
-                    items = attribute_items(attributes)
+                    items = _encoding.attribute_items(attributes)
                 parts.append(constant)
                 items = islice(items, fixed[1], None)
             self._attributes(b"\x4a", items, parts)
@@ -268,7 +261,7 @@ class ProtoEncoder(CachingEncoder):
         body = _FIXED64.pack(0x09, event.timestamp) + name if event.timestamp else name
         if event.attributes:
             parts = [body]
-            self._attributes(b"\x1a", attribute_items(event.attributes), parts)
+            self._attributes(b"\x1a", _encoding.attribute_items(event.attributes), parts)
             body = b"".join(parts)
         dropped = getattr(event, "dropped_attributes", 0)
         if dropped:

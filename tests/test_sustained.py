@@ -56,6 +56,16 @@ def _never_wake(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(pipeline, "_WAKE_AT", -1)
 
 
+def _small_queue(path: Path, **settings: Any) -> tuple[Any, pipeline.Pipeline]:
+    """Level 1 to ``path`` with a queue of 10, one call made: the function and the pipeline."""
+    otel_gpu.configure(level=1, dest=str(path), provider="own", queue_size=10, **settings)
+    fn = otel_gpu.api(_fn())
+    fn(1, 2)
+    pipe = pipeline.current()
+    assert pipe is not None
+    return fn, pipe
+
+
 @pytest.mark.parametrize(("level", "calls"), [(1, 300_000), (3, 50_000)])
 def test_a_tight_loop_at_default_settings_delivers_every_span(tmp_path, level, calls):
     """300k level-1 calls (50k at level 3, with tensors) in one tight loop, default queue and
@@ -124,12 +134,10 @@ def test_block_mode_makes_the_caller_export_when_the_export_thread_is_idle(tmp_p
     time the queue is full, so 1000 calls reach the file with no drop and without a flush."""
     _never_wake(monkeypatch)
     path = tmp_path / "spans.jsonl"
-    otel_gpu.configure(level=1, dest=str(path), provider="own", queue_size=10)
-    fn = otel_gpu.api(_fn())
-    for _ in range(1000):
+    fn, pipe = _small_queue(path)
+    for _ in range(999):
         fn(1, 2)
-    pipe = pipeline.current()
-    assert pipe is not None and pipe.dropped == 0
+    assert pipe.dropped == 0
     # everything but the last queue's worth was exported by the caller's own thread, and written
     assert pipe.exported >= 1000 - 10
     assert len(_spans(path)) == pipe.exported
@@ -173,11 +181,7 @@ def test_a_stalled_export_drops_and_counts_instead_of_stalling_the_caller(tmp_pa
 
     monkeypatch.setattr(pipeline.time, "sleep", counting_sleep)
     path = tmp_path / "spans.jsonl"
-    otel_gpu.configure(level=1, dest=str(path), provider="own", queue_size=10)
-    fn = otel_gpu.api(_fn())
-    fn(1, 2)
-    pipe = pipeline.current()
-    assert pipe is not None
+    fn, pipe = _small_queue(path)
     stuck = threading.Event()
     release = threading.Event()
 
@@ -273,11 +277,7 @@ def test_a_chunk_exported_by_the_caller_runs_no_after_drain_hook(tmp_path, monke
     destination's batch is still written by the caller's chunk."""
     _never_wake(monkeypatch)
     path = tmp_path / "spans.jsonl"
-    otel_gpu.configure(level=1, dest=str(path), provider="own", queue_size=10)
-    fn = otel_gpu.api(_fn())
-    fn(1, 2)
-    pipe = pipeline.current()
-    assert pipe is not None
+    fn, pipe = _small_queue(path)
     ran: list[int] = []
     pipe.add_after_drain(lambda: ran.append(pipe.exported))
     for _ in range(99):
