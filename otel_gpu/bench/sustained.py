@@ -135,16 +135,13 @@ def _summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per level: otel-gpu's delivered fraction and CPU against FlashInfer's (medians)."""
     out = []
     for level in sorted({r["level"] for r in rows}):
-        ours = [r for r in rows if r["level"] == level and r["kind"] == "ours" and "error" in r]
-        mine = [r for r in rows if r["level"] == level and r["kind"] == "ours" and "error" not in r]
-        fi = [
-            r
-            for r in rows
-            if r["level"] == level and r["kind"] == "flashinfer" and "error" not in r
-        ]
+        at = [r for r in rows if r["level"] == level]
+        failed = [r for r in at if "error" in r]  # either process: the row names why
+        mine = [r for r in at if r["kind"] == "ours" and "error" not in r]
+        fi = [r for r in at if r["kind"] == "flashinfer" and "error" not in r]
         row: dict[str, Any] = {"level": level}
-        if ours:
-            row["error"] = ours[0]["error"]
+        if failed:
+            row["error"] = f"{failed[0]['kind']}: {failed[0]['error']}"
         if mine:
             row["delivered"] = min(r["delivered"] / r["calls"] for r in mine)
             row["dropped"] = max(r.get("dropped") or 0 for r in mine)
