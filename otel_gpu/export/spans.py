@@ -85,10 +85,33 @@ class SpanBuilder:
         """
         plan = call.plan
         span = call.span
-        attrs, events, status = self._contents(call)
         n = self._heads.get(plan)
         if n is None:
             n = self._head_of(plan)
+        if (
+            n
+            and n == len(plan.attributes)
+            and not (call.inputs or call.outputs or call.stats or span.attributes or span.events)
+            and call.exc is None
+            and not self._notes
+        ):
+            # Nothing of the call's own (level 1): its attributes are its plan's, checked once
+            # per plan (``_head_of``), shared rather than copied and checked again per span.
+            return SpanData(
+                span.name,
+                span.get_span_context(),
+                call.parent,
+                call.start_ns,
+                call.end_ns,
+                plan.attributes,
+                [],
+                span.links or (),
+                span.status or _UNSET,
+                self.resource,
+                SCOPE,
+                fixed=(plan, n),
+            )
+        attrs, events, status = self._contents(call)
         limit = self.max_attributes
         # The plan's attributes lead every span of the plan unchanged unless something was put
         # before them (the events-omitted count) or a user attribute overwrote one of them.
