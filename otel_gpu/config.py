@@ -277,7 +277,7 @@ SETTINGS: tuple[Setting, ...] = (
         "block, drop",
         _str_choice(("block", "drop")),
         "What a call does when the queue is full (export fell behind). block: the caller exports "
-        "a chunk of spans itself, or waits for the export thread to make room, so no span is "
+        "a chunk of spans itself (after the export thread's current chunk), so no span is "
         "lost; only an export that makes no progress for 1 s drops (counted). drop: the call's "
         "span is dropped and counted, never waited on. Drops are reported at exit and as "
         "otel.sdk.processor.span.processed events on the next exported span.",

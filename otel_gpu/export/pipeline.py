@@ -8,6 +8,10 @@ so every standard processor and exporter works unchanged; otel-gpu's own provide
 with the native encoders (``OTEL_GPU_ENCODER=native``) gets ``SpanData``, the same
 span without the SDK's per-attribute validation, which only its own exporters read.
 
+When a tight loop fills the queue, the caller exports the next chunk itself
+(``OTEL_GPU_QUEUE_FULL=block``, the default; ``drop`` drops and counts instead).
+Building the spans lives in :mod:`otel_gpu.export.spans`.
+
 The target provider is resolved on the first call (see ``OTEL_GPU_PROVIDER``):
 the application's global SDK provider, one given to :func:`otel_gpu.configure`,
 or otel-gpu's own provider with the ``OTEL_GPU_LOGDEST`` destinations.
