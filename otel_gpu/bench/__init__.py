@@ -28,6 +28,7 @@ Report formatting and the budgets live in :mod:`otel_gpu.bench.report`.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import math
 import os
@@ -80,6 +81,8 @@ CONFIGS: tuple[ConfigSpec, ...] = (
     ConfigSpec("gpt2att_3", "tiny GPT2, attention only, L3", "gpt2", 3, include=("*Attention",)),
 )
 _BY_NAME = {c.name: c for c in CONFIGS}
+# Rows measured by their own module's row(quick), after the per-call configurations.
+_ROWS = {"sustained": "otel_gpu.bench.sustained"}
 
 _MAX_QUEUED = (
     1024  # otel_gpu.export.pipeline._WAKE_AT: production never defers more calls than this
@@ -352,14 +355,21 @@ def _main(args: argparse.Namespace) -> int:
     target = args.target_ms / 1e3 if args.target_ms else target
     only = [n.strip() for n in args.only.split(",") if n.strip()] if args.only else None
     if only:
-        unknown = [n for n in only if n not in _BY_NAME]
+        unknown = [n for n in only if n not in _BY_NAME and n not in _ROWS]
         if unknown:
             print(
                 f"otel-gpu bench: unknown configuration(s) {', '.join(unknown)}; "
-                f"known: {', '.join(_BY_NAME)}",
+                f"known: {', '.join([*_BY_NAME, *_ROWS])}",
                 file=sys.stderr,
             )
             return 2
+    # rows with their own runner: each module's row(quick) gives a JSON-ready dict, "ok", "text"
+    rows = [importlib.import_module(m) for n, m in _ROWS.items() if not only or n in only]
+    only = [n for n in only if n in _BY_NAME] if only else None
+    if only == []:
+        extra = [row.row(args.quick) for row in rows]
+        print(json.dumps(extra, indent=2) if args.json else "\n\n".join(r["text"] for r in extra))
+        return 0 if all(r["ok"] for r in extra) else 1
     report = run(
         rounds=rounds,
         target_s=target,
@@ -372,10 +382,12 @@ def _main(args: argparse.Namespace) -> int:
         seed=args.seed,
         log=None if args.json else sys.stderr,
     )
+    report["rows"] = [row.row(args.quick) for row in rows]
+    report["ok"] = report["ok"] and all(r["ok"] for r in report["rows"])
     if args.json:
         print(json.dumps(report, indent=2))
     else:
-        print(_report.render(report))
+        print("\n\n".join([_report.render(report), *(r["text"] for r in report["rows"])]))
     return 0 if report["ok"] else 1
 
 
@@ -404,7 +416,10 @@ def register(sub: Any) -> None:
             "forward pass of a tiny GPT2 with every module instrumented "
             "(otel_gpu.instrument_module) at levels 0/1/3/5, or its attention modules only at "
             "levels 1/3 (when transformers is installed). Each configuration runs in its own worker "
-            "process, measured in interleaved rounds; medians and ratios against the budgets."
+            "process, measured in interleaved rounds; medians and ratios against the budgets. "
+            "Then the sustained-load row (--only sustained): 300k level-1 calls in one tight loop "
+            "at default settings, the fraction of spans that reached the file and the process CPU "
+            "against FlashInfer's logger for the same calls."
         ),
     )
     p.add_argument("--json", action="store_true", help="machine-readable report on stdout")
