@@ -8,7 +8,7 @@ PHOENIX_VENV ?= .ci/.phoenix-venv
 # the Phoenix release the end-to-end tests were written against
 PHOENIX_VERSION ?= ==20.26.1
 
-.PHONY: demo test test-quick install install-test lint
+.PHONY: demo test test-quick test-gpu install install-test lint
 
 install:
 	@$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install torch==2.13.0
@@ -45,3 +45,9 @@ test: lint
 test-quick: install-test
 	@echo "==> the test suite without the end-to-end Phoenix tests"
 	$(PYTHON) -m pytest tests -m "not e2e" --benchmark-disable -q
+
+## test-gpu: the GPU suite (tests/gpu): real CUDA graphs, host syncs, pinned copies, NVML.
+## Needs torch with CUDA and an NVIDIA GPU; without one every test reports a skip (docs/gpu.md).
+test-gpu: install-test
+	@$(PYTHON) -c "import torch; print('==> the GPU suite on', torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no CUDA device: every test is skipped')"
+	$(PYTHON) -m pytest tests/gpu -v -rs -p no:cacheprovider --benchmark-disable

@@ -16,12 +16,15 @@ import math
 import sys
 import threading
 from collections.abc import Mapping, Sequence
+from functools import partialmethod
 from typing import IO, Any
 
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.trace import StatusCode
+from otel_gpu.exporters import _streams
 
+from otel_gpu import attributes as attr
 from otel_gpu._text import printable
 
 __all__ = ["ConsoleSpanExporter"]
@@ -51,23 +54,13 @@ class _Style:
     def __call__(self, text: str, code: str) -> str:
         return f"\x1b[{code}m{text}\x1b[0m" if self.enabled else text
 
-    def bold(self, text: str) -> str:
-        return self(text, "1")
-
-    def dim(self, text: str) -> str:
-        return self(text, "2")
-
-    def red(self, text: str) -> str:
-        return self(text, "1;31")
-
-    def green(self, text: str) -> str:
-        return self(text, "32")
-
-    def cyan(self, text: str) -> str:
-        return self(text, "36")
-
-    def yellow(self, text: str) -> str:
-        return self(text, "33")
+    # one SGR code per style: bold, dim and the colours the renderer uses
+    bold = partialmethod(__call__, code="1")
+    dim = partialmethod(__call__, code="2")
+    red = partialmethod(__call__, code="1;31")
+    green = partialmethod(__call__, code="32")
+    cyan = partialmethod(__call__, code="36")
+    yellow = partialmethod(__call__, code="33")
 
 
 def _want_color(stream: IO[str], color: str) -> bool:
@@ -75,9 +68,9 @@ def _want_color(stream: IO[str], color: str) -> bool:
         return True
     if color == "never":
         return False
-    from otel_gpu.config import environ
+    from otel_gpu.config import no_color
 
-    if environ().get("NO_COLOR"):
+    if no_color():
         return False
     try:
         return bool(stream.isatty())
@@ -159,18 +152,18 @@ def _lines_for(groups: Mapping[str, Mapping[str, Any]], style: _Style) -> list[s
 
 
 def _stats_line(attrs: Mapping[str, Any], style: _Style) -> str:
-    key = _s(attrs.get("otel_gpu.tensor", "?"))
+    key = _s(attrs.get(attr.STATS_TENSOR, "?"))
     parts = []
-    for name in ("min", "max", "mean", "std"):
+    for name in (attr.STATS_MIN, attr.STATS_MAX, attr.STATS_MEAN, attr.STATS_STD):
         if name in attrs:
             parts.append(f"{name}={_fmt_num(attrs[name])}")
-    for name in ("nan_count", "inf_count"):
+    for name in (attr.STATS_NAN_COUNT, attr.STATS_INF_COUNT):
         if name in attrs:
             text = f"{name.split('_')[0]}={_s(attrs[name])}"
             parts.append(style.red(text) if attrs[name] else text)
-    parts.append(f"numel={_s(attrs.get('numel', '?'))}")
+    parts.append(f"numel={_s(attrs.get(attr.STATS_NUMEL, '?'))}")
     line = f"    {key}: " + " ".join(parts)
-    note = attrs.get("otel_gpu.stats.note")
+    note = attrs.get(attr.STATS_NOTE)
     if note:
         line += style.dim(f"  [{_s(note)}]")
     return line
@@ -179,12 +172,12 @@ def _stats_line(attrs: Mapping[str, Any], style: _Style) -> str:
 def _dump_lines(attrs: Mapping[str, Any]) -> list[str]:
     """Where the flight recorder (level 10) or the ring put this call, or why it did not."""
     lines = []
-    if attrs.get("otel_gpu.dump.dir"):
-        lines.append(f"  dump: {_s(attrs['otel_gpu.dump.dir'])}")
-    elif attrs.get("otel_gpu.dump.skipped"):
-        lines.append(f"  not dumped: {_s(attrs['otel_gpu.dump.skipped'])}")
-    if attrs.get("otel_gpu.ring.dump.dir"):
-        lines.append(f"  ring dump: {_s(attrs['otel_gpu.ring.dump.dir'])}")
+    if attrs.get(attr.DUMP_DIR):
+        lines.append(f"  dump: {_s(attrs[attr.DUMP_DIR])}")
+    elif attrs.get(attr.DUMP_SKIPPED):
+        lines.append(f"  not dumped: {_s(attrs[attr.DUMP_SKIPPED])}")
+    if attrs.get(attr.RING_DUMP_DIR):
+        lines.append(f"  ring dump: {_s(attrs[attr.RING_DUMP_DIR])}")
     return lines
 
 
@@ -234,17 +227,10 @@ class ConsoleSpanExporter(SpanExporter):
     def shutdown(self) -> None:
         self._closed = True
         self.force_flush()
-        if self._owns_stream:
-            with self._lock:
-                self._stream.close()
+        _streams.close(self._stream, self._lock, self._owns_stream)
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
-        try:
-            with self._lock:
-                self._stream.flush()
-        except Exception:
-            return False
-        return True
+        return _streams.flush(self._stream, self._lock)
 
     # ----------------------------------------------------------------- rendering
 
@@ -257,7 +243,7 @@ class ConsoleSpanExporter(SpanExporter):
             s.dim(_RULE),
             f"{s.bold('▶ ' + printable(name))}  {s.dim(_timestamp(start_ns))}  {s.dim('span ' + format(span_id, '016x'))}",
         ]
-        groups = _group(input_attributes, "otel_gpu.input.")
+        groups = _group(input_attributes, attr.INPUT_PREFIX)
         if groups:
             lines.append("  inputs:")
             lines.extend(_lines_for(groups, s))
@@ -279,19 +265,19 @@ class ConsoleSpanExporter(SpanExporter):
                 f"{s.bold(name)}  {s.dim(_timestamp(span.start_time))}  {s.dim('span ' + span_hex)}"
                 + (s.dim(f"  parent {span.parent.span_id:016x}") if span.parent else "")
             )
-            inputs = _group(attrs, "otel_gpu.input.")
+            inputs = _group(attrs, attr.INPUT_PREFIX)
             if inputs:
                 lines.append("  inputs:")
                 lines.extend(_lines_for(inputs, s))
-        outputs = _group(attrs, "otel_gpu.output.")
+        outputs = _group(attrs, attr.OUTPUT_PREFIX)
         if outputs:
             lines.append("  outputs:")
             lines.extend(_lines_for(outputs, s))
-        stat_events = [e for e in span.events if e.name == "otel_gpu.stats"]
+        stat_events = [e for e in span.events if e.name == attr.EVENT_STATS]
         if stat_events:
             lines.append("  stats:")
             lines.extend(_stats_line(e.attributes or {}, s) for e in stat_events)
-        if attrs.get("otel_gpu.nonfinite"):
+        if attrs.get(attr.NONFINITE):
             lines.append("  " + s.red("⚠ NaN/Inf found in this call's tensors"))
         # Here, not in the ▶ block: the recorder names the directory after the ▶ block is printed.
         lines.extend(_dump_lines(attrs))

@@ -30,8 +30,15 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, Spa
 from otel_gpu.exporters.console import ConsoleSpanExporter
 
 from otel_gpu import _guard
+from otel_gpu.attributes import INPUT_PREFIX
 from otel_gpu.calls import metadata
-from otel_gpu.config import ConfigError, Settings, check_standard, environ, expand_path
+from otel_gpu.config import (
+    ConfigError,
+    Settings,
+    check_standard,
+    expand_path,
+    otel_standard_variables,
+)
 
 if TYPE_CHECKING:
     from otel_gpu.calls.record import Call
@@ -220,6 +227,11 @@ class DrainBatchProcessor(SpanProcessor):
         with self._lock:
             self._batch.append(span)
 
+    def on_end_batch(self, spans: Sequence[ReadableSpan]) -> None:
+        """A chunk of the export queue at once: one call and one lock, not one per span."""
+        with self._lock:
+            self._batch.extend(spans)
+
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         with self._lock:
             batch, self._batch = self._batch, []
@@ -248,7 +260,7 @@ class ConsolePrecall:
             try:
                 attrs: dict[str, Any] = {}
                 if call.inputs:
-                    metadata.to_attributes("otel_gpu.input.", call.inputs, self.limit, attrs)
+                    metadata.to_attributes(INPUT_PREFIX, call.inputs, self.limit, attrs)
                 ctx = call.span.get_span_context()
                 exporter.write_call_start(call.plan.name, ctx.span_id, time.time_ns(), attrs)
             except Exception as exc:
@@ -268,7 +280,7 @@ class ConsolePrecall:
 
 def otlp_protocol(env: Mapping[str, str] | None = None) -> str:
     """The OTLP protocol the standard variables choose; ConfigError naming the variable if unsupported."""
-    env = environ() if env is None else env
+    env = otel_standard_variables() if env is None else env
     for name in ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"):
         value = env.get(name, "").strip()
         if value:
@@ -287,7 +299,7 @@ def check_otlp_environment(env: Mapping[str, str] | None = None) -> None:
     The protocol, and the timeouts and batch-processor settings within their ranges
     (``otel_gpu.config.STANDARD``): a timeout of 1e30 s would make every send fail.
     """
-    env = environ() if env is None else env
+    env = otel_standard_variables() if env is None else env
     otlp_protocol(env)
     check_standard("otlp", env)
 
@@ -317,7 +329,7 @@ def _jsonl_exporter(stream: FileStream, native: bool) -> SpanExporter:
 
 def _batch_size(settings: Settings) -> int | None:
     """OTEL_BSP_MAX_EXPORT_BATCH_SIZE (validated), lowered to the queue size the SDK requires."""
-    raw = environ().get("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "").strip()
+    raw = otel_standard_variables().get("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "").strip()
     size = int(raw) if raw else 512
     return min(size, settings.queue_size)
 

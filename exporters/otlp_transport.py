@@ -25,7 +25,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.util.re import parse_env_headers
 from otel_gpu.exporters.otlp_proto import ProtoEncoder
 
-from otel_gpu.config import STANDARD, environ
+from otel_gpu.config import STANDARD, otel_standard_variables
 
 __all__ = ["OtlpSpanExporter", "endpoint_url"]
 
@@ -123,7 +123,7 @@ class OtlpSpanExporter(SpanExporter):
     ) -> None:
         if protocol not in _DEFAULTS:
             raise ValueError(f"protocol {protocol!r} is not one of {sorted(_DEFAULTS)}")
-        env = environ()
+        env = otel_standard_variables()
         self.protocol = protocol
         self.endpoint = endpoint or endpoint_url(env, protocol)
         env_headers = _setting(env, "HEADERS")

@@ -4,9 +4,11 @@ Every setting has one row in :data:`SETTINGS`: its environment variable, type,
 default, allowed values and a docstring. Precedence is fixed: an argument to
 :func:`otel_gpu.configure`, then the environment, then the default.
 
-Nothing else in the package touches ``os.environ``; it receives a
-:class:`Settings` object (or calls :func:`environ` for the few standard
-variables that belong to other projects, such as ``RANK`` or ``K8S_POD_NAME``).
+Nothing else in the package reads the environment: it receives a :class:`Settings` object,
+or calls one of the functions of this module that return the few variables belonging to other
+projects, parsed (``NO_COLOR``, ``RANK``, the resource's variables, the standard ``OTEL_*``
+variables, a child process's environment). A test proves it by recording, in a subprocess,
+which module reads each variable.
 """
 
 from __future__ import annotations
@@ -28,10 +30,18 @@ __all__ = [
     "Settings",
     "StandardSetting",
     "check_standard",
+    "child_environment",
     "current",
     "environ",
     "expand_path",
+    "in_environment",
     "load",
+    "no_color",
+    "otel_standard_variables",
+    "rank",
+    "resource_variables",
+    "run_program_pid",
+    "runtime_dir",
 ]
 
 LEVELS = (0, 1, 3, 5, 10)
@@ -43,8 +53,85 @@ class ConfigError(ValueError):
 
 
 def environ() -> Mapping[str, str]:
-    """The process environment. The single accessor, so that tests and docs know where it is read."""
+    """The process environment, for this module's own use.
+
+    Other modules call the functions below, which return parsed values; the test of
+    environment reads fails any other module that reads a variable, through this or directly.
+    """
     return os.environ
+
+
+# --------------------------------------------------------------------------- other projects' variables
+
+RUN_PID = "OTEL_GPU_RUN_PID"
+"""Set by ``otel-gpu run`` to its program's pid: only that program warns about targets never imported."""
+
+CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
+"""CUDA's device mask, recorded as a resource attribute."""
+
+RESOURCE_VARIABLES = (
+    CUDA_VISIBLE_DEVICES,
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "K8S_POD_NAME",
+    "K8S_POD_UID",
+    "K8S_NAMESPACE_NAME",
+    "K8S_NODE_NAME",
+    "K8S_CONTAINER_NAME",
+)
+"""Other projects' variables the resource detector records (torchrun's, Kubernetes' downward API)."""
+
+
+def no_color() -> bool:
+    """True when ``NO_COLOR`` is set to a non-empty value (https://no-color.org)."""
+    return bool(os.environ.get("NO_COLOR"))
+
+
+def runtime_dir() -> str:
+    """``XDG_RUNTIME_DIR``, or ``""`` when unset."""
+    return os.environ.get("XDG_RUNTIME_DIR", "")
+
+
+def rank() -> int | None:
+    """The distributed rank, ``RANK``, when it is a non-negative integer; else None."""
+    raw = os.environ.get("RANK")
+    return int(raw) if raw and raw.isdigit() else None
+
+
+def resource_variables() -> dict[str, str]:
+    """The :data:`RESOURCE_VARIABLES` that are set, by name."""
+    env = os.environ
+    return {name: env[name] for name in RESOURCE_VARIABLES if name in env}
+
+
+def otel_standard_variables() -> dict[str, str]:
+    """Every standard OpenTelemetry variable that is set (``OTEL_*`` but not otel-gpu's ``OTEL_GPU_*``).
+
+    The OTLP exporters and transport read the protocol, endpoint, headers and timeouts from it;
+    :func:`check_standard` bounds the ones otel-gpu relies on.
+    """
+    return {
+        k: v
+        for k, v in os.environ.items()
+        if k.startswith("OTEL_") and not k.startswith("OTEL_GPU_")
+    }
+
+
+def run_program_pid() -> str | None:
+    """The pid ``otel-gpu run`` gave its program (:data:`RUN_PID`), or None outside ``otel-gpu run``."""
+    return os.environ.get(RUN_PID)
+
+
+def in_environment(field: str) -> bool:
+    """Whether the variable of setting ``field`` (``"level"``: ``OTEL_GPU_LOGLEVEL``) is set."""
+    return _BY_FIELD[field].env in os.environ
+
+
+def child_environment() -> dict[str, str]:
+    """A copy of the whole environment, for a child process to start with."""
+    return dict(os.environ)
 
 
 @contextlib.contextmanager
@@ -268,8 +355,19 @@ SETTINGS: tuple[Setting, ...] = (
         65536,
         "integer > 0 and <= 16777216",
         Bounded(1, 16_777_216, integer=True),
-        "Calls waiting to be turned into spans. When full, new calls are dropped and counted, "
-        "never waited on.",
+        "Calls waiting to be turned into spans. When full, OTEL_GPU_QUEUE_FULL decides.",
+    ),
+    Setting(
+        "queue_full",
+        "OTEL_GPU_QUEUE_FULL",
+        "block",
+        "block, drop",
+        _str_choice(("block", "drop")),
+        "What a call does when the queue is full (export fell behind). block: the caller exports "
+        "a chunk of spans itself (after the export thread's current chunk), so no span is "
+        "lost; only an export that makes no progress for 1 s drops (counted). drop: the call's "
+        "span is dropped and counted, never waited on. Drops are reported at exit and as "
+        "otel.sdk.processor.span.processed events on the next exported span.",
     ),
     Setting(
         "flush_timeout",
@@ -406,6 +504,26 @@ SETTINGS: tuple[Setting, ...] = (
         "to its first call's span (event otel_gpu.param_stats), so a weight that turned NaN shows.",
     ),
     # ---- flight recorder (level 10)
+    Setting(
+        "graph_stats_every",
+        "OTEL_GPU_GRAPH_STATS_EVERY",
+        100,
+        "integer > 0 and <= 1000000",
+        Bounded(1, _MAX_COUNT, integer=True),
+        "At level >= 5, read the statistics recorded inside a captured CUDA graph after replay 1 "
+        "and then one replay in N: each read replay gives one span per captured call "
+        "(otel_gpu.cuda_graph.replay), linked to its capture span. 1 reads every replay.",
+    ),
+    Setting(
+        "graph_dump_every",
+        "OTEL_GPU_GRAPH_DUMP_EVERY",
+        100,
+        "integer > 0 and <= 1000000",
+        Bounded(1, _MAX_COUNT, integer=True),
+        "At level 10, write a flight-recorder snapshot of each call captured in a CUDA graph "
+        "after replay 1 and then one replay in N (within OTEL_GPU_DUMP_MAX_COUNT and "
+        "OTEL_GPU_DUMP_MAX_SIZE_GB). 1 snapshots every replay.",
+    ),
     Setting(
         "dump_dir",
         "OTEL_GPU_DUMP_DIR",
@@ -630,6 +748,7 @@ class Settings:
     max_items: int = 8
     repr_limit: int = 256
     queue_size: int = 65536
+    queue_full: str = "block"
     flush_timeout: float = 3.0
     export_gc_pause: bool = True
     encoder: str = "native"
@@ -644,6 +763,8 @@ class Settings:
     dump_modules: bool = False
     dump_modules_max_mb: float = 1024.0
     module_param_stats: bool = False
+    graph_stats_every: int = 100
+    graph_dump_every: int = 100
     dump_dir: str = "otel_gpu_dumps"
     dump_max_size_gb: float = 20.0
     dump_max_count: int = 1000

@@ -106,9 +106,9 @@ _OS_TYPE = {"sunos": "solaris", "os/390": "z_os"}
 
 
 def _env() -> Mapping[str, str]:
-    from otel_gpu.config import environ
+    from otel_gpu.config import resource_variables
 
-    return environ()
+    return resource_variables()
 
 
 def _script_name() -> str:

@@ -48,6 +48,9 @@ def _clean_otel_gpu(monkeypatch: pytest.MonkeyPatch):
     from otel_gpu.instrumentation import targets
 
     targets._reset_for_tests()
+    graphs = sys.modules.get("otel_gpu.devices.cuda_graphs")
+    if graphs is not None:  # a faked capture patched CUDAGraph: put it back
+        graphs.uninstall()
     pipeline.reset(timeout=2.0)
     pipeline.set_tracer_provider(None)
     config._reset()
@@ -73,3 +76,13 @@ def module_factory(tmp_path, monkeypatch):
     yield load
     for name in names:
         sys.modules.pop(name, None)
+
+
+@pytest.fixture
+def fresh_module_states():
+    """The recorder's table of stored module states is empty before and after the test."""
+    from otel_gpu.recorder import module_state
+
+    module_state._reset_for_tests()
+    yield
+    module_state._reset_for_tests()

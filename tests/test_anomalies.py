@@ -130,14 +130,12 @@ def test_nonfinite_dump_without_a_ring_writes_the_producer_alone(
 
 
 def test_ring_dumps_of_module_methods_replay_with_the_recorded_state(
-    otel_gpu_spans, module_factory, tmp_path
+    otel_gpu_spans, module_factory, tmp_path, fresh_module_states
 ):
     """With OTEL_GPU_DUMP_MODULES, a module method in a ring dump finds its state (kept once
     below the dump directory) and replays."""
     import otel_gpu
-    from otel_gpu.recorder import module_state
 
-    module_state._reset_for_tests()
     root = tmp_path / "d"
     otel_gpu_spans(level=5, ring=2, dump_modules=True, dump_dir=str(root))
     m = module_factory(
@@ -165,7 +163,6 @@ class Norm(nn.Module):
     otel_gpu.uninstrument()
     (result,) = replay(str(ring), Options(allow=Allow([m.__name__], any_instrument=True)))
     assert result.verdict == "pass" and "raised builtins.RuntimeError as recorded" in result.detail
-    module_state._reset_for_tests()
 
 
 def test_the_ring_is_bounded_and_holds_no_reference_to_the_callers_tensors(
@@ -336,15 +333,13 @@ def test_show_nonfinite_names_the_module_whose_weight_is_nan(tmp_path, capsys):
 
 
 def test_a_weight_set_to_nan_is_dumped_at_its_producer_and_replay_reproduces_it(
-    otel_gpu_spans, module_factory, tmp_path, capsys
+    otel_gpu_spans, module_factory, tmp_path, capsys, fresh_module_states
 ):
     """The issue's model: a layer whose weight turned NaN. With ON_NONFINITE=dump, the ring and
     module states on, that layer's call (finite input, NaN output) is dumped; replay rebuilds the
     layer from its recorded state and gets the NaN again; show --nonfinite names it."""
     import otel_gpu
-    from otel_gpu.recorder import module_state
 
-    module_state._reset_for_tests()
     root = tmp_path / "d"
     trace = tmp_path / "t.jsonl"
     otel_gpu.configure(
@@ -403,4 +398,3 @@ class Net(nn.Module):
     report = capsys.readouterr().out
     assert "First producer of NaN/Inf: " in report and "Dense.forward[1]" in report, report
     assert producer["span_id"] in report
-    module_state._reset_for_tests()

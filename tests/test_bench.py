@@ -169,16 +169,21 @@ def test_worker_level_0_is_the_function_itself(tensors, tmp_path, deferred_expor
     assert cfg.count() is None
 
 
-def test_worker_level_10_unavailable_without_flight_recorder(
-    tensors, tmp_path, deferred_export, monkeypatch
-):
-    """Level 10 is reported unavailable, not failed, when otel_gpu.recorder is not part of the build."""
+def _without_module(monkeypatch, missing: str) -> None:
+    """The worker finds no module ``missing``, as in a build or environment without it."""
     real = worker.importlib.util.find_spec
     monkeypatch.setattr(
         worker.importlib.util,
         "find_spec",
-        lambda name, *a: None if name == "otel_gpu.recorder.recorder" else real(name, *a),
+        lambda name, *a: None if name == missing else real(name, *a),
     )
+
+
+def test_worker_level_10_unavailable_without_flight_recorder(
+    tensors, tmp_path, deferred_export, monkeypatch
+):
+    """Level 10 is reported unavailable, not failed, when otel_gpu.recorder is not part of the build."""
+    _without_module(monkeypatch, "otel_gpu.recorder.recorder")
     q, k = tensors
     with pytest.raises(worker.Unavailable, match=r"otel_gpu\.recorder\.recorder"):
         worker.Ours({"level": 10, "dir": str(tmp_path)}, q, k)
@@ -235,12 +240,7 @@ def test_worker_ring_row_runs_level_5_with_the_ring_and_writes_every_span(
 
 def test_worker_gpt2_unavailable_without_transformers(tensors, tmp_path, monkeypatch):
     """Without transformers the gpt2 rows are unavailable, with the reason, as FlashInfer's are."""
-    real = worker.importlib.util.find_spec
-    monkeypatch.setattr(
-        worker.importlib.util,
-        "find_spec",
-        lambda name, *a: None if name == "transformers" else real(name, *a),
-    )
+    _without_module(monkeypatch, "transformers")
     q, k = tensors
     with pytest.raises(worker.Unavailable, match="transformers is not installed"):
         worker.Gpt2({"level": 1, "dir": str(tmp_path)}, q, k)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import errno
-import json
 import logging
 import os
 import re
@@ -11,14 +10,18 @@ import stat
 
 import pytest
 import torch
+from dump_files import RECORDER_PROBES, start_recording
+from dump_files import call_dirs as _dirs
+from dump_files import finish as _finish
+from dump_files import read_manifest as _manifest_of
 
 import otel_gpu
 from otel_gpu.devices import cuda
-from otel_gpu.export import pipeline
 from otel_gpu.recorder import recorder as dump
 from otel_gpu.recorder import tensor_files
 
-LIB = """
+LIB = (
+    """
 import collections
 import enum
 import torch
@@ -39,15 +42,6 @@ def combine(x, y, scale=1.0, *, mode=Mode.SUM, extra=None):
 @otel_gpu.api
 def big(x):
     return torch.cat([x, x])
-
-@otel_gpu.api
-def probe(x, check):
-    check(x)
-    return x + 1
-
-@otel_gpu.api
-def fails(x):
-    raise ValueError("bad input")
 
 @otel_gpu.api
 def inplace(x, out):
@@ -79,26 +73,14 @@ class Factory:
     def make(cls, n):
         return torch.zeros(n)
 """
+    + RECORDER_PROBES
+)
 
 
 @pytest.fixture
 def lib(module_factory):
     """Returns ``load()``: writes LIB as a fresh module and imports it (decorating at the current level)."""
     return lambda source=LIB: module_factory(source, "dumplib")
-
-
-def _dirs(root) -> list[str]:
-    return sorted(os.path.join(root, d) for d in os.listdir(root))
-
-
-def _manifest_of(directory: str) -> dict:
-    with open(os.path.join(directory, "manifest.json")) as f:
-        return json.load(f)
-
-
-def _finish() -> None:
-    """Close the recorder: queued outputs reach the disk."""
-    pipeline.reset(timeout=2.0)
 
 
 def test_one_directory_per_call_linked_to_its_span(otel_gpu_spans, lib, tmp_path):
@@ -146,9 +128,7 @@ def test_one_directory_per_call_linked_to_its_span(otel_gpu_spans, lib, tmp_path
 
 def test_directory_names_sort_in_call_order(otel_gpu_spans, lib, tmp_path):
     """Sorting the dump root's entries by name gives the calls in the order they were made."""
-    root = tmp_path / "d"
-    otel_gpu_spans(level=10, dump_dir=str(root))
-    m = lib()
+    root, m = start_recording(otel_gpu_spans, lib, tmp_path)
     for i in range(12):
         m.combine(torch.full((1,), float(i)), torch.zeros(1))
     _finish()
@@ -158,9 +138,7 @@ def test_directory_names_sort_in_call_order(otel_gpu_spans, lib, tmp_path):
 
 def test_values_are_encoded_so_replay_can_rebuild_them(otel_gpu_spans, lib, tmp_path):
     """None, bool, int, float (also inf), str, enums, dtypes, devices, lists, tuples, dicts, namedtuples and Size are tagged; other objects are marked unsupported."""
-    root = tmp_path / "d"
-    otel_gpu_spans(level=10, dump_dir=str(root))
-    m = lib()
+    root, m = start_recording(otel_gpu_spans, lib, tmp_path)
     extra = {
         "n": None,
         "flags": [True, 3, float("inf"), "s"],
@@ -191,9 +169,7 @@ def test_values_are_encoded_so_replay_can_rebuild_them(otel_gpu_spans, lib, tmp_
 
 def test_inputs_and_manifest_are_on_disk_before_the_call_runs(otel_gpu_spans, lib, tmp_path):
     """Inside the call, the manifest already says inputs_saved and the inputs load (crash safety)."""
-    root = tmp_path / "d"
-    otel_gpu_spans(level=10, dump_dir=str(root))
-    m = lib()
+    root, m = start_recording(otel_gpu_spans, lib, tmp_path)
     seen = {}
 
     def check(x):
@@ -209,9 +185,7 @@ def test_inputs_and_manifest_are_on_disk_before_the_call_runs(otel_gpu_spans, li
 @pytest.mark.parametrize("fmt", ["torch", "safetensors"])
 def test_strides_are_recorded_and_kept_by_the_torch_format(otel_gpu_spans, lib, tmp_path, fmt):
     """Both formats record shape/stride/offset; the torch file keeps a transposed layout; a slice is stored compactly."""
-    root = tmp_path / "d"
-    otel_gpu_spans(level=10, dump_dir=str(root), dump_format=fmt)
-    m = lib()
+    root, m = start_recording(otel_gpu_spans, lib, tmp_path, dump_format=fmt)
     base = torch.arange(12.0).view(3, 4)
     m.combine(base.t(), torch.zeros(1))
     m.combine(base[:, 1:], torch.zeros(1))
@@ -233,9 +207,7 @@ def test_strides_are_recorded_and_kept_by_the_torch_format(otel_gpu_spans, lib, 
 
 def test_broadcast_inputs_are_stored_once_and_counted_once(otel_gpu_spans, lib, tmp_path):
     """An expanded (stride 0) input is written and counted at its real size, not its broadcast size."""
-    root = tmp_path / "d"
-    otel_gpu_spans(level=10, dump_dir=str(root))
-    m = lib()
+    root, m = start_recording(otel_gpu_spans, lib, tmp_path)
     m.combine(torch.ones(1, 1000).expand(1000, 1000), torch.zeros(1))
     _finish()
     man = _manifest_of(_dirs(root)[0])
@@ -367,9 +339,7 @@ def test_raised_exception_is_recorded_and_reaches_the_caller_untouched(
     otel_gpu_spans, lib, tmp_path
 ):
     """Status raised with the exception's type, message and traceback; the caller gets the same object."""
-    root = tmp_path / "d"
-    otel_gpu_spans(level=10, dump_dir=str(root))
-    m = lib()
+    root, m = start_recording(otel_gpu_spans, lib, tmp_path)
     with pytest.raises(ValueError, match="bad input"):
         m.fails(torch.ones(1))
     _finish()
@@ -382,9 +352,7 @@ def test_raised_exception_is_recorded_and_reaches_the_caller_untouched(
 
 def test_queued_outputs_are_complete_after_shutdown(otel_gpu_spans, lib, tmp_path):
     """Every call's outputs and completed manifest are on disk once the pipeline shuts down."""
-    root = tmp_path / "d"
-    otel_gpu_spans(level=10, dump_dir=str(root))
-    m = lib()
+    root, m = start_recording(otel_gpu_spans, lib, tmp_path)
     for i in range(40):
         m.combine(torch.full((64,), float(i)), torch.zeros(64))
     _finish()
@@ -397,9 +365,7 @@ def test_queued_outputs_are_complete_after_shutdown(otel_gpu_spans, lib, tmp_pat
 
 def test_outputs_are_copied_when_the_call_returns(otel_gpu_spans, lib, tmp_path):
     """Changing a returned tensor after the call does not change what was recorded."""
-    root = tmp_path / "d"
-    otel_gpu_spans(level=10, dump_dir=str(root))
-    m = lib()
+    root, m = start_recording(otel_gpu_spans, lib, tmp_path)
     out = m.combine(torch.ones(3), torch.ones(3))
     out.fill_(-1)
     _finish()
@@ -409,9 +375,7 @@ def test_outputs_are_copied_when_the_call_returns(otel_gpu_spans, lib, tmp_path)
 
 def test_inputs_modified_in_place_are_recorded_as_outputs(otel_gpu_spans, lib, tmp_path):
     """An argument the call writes into (out=) is saved after the call under mutated.<name>."""
-    root = tmp_path / "d"
-    otel_gpu_spans(level=10, dump_dir=str(root))
-    m = lib()
+    root, m = start_recording(otel_gpu_spans, lib, tmp_path)
     m.inplace(torch.ones(2), torch.zeros(2))
     _finish()
     d = _dirs(root)[0]
@@ -424,9 +388,7 @@ def test_inputs_modified_in_place_are_recorded_as_outputs(otel_gpu_spans, lib, t
 
 def test_method_receivers_are_recorded_by_hook_or_marked_stateful(otel_gpu_spans, lib, tmp_path):
     """self with __otel_gpu_state__ is recorded as state; without it, as unsupported; cls by reference."""
-    root = tmp_path / "d"
-    otel_gpu_spans(level=10, dump_dir=str(root))
-    m = lib()
+    root, m = start_recording(otel_gpu_spans, lib, tmp_path)
     m.WithState(torch.ones(1)).run(torch.ones(1))
     m.NoState().run(torch.ones(1))
     m.Factory.make(2)
@@ -445,9 +407,7 @@ def test_method_receivers_are_recorded_by_hook_or_marked_stateful(otel_gpu_spans
 
 def test_redacted_string_arguments_are_not_written(otel_gpu_spans, lib, tmp_path):
     """A string whose parameter or dict key name matches OTEL_GPU_REDACT never reaches the dump."""
-    root = tmp_path / "d"
-    otel_gpu_spans(level=10, dump_dir=str(root))
-    m = lib()
+    root, m = start_recording(otel_gpu_spans, lib, tmp_path)
     m.login(torch.ones(1), api_key="s3cr3t")
     m.combine(torch.ones(1), torch.ones(1), extra={"auth_token": "t0k3n", "name": "kept"})
     _finish()
@@ -476,9 +436,7 @@ def test_local_functions_are_dumped_but_marked_not_replayable(otel_gpu_spans, tm
 
 def test_safetensors_falls_back_to_torch_for_dtypes_it_lacks(otel_gpu_spans, lib, tmp_path):
     """complex128 cannot be stored as safetensors: that call's inputs are written as inputs.pt instead."""
-    root = tmp_path / "d"
-    otel_gpu_spans(level=10, dump_dir=str(root), dump_format="safetensors")
-    m = lib()
+    root, m = start_recording(otel_gpu_spans, lib, tmp_path, dump_format="safetensors")
     m.combine(torch.ones(2, dtype=torch.complex128), torch.ones(2, dtype=torch.complex128))
     m.combine(torch.ones(2), torch.ones(2))
     _finish()

@@ -13,6 +13,10 @@ from collections import Counter
 
 import pytest
 import torch
+from dump_files import RECORDER_PROBES, start_recording
+from dump_files import call_dirs as _dirs
+from dump_files import finish as _finish
+from dump_files import read_manifest as _manifest_of
 
 from otel_gpu import config
 from otel_gpu.devices import cuda
@@ -23,7 +27,8 @@ from otel_gpu.replay import Allow, Options, replay
 
 MODES = ("fsync", "process", "async")
 
-LIB = """
+LIB = (
+    """
 import torch
 import otel_gpu
 
@@ -32,19 +37,13 @@ def combine(x, y, scale=1.0):
     return x * scale + y
 
 @otel_gpu.api
-def probe(x, check):
-    check(x)
-    return x + 1
-
-@otel_gpu.api
 def scribble(x):
     x.add_(100)  # changes its input in place: the recorded inputs must be the values before
     return x * 2
 
-@otel_gpu.api
-def fails(x):
-    raise ValueError("bad input")
 """
+    + RECORDER_PROBES
+)
 
 
 @pytest.fixture
@@ -53,24 +52,11 @@ def lib(module_factory):
     return lambda: module_factory(LIB, "durablelib")
 
 
-def _dirs(root) -> list[str]:
-    return sorted(os.path.join(root, d) for d in os.listdir(root))
-
-
-def _manifest_of(directory: str) -> dict:
-    with open(os.path.join(directory, manifest.MANIFEST)) as f:
-        return json.load(f)
-
-
 def _recorder() -> dump.Recorder:
     pipe = pipeline.current()
     assert pipe is not None
     (recorder,) = [o for o in pipe.observers if isinstance(o, dump.Recorder)]
     return recorder
-
-
-def _finish() -> None:
-    pipeline.reset(timeout=5.0)
 
 
 # --------------------------------------------------------------------------- configuration
@@ -103,9 +89,7 @@ def test_configure_argument_beats_the_environment():
 @pytest.mark.parametrize("mode", ["fsync", "process"])
 def test_inputs_are_on_disk_before_the_call_runs(otel_gpu_spans, lib, tmp_path, mode):
     """fsync and process: inside the call the manifest says inputs_saved and the inputs load."""
-    root = tmp_path / "d"
-    otel_gpu_spans(level=10, dump_dir=str(root), dump_durability=mode)
-    m = lib()
+    root, m = start_recording(otel_gpu_spans, lib, tmp_path, dump_durability=mode)
     seen = {}
 
     def check(x):
@@ -124,9 +108,7 @@ def test_every_mode_leaves_complete_calls_that_replay_to_pass(
     otel_gpu_spans, lib, tmp_path, mode, fmt
 ):
     """After shutdown every call is complete (inputs, outputs, manifest) and replays to pass."""
-    root = tmp_path / "d"
-    otel_gpu_spans(level=10, dump_dir=str(root), dump_durability=mode, dump_format=fmt)
-    m = lib()
+    root, m = start_recording(otel_gpu_spans, lib, tmp_path, dump_durability=mode, dump_format=fmt)
     for i in range(6):
         m.combine(torch.full((8,), float(i)), torch.ones(8), 2.0)
     _finish()
@@ -148,9 +130,7 @@ def test_inputs_changed_in_place_by_the_call_are_recorded_as_they_were(
     otel_gpu_spans, lib, tmp_path, mode
 ):
     """Every mode records the inputs as they were before the call (async copies them first)."""
-    root = tmp_path / "d"
-    otel_gpu_spans(level=10, dump_dir=str(root), dump_durability=mode)
-    m = lib()
+    root, m = start_recording(otel_gpu_spans, lib, tmp_path, dump_durability=mode)
     x = torch.ones(16)
     m.scribble(x)
     _finish()
@@ -167,9 +147,7 @@ def test_outputs_changed_after_the_call_are_recorded_as_returned(
     otel_gpu_spans, lib, tmp_path, mode
 ):
     """Reused copy buffers never leak a later value: each call keeps the output it returned."""
-    root = tmp_path / "d"
-    otel_gpu_spans(level=10, dump_dir=str(root), dump_durability=mode)
-    m = lib()
+    root, m = start_recording(otel_gpu_spans, lib, tmp_path, dump_durability=mode)
     for i in range(10):
         out = m.combine(torch.full((1024,), float(i)), torch.zeros(1024))
         out.fill_(-1.0)
@@ -184,9 +162,7 @@ def test_a_raised_exception_is_recorded_and_reaches_the_caller_untouched(
     otel_gpu_spans, lib, tmp_path, mode
 ):
     """The caller gets the same exception object; the manifest says raised once written."""
-    root = tmp_path / "d"
-    otel_gpu_spans(level=10, dump_dir=str(root), dump_durability=mode)
-    m = lib()
+    root, m = start_recording(otel_gpu_spans, lib, tmp_path, dump_durability=mode)
     with pytest.raises(ValueError, match="bad input"):
         m.fails(torch.ones(3))
     _finish()
@@ -221,9 +197,7 @@ def test_the_caller_thread_never_fsyncs_in_the_faster_modes(
     otel_gpu_spans, lib, tmp_path, fsyncs, mode
 ):
     """process and async: no fsync on the caller's thread (nor on the writer: nothing is fsync'd)."""
-    root = tmp_path / "d"
-    otel_gpu_spans(level=10, dump_dir=str(root), dump_durability=mode)
-    m = lib()
+    root, m = start_recording(otel_gpu_spans, lib, tmp_path, dump_durability=mode)
     for _ in range(5):
         m.combine(torch.ones(64), torch.ones(64))
     with pytest.raises(ValueError):
@@ -239,9 +213,7 @@ def test_fsync_mode_fsyncs_inputs_manifest_and_directory_before_the_call(
 ):
     """fsync: the caller fsyncs the inputs file, the manifest and the directory (3 per call) before
     the call; the writer fsyncs outputs, manifest and directory after it."""
-    root = tmp_path / "d"
-    otel_gpu_spans(level=10, dump_dir=str(root), dump_durability="fsync")
-    m = lib()
+    _, m = start_recording(otel_gpu_spans, lib, tmp_path, dump_durability="fsync")
     seen = {}
     m.probe(torch.ones(4), lambda x: seen.setdefault("before", fsyncs["caller"]))
     _finish()
@@ -258,9 +230,7 @@ def test_async_writes_the_manifest_once_when_the_call_ends_first(
 ):
     """A call that returns before the writer reached its inputs gets one manifest (completed),
     never an inputs_saved one, and needs no returned marker."""
-    root = tmp_path / "d"
-    otel_gpu_spans(level=10, dump_dir=str(root), dump_durability="async")
-    m = lib()
+    root, m = start_recording(otel_gpu_spans, lib, tmp_path, dump_durability="async")
     gate = threading.Event()
     writes: list[bytes] = []
     real_save, real_write = tensor_files.save_tensors, manifest.write_bytes
@@ -288,9 +258,7 @@ def test_async_marks_a_call_returned_once_its_inputs_saved_manifest_exists(
 ):
     """When the writer saved the inputs while the call ran, the caller creates the returned
     marker, so a process that dies before the outputs are written is never a false crash."""
-    root = tmp_path / "d"
-    otel_gpu_spans(level=10, dump_dir=str(root), dump_durability="async")
-    m = lib()
+    root, m = start_recording(otel_gpu_spans, lib, tmp_path, dump_durability="async")
 
     def wait_for_writer(x):
         assert _recorder().flush(5.0)
@@ -305,9 +273,7 @@ def test_async_marks_a_call_returned_once_its_inputs_saved_manifest_exists(
 def test_async_back_pressure_keeps_every_call_complete(otel_gpu_spans, lib, tmp_path, monkeypatch):
     """With a queue of one call the caller writes itself, after its own queued inputs: nothing lost."""
     monkeypatch.setattr(dump, "_QUEUE_ITEMS", 1)
-    root = tmp_path / "d"
-    otel_gpu_spans(level=10, dump_dir=str(root), dump_durability="async")
-    m = lib()
+    root, m = start_recording(otel_gpu_spans, lib, tmp_path, dump_durability="async")
     for i in range(20):
         m.combine(torch.full((256,), float(i)), torch.zeros(256))
     _finish()
@@ -373,9 +339,7 @@ def test_cuda_copies_use_pinned_buffers_and_are_waited_for_by_the_writer(
     copy; only the writer thread waits for the copies, and the files hold the right values."""
     fake = _FakeCuda()
     fake.install(monkeypatch)
-    root = tmp_path / "d"
-    otel_gpu_spans(level=10, dump_dir=str(root), dump_durability=mode)
-    m = lib()
+    root, m = start_recording(otel_gpu_spans, lib, tmp_path, dump_durability=mode)
     for i in range(8):
         out = m.combine(torch.full((64,), float(i)), torch.ones(64))
         out.fill_(-1.0)

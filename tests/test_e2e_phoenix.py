@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from typing import Any
 
 import phoenix_server
 import pytest
+from commands import otel_gpu_command
 from otlp_receiver import attrs_of
 
 from otel_gpu.traces import ship
@@ -62,14 +62,7 @@ def _project(kind: str, protocol: str) -> str:
 
 
 def _run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(
-        [sys.executable, "-m", "otel_gpu", *args],
-        env=env,
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    proc = otel_gpu_command(args, env, cwd=REPO, timeout=300)
     assert proc.returncode == 0, f"otel-gpu {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}"
     return proc
 

@@ -39,6 +39,7 @@ from otel_gpu.exporters.otlp_json import JsonEncoder, JsonLinesSpanExporter, enc
 from otel_gpu.exporters.otlp_proto import ProtoEncoder, encode_request
 from otel_gpu.exporters.spandata import SpanData
 from otlp_receiver import hex_ids_to_base64
+from test_native_export import assert_same_message
 
 INT64 = st.integers(min_value=-(2**63), max_value=2**63 - 1)
 SCALARS: list[st.SearchStrategy[Any]] = [
@@ -184,17 +185,11 @@ def _official_json(spans: Sequence[Any]) -> ExportTraceServiceRequest:
     return _parse_json(json.dumps(official_json(spans).to_dict(), separators=(",", ":")))
 
 
-def _same(ours: ExportTraceServiceRequest, official: ExportTraceServiceRequest) -> None:
-    a = ours.SerializeToString(deterministic=True)
-    b = official.SerializeToString(deterministic=True)
-    if a != b:  # show the difference readably
-        assert json_format.MessageToDict(ours) == json_format.MessageToDict(official)
-        assert a == b
-
-
 def _check(spans: Sequence[Any]) -> None:
-    _same(ExportTraceServiceRequest.FromString(encode_request(spans)), official_proto(spans))
-    _same(_parse_json(encode_json(spans)), _official_json(spans))
+    assert_same_message(
+        ExportTraceServiceRequest.FromString(encode_request(spans)), official_proto(spans)
+    )
+    assert_same_message(_parse_json(encode_json(spans)), _official_json(spans))
 
 
 # --------------------------------------------------------------------------- properties
@@ -256,8 +251,8 @@ def test_ints_outside_int64_drop_their_attribute_like_the_official_protobuf_enco
     assert [kv.key for kv in official.resource_spans[0].scope_spans[0].spans[0].attributes] == [
         "ok"
     ]
-    _same(ExportTraceServiceRequest.FromString(encode_request([span])), official)
-    _same(_parse_json(encode_json([span])), official)
+    assert_same_message(ExportTraceServiceRequest.FromString(encode_request([span])), official)
+    assert_same_message(_parse_json(encode_json([span])), official)
 
 
 def test_equal_python_values_of_other_types_are_not_confused_by_the_caches() -> None:
@@ -349,7 +344,7 @@ def test_the_exporter_appends_one_parseable_line_per_export(tmp_path: Path) -> N
     expected = [b for b in batches if b] + [_spans(2)]
     assert len(lines) == len(expected)
     for line, batch in zip(lines, expected):
-        _same(_parse_json(line), official_proto(batch))
+        assert_same_message(_parse_json(line), official_proto(batch))
 
 
 def test_the_exporter_writes_whole_lines_from_many_threads() -> None:

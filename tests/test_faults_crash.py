@@ -28,6 +28,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from commands import otel_gpu_command
+from jsonl_spans import read_spans
 
 HERE = Path(__file__).resolve()
 N_CRASHES = 20
@@ -71,44 +73,12 @@ def run_lab(env: dict[str, str], modes: str, count: int, seed: int = 0) -> list[
 
 def recover_cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     """Run ``otel-gpu recover`` as a user would, in ``env``."""
-    return subprocess.run(
-        [sys.executable, "-m", "otel_gpu", "recover", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return otel_gpu_command(["recover", *args], env)
 
 
 def jsonl_spans(path: Path) -> list[dict[str, Any]]:
     """Every span in an OTLP JSON Lines file, each with its resource attributes; every line must parse."""
-    spans = []
-    if not path.exists():
-        return spans
-    for line in path.read_text().splitlines():
-        if not line.strip():
-            continue
-        batch = json.loads(line)  # a torn line fails here
-        for rs in batch.get("resourceSpans", []):
-            resource = {a["key"]: _value(a["value"]) for a in rs["resource"].get("attributes", [])}
-            for ss in rs.get("scopeSpans", []):
-                for span in ss.get("spans", []):
-                    span = dict(span)
-                    span["attrs"] = {
-                        a["key"]: _value(a["value"]) for a in span.get("attributes", [])
-                    }
-                    span["resource"] = resource
-                    spans.append(span)
-    return spans
-
-
-def _value(v: dict[str, Any]) -> Any:
-    (kind, value), *_ = v.items()
-    if kind == "arrayValue":
-        return [_value(x) for x in value.get("values", [])]
-    if kind == "intValue":
-        return int(value)
-    return value
+    return read_spans(path, plain=True) if path.exists() else []
 
 
 def _last_line_spans(path: Path) -> list[dict[str, Any]]:

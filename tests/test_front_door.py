@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from commands import otel_gpu_command
 from jsonl_spans import read_spans
 
 import otel_gpu
@@ -36,14 +37,7 @@ def _env(tmp: Path, **extra: str) -> dict[str, str]:
 
 
 def _otel_gpu(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "otel_gpu", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=cwd,
-        timeout=300,
-    )
+    return otel_gpu_command(args, env, cwd=cwd, timeout=300)
 
 
 def _valid_args(command: str, tmp: Path) -> list[str]:

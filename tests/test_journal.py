@@ -235,8 +235,8 @@ def test_journal_off_writes_nothing(otel_gpu_spans, jdir):
     assert not jdir.exists() or list(jdir.iterdir()) == []
 
 
-def test_reconfigure_and_shutdown_delete_the_journal(otel_gpu_spans, jdir):
-    """A normal shutdown or reconfiguration leaves nothing to recover: the file is deleted."""
+def _one_call_journaled(otel_gpu_spans, jdir):
+    """Level 1 with the journal in ``jdir``; returns a decorated ``f()`` already called once."""
     otel_gpu_spans(level=1, journal_dir=str(jdir))
 
     @otel_gpu.api
@@ -244,6 +244,12 @@ def test_reconfigure_and_shutdown_delete_the_journal(otel_gpu_spans, jdir):
         return 1
 
     f()
+    return f
+
+
+def test_reconfigure_and_shutdown_delete_the_journal(otel_gpu_spans, jdir):
+    """A normal shutdown or reconfiguration leaves nothing to recover: the file is deleted."""
+    f = _one_call_journaled(otel_gpu_spans, jdir)
     first = _journal().path
     assert os.path.exists(first)
     otel_gpu.configure(max_items=4)
@@ -284,13 +290,7 @@ def test_calls_still_running_during_reconfigure_finish_cleanly(otel_gpu_spans, j
 
 def test_heartbeat_tracks_the_export_thread(otel_gpu_spans, jdir):
     """The header's heartbeat advances every export-thread wake-up (the recovered spans' end time)."""
-    otel_gpu_spans(level=1, journal_dir=str(jdir))
-
-    @otel_gpu.api
-    def f():
-        return 1
-
-    f()
+    _one_call_journaled(otel_gpu_spans, jdir)
     first = read(_journal().path).heartbeat_ns
     time.sleep(0.35)
     assert read(_journal().path).heartbeat_ns > first

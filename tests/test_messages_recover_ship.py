@@ -23,6 +23,8 @@ import pytest
 from opentelemetry.sdk.trace.export import SpanExportResult
 from opentelemetry.trace import StatusCode
 from test_faults_crash import child_env, error_spans, jsonl_spans, recover_cli, run_lab
+from test_recover import closed_journal
+from test_ship import ship_cli
 
 from otel_gpu import config
 from otel_gpu.cli import main
@@ -140,16 +142,23 @@ def test_a_destination_that_cannot_be_opened_keeps_the_journal(dead, tmp_path):
     assert again.returncode == 0 and "2 call(s) recovered from 1 dead process(es)" in again.stderr
 
 
+def _recover_beside_a_closed_journal(dead, mode: str, *args: str):
+    """A dead process's journal (``mode``) and a closed one beside it, recovered with ``args``:
+    (result, pid of the dead process, its journal, the closed journal)."""
+    env, case, path = dead(mode=mode)
+    closed = closed_journal(Path(env["OTEL_GPU_JOURNAL_DIR"]))
+    result = recover_cli(env, *args)
+    assert result.returncode == 0, result.stderr
+    return result, case["pid"], path, closed
+
+
 def test_dry_run_says_nothing_was_exported_or_removed(dead, tmp_path):
     """--dry-run: "not exported, journal kept" per journal, a dry-run summary with the calls
     found (it used to read "0 call(s) recovered"), and a closed journal is "kept", not
     "removed" (it is not removed in a dry run)."""
-    env, case, path = dead()
-    closed = _closed_journal(Path(env["OTEL_GPU_JOURNAL_DIR"]))
-    result = recover_cli(env, "--dry-run")
-    assert result.returncode == 0, result.stderr
+    result, pid, path, closed = _recover_beside_a_closed_journal(dead, "kill", "--dry-run")
     assert (
-        f"{path}: pid {case['pid']} died with 2 call(s) in flight (dry run: not exported, "
+        f"{path}: pid {pid} died with 2 call(s) in flight (dry run: not exported, "
         "journal kept)" in result.stderr
     )
     assert f"{closed}: pid {os.getpid()} exited normally: nothing to export, journal kept" in (
@@ -165,12 +174,9 @@ def test_dry_run_says_nothing_was_exported_or_removed(dead, tmp_path):
 def test_empty_and_closed_journals_say_they_were_removed_and_they_are(dead, tmp_path):
     """A process that died idle and one that exited normally: "nothing to export, journal
     removed", and both files are gone; the summary counts the idle one as a dead process."""
-    env, case, path = dead(mode="idle")
-    closed = _closed_journal(Path(env["OTEL_GPU_JOURNAL_DIR"]))
-    result = recover_cli(env)
-    assert result.returncode == 0, result.stderr
+    result, pid, path, closed = _recover_beside_a_closed_journal(dead, "idle")
     assert (
-        f"{path}: pid {case['pid']} died with no call in flight: nothing to export, "
+        f"{path}: pid {pid} died with no call in flight: nothing to export, "
         "journal removed" in result.stderr
     )
     assert f"{closed}: pid {os.getpid()} exited normally: nothing to export, journal removed" in (
@@ -185,7 +191,7 @@ def test_empty_and_closed_journals_say_they_were_removed_and_they_are(dead, tmp_
 def test_a_closed_journal_that_cannot_be_removed_says_so(tmp_path, monkeypatch, capsys):
     """If removing a closed journal fails, the line says it remains and why (it used to end in
     a traceback)."""
-    closed = _closed_journal(tmp_path)
+    closed = closed_journal(tmp_path)
 
     def refuse(path: str) -> None:
         raise PermissionError(13, "Permission denied", path)
@@ -614,18 +620,6 @@ def test_a_misshapen_entry_is_named_by_its_position():
 # --------------------------------------------------------------------------- ship: command line
 
 
-def _cli(args: list[str], **env: str) -> subprocess.CompletedProcess[str]:
-    base = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-    return subprocess.run(
-        [sys.executable, "-m", "otel_gpu", "ship", *args],
-        env={**base, **env},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=REPO,
-    )
-
-
 def test_an_unreachable_endpoint_is_named_and_counted_failed(tmp_path):
     """A closed port: the target line names protocol and endpoint, the summary "0 spans sent,
     2 failed", exit 1; with -q the summary still shows."""
@@ -633,12 +627,12 @@ def test_an_unreachable_endpoint_is_named_and_counted_failed(tmp_path):
     path.write_text(_lines(2))
     endpoint = f"http://127.0.0.1:{_closed_port()}"
     env = {"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_EXPORTER_OTLP_TIMEOUT": "1"}
-    proc = _cli([str(path)], **env)
+    proc = ship_cli([str(path)], **env)
     assert proc.returncode == 1, proc.stderr
     assert f"otel-gpu ship: 2 spans in 1 file -> grpc {endpoint}" in proc.stderr
     assert f"  {path}: 0 sent, 2 failed" in proc.stderr
     assert _summary(proc.stderr, "ship") == "otel-gpu ship: 0 spans sent, 2 failed"
-    quiet = _cli(["-q", str(path)], **env)
+    quiet = ship_cli(["-q", str(path)], **env)
     assert quiet.returncode == 1
     assert _summary(quiet.stderr, "ship") == "otel-gpu ship: 0 spans sent, 2 failed"
     assert "->" not in quiet.stderr
@@ -670,7 +664,7 @@ def test_bad_otlp_variables_are_named_with_exit_code_2(tmp_path, env, message):
     used to end in a traceback)."""
     path = tmp_path / "a.jsonl"
     path.write_text(_lines(1))
-    proc = _cli([str(path)], **env)
+    proc = ship_cli([str(path)], **env)
     assert proc.returncode == 2, proc.stderr
     assert message in proc.stderr
     assert "Traceback" not in proc.stderr and "OTEL_GPU_LOGDEST" not in proc.stderr
@@ -703,7 +697,7 @@ def test_bad_flag_values_name_the_flag_and_the_rule(capsys):
 
 def test_ship_help_states_the_exit_codes_the_code_returns():
     """The help's exit codes: 0 all sent, 1 some or all not sent, 2 invalid input or config."""
-    proc = _cli(["--help"])
+    proc = ship_cli(["--help"])
     text = " ".join(proc.stdout.split())
     assert "Exit codes: 0 every span sent" in text
     assert "1 some or all spans not sent" in text
@@ -711,18 +705,6 @@ def test_ship_help_states_the_exit_codes_the_code_returns():
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def _closed_journal(directory: Path) -> Path:
-    """A journal closed normally whose file could not be deleted then."""
-    j = writer.Journal(str(directory), config.load(env={"OTEL_GPU_LOGLEVEL": "1"}), None)
-    real = writer._unlink
-    try:
-        writer._unlink = lambda p: None
-        j.close()
-    finally:
-        writer._unlink = real
-    return Path(j.path)
 
 
 def _use_env(monkeypatch: pytest.MonkeyPatch, env: dict[str, str]) -> None:

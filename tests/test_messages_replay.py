@@ -12,12 +12,11 @@ import errno
 import importlib.util
 import json
 import os
-import subprocess
 import sys
-import textwrap
 
 import pytest
 import torch
+from dump_files import record_script
 
 from otel_gpu import cli
 from otel_gpu.export import pipeline
@@ -285,29 +284,7 @@ def test_a_function_defined_in_a_script_is_skipped_as_defined_in_main(otel_gpu_s
     """A function of a script run as __main__ is recorded not replayable, and replay skips it
     with that reason: 'defined in __main__ (a script); replay imports modules only'."""
     root = tmp_path / "d"
-    script = tmp_path / "script.py"
-    script.write_text(
-        textwrap.dedent(
-            """
-            import torch, otel_gpu
-
-            @otel_gpu.api
-            def step(x):
-                return x + 1
-
-            step(torch.ones(1))
-            """
-        )
-    )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-    env.update(
-        OTEL_GPU_LOGLEVEL="10",
-        OTEL_GPU_DUMP_DIR=str(root),
-        OTEL_GPU_LOGDEST=str(tmp_path / "spans.jsonl"),
-    )
-    proc = subprocess.run(
-        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120
-    )
+    proc = record_script(tmp_path, calls=1)
     assert proc.returncode == 0, proc.stderr
     (directory,) = _dirs(root)
     manifest = json.load(open(os.path.join(directory, "manifest.json")))
@@ -503,6 +480,20 @@ def test_a_malformed_device_flag_is_a_usage_error_naming_the_item(rec, capsys):
 # ----------------------------------------------------------------------------- outcomes
 
 
+def _replayed_with(m, root, monkeypatch, function: str, body) -> tuple[str, str]:
+    """Replay the one recorded call with ``body`` in place of ``function``: (verdict, detail)."""
+    monkeypatch.setattr(getattr(m, function), "__wrapped__", body)
+    result = _only(_replay(m, root))
+    return result.verdict, result.detail
+
+
+def _raising(exc: BaseException):
+    def body(*args, **kwargs):
+        raise exc
+
+    return body
+
+
 def test_a_call_recorded_as_raising_that_now_returns_is_a_mismatch_naming_the_exception(
     rec, monkeypatch
 ):
@@ -510,9 +501,7 @@ def test_a_call_recorded_as_raising_that_now_returns_is_a_mismatch_naming_the_ex
     m, root = rec
     with pytest.raises(ValueError):
         m.fails(torch.ones(1))
-    monkeypatch.setattr(m.fails, "__wrapped__", lambda x: x)
-    result = _only(_replay(m, root))
-    assert (result.verdict, result.detail) == (
+    assert _replayed_with(m, root, monkeypatch, "fails", lambda x: x) == (
         "mismatch",
         "returned, but the recorded call raised builtins.ValueError",
     )
@@ -524,13 +513,7 @@ def test_a_call_that_now_raises_another_type_names_both_types_alike(rec, monkeyp
     m, root = rec
     with pytest.raises(ValueError):
         m.fails(torch.ones(1))
-
-    def other(x):
-        raise TypeError("wrong kind")
-
-    monkeypatch.setattr(m.fails, "__wrapped__", other)
-    result = _only(_replay(m, root))
-    assert (result.verdict, result.detail) == (
+    assert _replayed_with(m, root, monkeypatch, "fails", _raising(TypeError("wrong kind"))) == (
         "mismatch",
         "raised builtins.TypeError: wrong kind; the recorded call raised builtins.ValueError",
     )
@@ -540,13 +523,8 @@ def test_a_call_that_now_raises_where_the_recording_returned_says_both(rec, monk
     """error: 'raised RuntimeError: <msg>; the recorded call returned' — not a bare exception."""
     m, root = rec
     m.scale(torch.ones(1))
-
-    def broken(x, factor=2.0):
-        raise RuntimeError("kernel exploded")
-
-    monkeypatch.setattr(m.scale, "__wrapped__", broken)
-    result = _only(_replay(m, root))
-    assert (result.verdict, result.detail) == (
+    broken = _raising(RuntimeError("kernel exploded"))
+    assert _replayed_with(m, root, monkeypatch, "scale", broken) == (
         "error",
         "raised RuntimeError: kernel exploded; the recorded call returned",
     )

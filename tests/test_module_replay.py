@@ -10,7 +10,6 @@ import torch
 
 import otel_gpu
 from otel_gpu.export import pipeline
-from otel_gpu.recorder import module_state
 from otel_gpu.replay import Allow, Options, replay
 
 LIB = """
@@ -37,11 +36,7 @@ class Opaque(nn.Module):
 """
 
 
-@pytest.fixture(autouse=True)
-def _fresh_states():
-    module_state._reset_for_tests()
-    yield
-    module_state._reset_for_tests()
+pytestmark = pytest.mark.usefixtures("fresh_module_states")
 
 
 def _record(otel_gpu_spans, module_factory, tmp_path, **settings):

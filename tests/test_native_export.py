@@ -128,7 +128,8 @@ def _parse_json(text: str, message: Any) -> Any:
     return json_format.Parse(json.dumps(hex_ids_to_base64(json.loads(text), strict=True)), message)
 
 
-def _same(ours: Any, official: Any) -> None:
+def assert_same_message(ours: Any, official: Any) -> None:
+    """The two protobuf messages serialise to the same bytes (shown as dicts when they differ)."""
     a = ours.SerializeToString(deterministic=True)
     b = official.SerializeToString(deterministic=True)
     if a != b:  # show the difference readably
@@ -147,9 +148,9 @@ def _compare_records(pipe: pipeline.Pipeline, calls: list[Any]) -> list[SpanData
         proto, text = ProtoEncoder(), JsonEncoder()
         for _ in range(encoders + 1):
             ours = ExportTraceServiceRequest.FromString(proto.encode(native))
-            _same(ours, official_proto(readable))
+            assert_same_message(ours, official_proto(readable))
             theirs = json.dumps(official_json(readable).to_dict(), separators=(",", ":"))
-            _same(
+            assert_same_message(
                 _parse_json(text.encode(native), ExportTraceServiceRequest()),
                 _parse_json(theirs, ExportTraceServiceRequest()),
             )

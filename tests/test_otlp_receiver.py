@@ -15,7 +15,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 import pytest
@@ -213,6 +213,27 @@ def test_custom_headers_from_environment_are_recorded(
         assert span.name == "lonely"
 
 
+@contextmanager
+def _export_one(
+    receiver: ReceiverFactory,
+    make_exporter: Callable[..., SpanExporter],
+    behaviour: str,
+    timeout: float,
+    name: str,
+) -> Iterator[tuple[Any, SpanExportResult, float]]:
+    """Export one span named ``name`` to a receiver with ``behaviour``, then shut the exporter
+    down; yields (receiver, result, seconds export() took) inside the receiver's context."""
+    with receiver(behaviour=behaviour) as rx:
+        exporter = make_exporter(rx, timeout=timeout)
+        try:
+            started = time.monotonic()
+            result = exporter.export([_unexported_span(name)])
+            elapsed = time.monotonic() - started
+        finally:
+            exporter.shutdown()
+        yield rx, result, elapsed
+
+
 @pytest.mark.parametrize(("receiver", "make_exporter"), TRANSPORTS)
 def test_refuse_makes_export_fail_after_bounded_retries(
     receiver: ReceiverFactory, make_exporter: Callable[..., SpanExporter]
@@ -221,14 +242,11 @@ def test_refuse_makes_export_fail_after_bounded_retries(
     within the exporter's timeout. The refusal is retryable, so with a 2 s timeout the
     exporter backs off (~1 s) and tries again: the receiver records both attempts."""
     timeout = 2.0
-    with receiver(behaviour="refuse") as rx:
-        exporter = make_exporter(rx, timeout=timeout)
-        try:
-            started = time.monotonic()
-            result = exporter.export([_unexported_span("refused")])
-            elapsed = time.monotonic() - started
-        finally:
-            exporter.shutdown()
+    with _export_one(receiver, make_exporter, "refuse", timeout, "refused") as (
+        rx,
+        result,
+        elapsed,
+    ):
         assert result == SpanExportResult.FAILURE
         assert elapsed < timeout + 1.5
         assert len(rx.received.requests()) >= 2
@@ -243,14 +261,7 @@ def test_hang_times_out_export_and_exits_promptly(
     FAILURE around its own timeout, and leaving the context manager does not wait
     for the hung handler."""
     timeout = 1.0
-    with receiver(behaviour="hang") as rx:
-        exporter = make_exporter(rx, timeout=timeout)
-        try:
-            started = time.monotonic()
-            result = exporter.export([_unexported_span("hung")])
-            elapsed = time.monotonic() - started
-        finally:
-            exporter.shutdown()
+    with _export_one(receiver, make_exporter, "hang", timeout, "hung") as (rx, result, elapsed):
         assert result == SpanExportResult.FAILURE
         assert elapsed < timeout + 1.5
         assert rx.received.wait_for_spans(1, timeout=1.0)[0][1].name == "hung"

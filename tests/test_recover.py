@@ -376,17 +376,22 @@ def test_files_that_are_not_our_journals_are_left_alone(crashes, tmp_path):
         assert states[str(theirs)] == "invalid" and theirs.exists()
 
 
-def test_a_journal_closed_normally_but_not_deleted_is_cleaned_up(tmp_path):
-    """If deleting failed at exit, the header says closed: recover removes the file, exports nothing."""
-    settings = config.load(env={"OTEL_GPU_LOGLEVEL": "1"})
-    j = writer.Journal(str(tmp_path), settings, None)
-    path = j.path
-    monkey_unlink = writer._unlink
+def closed_journal(directory: Path) -> Path:
+    """A journal closed normally whose file could not be deleted then."""
+    j = writer.Journal(str(directory), config.load(env={"OTEL_GPU_LOGLEVEL": "1"}), None)
+    real = writer._unlink
     try:
         writer._unlink = lambda p: None
         j.close()
     finally:
-        writer._unlink = monkey_unlink
+        writer._unlink = real
+    return Path(j.path)
+
+
+def test_a_journal_closed_normally_but_not_deleted_is_cleaned_up(tmp_path):
+    """If deleting failed at exit, the header says closed: recover removes the file, exports nothing."""
+    settings = config.load(env={"OTEL_GPU_LOGLEVEL": "1"})
+    path = str(closed_journal(tmp_path))
     assert os.path.exists(path)
     processor, exporter = _memory()
     (outcome,) = recover.recover(settings, str(tmp_path), processor=processor)

@@ -8,12 +8,13 @@ import sys
 
 import pytest
 import torch
+from crafted_dumps import crafted_manifest, write_call
+from dump_files import finish as _finish
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from otel_gpu import cli
-from otel_gpu.export import pipeline
 from otel_gpu.replay import Allow, Options, compare, replay
 
 LIB = """
@@ -105,10 +106,6 @@ def _record(otel_gpu_spans, tmp_path, fmt="torch"):
     root = tmp_path / "d"
     spans = otel_gpu_spans(level=10, dump_dir=str(root), dump_format=fmt)
     return root, spans
-
-
-def _finish() -> None:
-    pipeline.reset(timeout=2.0)
 
 
 def _opts(module, **kw) -> Options:
@@ -329,24 +326,10 @@ def test_crafted_manifest_cannot_call_arbitrary_functions_or_read_outside(
     otel_gpu_spans, lib, tmp_path
 ):
     """A manifest naming os.system is refused (os is denylisted: no Allow can name it), and file names cannot escape the call dir."""
-    call = tmp_path / "000001-20250101T000000.000000-0123456789abcdef-os.system"
-    call.mkdir()
-    manifest = {
-        "schema_version": 1,
-        "status": "completed",
-        "function": {
-            "span_name": "os.system",
-            "module": "os",
-            "qualname": "system",
-            "receiver": False,
-        },
-        "replayable": True,
-        "files": {"inputs": None, "outputs": None},
-        "tensors": {},
-        "params": [{"name": "command", "default": False, "value": {"t": "str", "v": "touch x"}}],
-        "result": {"t": "int", "v": 0},
-    }
-    (call / "manifest.json").write_text(json.dumps(manifest))
+    function = {"span_name": "os.system", "module": "os", "qualname": "system"}
+    command = {"t": "str", "v": "touch x"}
+    manifest = crafted_manifest(function, [("command", command)], result={"t": "int", "v": 0})
+    call = write_call(tmp_path, manifest)
     (result,) = replay(str(tmp_path), Options(allow=Allow(["mylib"])))
     assert result.verdict == "error" and "refused: function os.system is in 'os'" in result.detail
     with pytest.raises(ValueError, match="'os' is on replay's denylist"):

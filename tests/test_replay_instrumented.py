@@ -8,6 +8,7 @@ import os
 import shutil
 
 import torch
+from crafted_dumps import crafted_manifest, write_call
 
 import otel_gpu
 from otel_gpu import cli
@@ -60,36 +61,14 @@ def test_a_crafted_dump_cannot_make_replay_call_os_system(tmp_path, capsys):
     error (exit 2, os is denylisted), and --trust-dump refuses the call (error, exit 1); never
     instrumented, never called (the command it carries never runs)."""
     marker = tmp_path / "pwned"
-    call_dir = tmp_path / "d" / "000001-20260101T000000.000000-0123456789abcdef-os.system"
-    call_dir.mkdir(parents=True)
-    manifest = {
-        "schema_version": 1,
-        "status": "completed",
-        "function": {
-            "span_name": "os.system",
-            "module": "os",
-            "qualname": "system",
-            "file": None,
-            "receiver": False,
-            "instrumented": "os.system",
-        },
-        "replayable": True,
-        "why_not_replayable": None,
-        "trace_id": "0" * 31 + "1",
-        "span_id": "0123456789abcdef",
-        "parent_span_id": None,
-        "files": {"inputs": None, "outputs": None},
-        "tensors": {},
-        "params": [
-            {"name": "command", "default": False, "value": {"t": "str", "v": f"touch {marker}"}}
-        ],
-        "receiver": None,
-        "result": {"t": "int", "v": 0},
-        "mutated": {},
-        "outputs_skipped": None,
-        "exception": None,
-    }
-    (call_dir / "manifest.json").write_text(json.dumps(manifest))
+    function = {"span_name": "os.system", "module": "os", "qualname": "system"}
+    command = {"t": "str", "v": f"touch {marker}"}
+    manifest = crafted_manifest(
+        {**function, "instrumented": "os.system"},
+        [("command", command)],
+        result={"t": "int", "v": 0},
+    )
+    write_call(tmp_path / "d", manifest)
     code = cli.main(["replay", "--dir", str(tmp_path / "d"), "--allow-module", "os", "--json"])
     out, err = capsys.readouterr()
     assert code == 2 and out == ""

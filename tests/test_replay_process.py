@@ -11,6 +11,7 @@ import textwrap
 
 import pytest
 import torch
+from dump_files import call_dirs as _sorted_dirs
 
 from otel_gpu.export import pipeline
 from otel_gpu.recorder import tensor_files
@@ -43,10 +44,6 @@ def _env(tmp_path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     env.update(PYTHONPATH=os.pathsep.join([str(tmp_path), env.get("PYTHONPATH", "")]), **extra)
     return env
-
-
-def _sorted_dirs(root) -> list[str]:
-    return sorted(os.path.join(root, d) for d in os.listdir(root))
 
 
 def test_sigkill_inside_a_call_leaves_loadable_inputs_and_replay_says_crashed_originally(

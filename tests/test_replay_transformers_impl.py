@@ -16,20 +16,12 @@ import torch
 import otel_gpu
 from otel_gpu.export import pipeline
 from otel_gpu.recorder import manifest as _manifest
-from otel_gpu.recorder import module_state
 from otel_gpu.replay import Allow, Options, replay
 from otel_gpu.replay.call import prepare_call
 
 pytest.importorskip("transformers")
 
-pytestmark = [pytest.mark.transformers]
-
-
-@pytest.fixture(autouse=True)
-def _fresh_states():
-    module_state._reset_for_tests()
-    yield
-    module_state._reset_for_tests()
+pytestmark = [pytest.mark.transformers, pytest.mark.usefixtures("fresh_module_states")]
 
 
 def _bert():

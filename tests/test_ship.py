@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from commands import otel_gpu_command, without_otel
 from opentelemetry import trace
 from opentelemetry.exporter.otlp.json.file import FileSpanExporter
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
@@ -614,16 +615,9 @@ def test_describe_target_follows_the_standard_variables() -> None:
 # --------------------------------------------------------------------------- command line
 
 
-def _cli(args: list[str], **env: str) -> subprocess.CompletedProcess[str]:
-    base = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-    return subprocess.run(
-        [sys.executable, "-m", "otel_gpu", "ship", *args],
-        env={**base, **env},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=REPO,
-    )
+def ship_cli(args: list[str], **env: str) -> subprocess.CompletedProcess[str]:
+    """``otel-gpu ship ARGS`` in a subprocess, without the caller's OTEL_* variables."""
+    return otel_gpu_command(["ship", *args], without_otel(**env), cwd=REPO)
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
@@ -631,7 +625,7 @@ def test_cli_ships_and_summarises(protocol: str, demo_file: Path) -> None:
     """``otel-gpu ship FILE`` sends to OTEL_EXPORTER_OTLP_ENDPOINT with the protocol the standard
     variable names, prints the target, per-file progress and the summary, and exits 0."""
     with _receiver(protocol)() as rx:
-        proc = _cli(
+        proc = ship_cli(
             [str(demo_file)],
             OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=protocol,
             OTEL_EXPORTER_OTLP_ENDPOINT=rx.endpoint,

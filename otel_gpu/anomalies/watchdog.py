@@ -30,6 +30,20 @@ from typing import TYPE_CHECKING
 from opentelemetry.trace import SpanContext, TraceFlags
 
 from otel_gpu import _guard
+from otel_gpu.attributes import (
+    CODE_STACKTRACE,
+    EVENT_THREAD_STACK,
+    RING_DUMP_DIR,
+    STUCK,
+    STUCK_AFTER,
+    STUCK_CALL,
+    STUCK_SECONDS,
+    STUCK_SPAN_ID,
+    STUCK_SPAN_NAME,
+    STUCK_THREAD,
+    THREAD_ID,
+    THREAD_NAME,
+)
 from otel_gpu.calls.record import Call, CallSpan
 from otel_gpu.config import Settings
 
@@ -37,10 +51,8 @@ if TYPE_CHECKING:
     from otel_gpu.export.pipeline import Pipeline
     from otel_gpu.recorder.ring import Ring
 
-__all__ = ["ATTR_STUCK", "Watchdog"]
+__all__ = ["Watchdog"]
 
-ATTR_STUCK = "otel_gpu.stuck"
-"""Span attribute: true on the span that reports a stuck call."""
 _STACK_LIMIT = 2048  # bytes of a thread's stack: the innermost frames are kept
 
 
@@ -50,7 +62,7 @@ class _StuckPlan:
     __slots__ = ("attributes", "level", "name")
 
     def __init__(self, call: Call) -> None:
-        self.name = f"otel_gpu.stuck {call.plan.name}"
+        self.name = STUCK_SPAN_NAME + call.plan.name
         self.level = call.plan.level
         self.attributes = dict(call.plan.attributes)
 
@@ -121,7 +133,7 @@ class Watchdog:
         if ring is not None:  # first, so the report can name the dump
             directory = ring.dump_for(call, "stuck")
             if directory is not None:
-                span.span.set_attribute("otel_gpu.ring.dump.dir", directory)
+                span.span.set_attribute(RING_DUMP_DIR, directory)
         self.pipeline.export_now(span)
 
     def _span(self, call: Call, thread_id: int, seconds: float) -> Call:
@@ -141,24 +153,24 @@ class Watchdog:
         record.inputs = call.inputs  # the metadata taken when the call started
         record.span.set_attributes(
             {
-                ATTR_STUCK: True,
-                "otel_gpu.stuck.seconds": round(seconds, 3),
-                "otel_gpu.stuck.after": self.after,
-                "otel_gpu.stuck.call": call.plan.name,
-                "otel_gpu.stuck.span_id": format(parent.span_id, "016x"),
-                "thread.id": thread_id,
+                STUCK: True,
+                STUCK_SECONDS: round(seconds, 3),
+                STUCK_AFTER: self.after,
+                STUCK_CALL: call.plan.name,
+                STUCK_SPAN_ID: format(parent.span_id, "016x"),
+                THREAD_ID: thread_id,
             }
         )
         names = {t.ident: t.name for t in threading.enumerate()}
         for ident, frame in sys._current_frames().items():
             stack = "".join(traceback.format_stack(frame))
             record.span.add_event(
-                "otel_gpu.thread_stack",
+                EVENT_THREAD_STACK,
                 {
-                    "thread.id": ident,
-                    "thread.name": names.get(ident, "?"),
-                    "otel_gpu.stuck.thread": ident == thread_id,
-                    "code.stacktrace": _tail(stack, _STACK_LIMIT),
+                    THREAD_ID: ident,
+                    THREAD_NAME: names.get(ident, "?"),
+                    STUCK_THREAD: ident == thread_id,
+                    CODE_STACKTRACE: _tail(stack, _STACK_LIMIT),
                 },
                 now,
             )

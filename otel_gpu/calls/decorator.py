@@ -12,6 +12,7 @@ import functools
 import inspect
 import os
 import random
+import sys
 import time
 import types
 from collections.abc import Callable
@@ -22,7 +23,14 @@ from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext, Status, StatusCode, TraceFlags
 
 from otel_gpu import _guard, config
-from otel_gpu.calls import metadata, stats
+from otel_gpu.attributes import (
+    CODE_FILE_PATH,
+    CODE_FUNCTION_NAME,
+    CODE_LINE_NUMBER,
+    STATS_INF_COUNT,
+    STATS_NAN_COUNT,
+)
+from otel_gpu.calls import compiled, metadata, stats
 from otel_gpu.calls.record import Call, CallSpan
 from otel_gpu.devices import cuda
 from otel_gpu.export import pipeline
@@ -57,6 +65,7 @@ _attach = otel_context.attach
 _detach = otel_context.detach
 _getrandbits = random.getrandbits  # reseeded in fork children by the random module
 _time_ns = time.time_ns
+_POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
 
 
 def _qualified_name(fn: Any) -> str:
@@ -70,6 +79,7 @@ class _Plan:
     """What a decorated function's calls must do, fixed at decoration time."""
 
     __slots__ = (
+        "__weakref__",
         "attributes",
         "binder",
         "capture_stats",
@@ -79,12 +89,14 @@ class _Plan:
         "module",
         "name",
         "on_nonfinite",
+        "param_names",
         "qualname",
         "receiver",
         "receiver_passed",
         "redact",
         "redacted",
         "replay_note",
+        "skip",
     )
 
     def __init__(
@@ -103,10 +115,10 @@ class _Plan:
         code = getattr(fn, "__code__", None)
         self.module = getattr(fn, "__module__", None) or type(fn).__module__
         self.qualname = getattr(fn, "__qualname__", None) or type(fn).__qualname__
-        self.attributes: dict[str, Any] = {"code.function.name": f"{self.module}.{self.qualname}"}
+        self.attributes: dict[str, Any] = {CODE_FUNCTION_NAME: f"{self.module}.{self.qualname}"}
         if code is not None:
-            self.attributes["code.file.path"] = code.co_filename
-            self.attributes["code.line.number"] = code.co_firstlineno
+            self.attributes[CODE_FILE_PATH] = code.co_filename
+            self.attributes[CODE_LINE_NUMBER] = code.co_firstlineno
         if attributes:
             self.attributes.update(attributes)
         # Calls pass the receiver as args[0] only for functions decorated in a class body (or taken
@@ -123,11 +135,17 @@ class _Plan:
         )
         self.redact = settings.redact
         try:
-            names = list(inspect.signature(signed).parameters)
+            params = list(inspect.signature(signed).parameters.values())
         except (TypeError, ValueError):
-            names = []
+            params = []
+        names = [p.name for p in params]
         # top-level parameter names that look like secrets (the flight recorder uses this)
         self.redacted = frozenset(n for n in names if metadata.is_secret(n, self.redact))
+        # under torch.compile: positional parameter names, after the receiver passed as args[0]
+        positional = [p.name for p in params if p.kind in _POSITIONAL]
+        passed = shape.receiver_passed and positional[:1] in (["self"], ["cls"])
+        self.skip = 1 if passed else 0
+        self.param_names = tuple(positional[self.skip :])
         # CUDA graph capture can only be in progress where CUDA exists; decide the check now.
         self.capture_stats: Callable[[], bool] | None = None
         if self.level >= 5:
@@ -210,7 +228,7 @@ def _traceback_of(exc: BaseException) -> Any:
 def _nonfinite(call: Call, result: Any) -> NonFiniteError | None:
     """OTEL_GPU_ON_NONFINITE=error/raise: status ERROR naming the tensors (dump: the ring writes)."""
     bad = {
-        s.key: (s.values.get("nan_count", 0), s.values.get("inf_count", 0))
+        s.key: (s.values.get(STATS_NAN_COUNT, 0), s.values.get(STATS_INF_COUNT, 0))
         for s in call.stats
         if s.nonfinite
     }
@@ -228,13 +246,19 @@ def _nonfinite(call: Call, result: Any) -> NonFiniteError | None:
 def _launch_stats(plan: _Plan, prefix: str, tensors: list[tuple[str, Any]]) -> list[stats.Pending]:
     """Start the reductions for a call's tensors, or record why not (CUDA graph capture)."""
     if plan.capture_stats is not None and plan.capture_stats():
-        return [stats.skipped(prefix + k, t.numel(), stats.CAPTURE_NOTE) for k, t in tensors]
+        # CUDA graph capture: into static device buffers, read after replays (devices/cuda_graphs)
+        return [stats.capture(prefix + k, t) for k, t in tensors]
     return [stats.compute(prefix + k, t) for k, t in tensors]
 
 
-def _begin(plan: _Plan, pipe: pipeline.Pipeline) -> Call | NonRecordingSpan | None:
-    """Ids and context for a new call; None when the parent says the trace is not sampled."""
-    parent: SpanContext | None = _get_current_span().get_span_context()
+def _begin(
+    plan: _Plan, pipe: pipeline.Pipeline, current: trace.Span | None = None
+) -> Call | NonRecordingSpan | None:
+    """Ids and context for a new call; None when the parent says the trace is not sampled.
+
+    ``current``: the parent span when it is not the context's (calls inside compiled graphs).
+    """
+    parent: SpanContext | None = (current or _get_current_span()).get_span_context()
     if parent is not None and parent.is_valid:
         if not parent.trace_flags.sampled:
             return None
@@ -306,7 +330,7 @@ def _make_wrapper(
         nonfinite: NonFiniteError | None = None
         if pending:
             try:
-                call.stats = stats.finish(pending)
+                call.stats = stats.finish(pending, call)
                 if plan.on_nonfinite != "mark":
                     nonfinite = _nonfinite(call, result)
             except BaseException as exc:  # user hooks run here
@@ -328,6 +352,8 @@ def _make_wrapper(
             # user's own exception, which passes through untouched
             raise nonfinite
 
+    heavy = level >= 3  # metadata (and stats) to capture around every call
+
     if inspect.iscoroutinefunction(fn):
 
         @functools.wraps(fn)
@@ -342,7 +368,9 @@ def _make_wrapper(
                     return await fn(*args, **kwargs)
                 finally:
                     _detach(token)
-            pending = before(call, pipe, args, kwargs)
+            # Level 1 with no observer skips before()/after(), as the sync wrapper does.
+            busy = heavy or pipe.observers_at[level]
+            pending = before(call, pipe, args, kwargs) if busy else None
             token = _attach(_set_span_in_context(call.span))
             call.start_ns = _time_ns()
             try:
@@ -352,19 +380,31 @@ def _make_wrapper(
                 _detach(token)
                 call.exc = exc
                 call.tb = _traceback_of(exc)
-                after(call, pipe, None, pending)
+                if busy:
+                    after(call, pipe, None, pending)
+                else:
+                    pipe.submit(call)
                 raise
             call.end_ns = _time_ns()
             _detach(token)
-            after(call, pipe, result, pending)
+            if busy:
+                after(call, pipe, result, pending)
+            else:
+                pipe.submit(call)
             return result
 
         return async_wrapper
 
-    heavy = level >= 3  # metadata (and stats) to capture around every call
+    is_compiling = compiled.is_compiling
+    plan_id = compiled.register(plan)
+    compiled_call = compiled.call
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        # While Dynamo traces: graph operators instead of locks and clocks (calls/compiled.py);
+        # the check costs ~0.07 µs per eager call
+        if is_compiling():
+            return compiled_call(plan_id, plan, fn, args, kwargs)
         pipe = get_pipeline()
         call = _begin(plan, pipe) if pipe is not None else None
         if call is None or pipe is None:
@@ -474,4 +514,7 @@ def flush(timeout: float | None = None) -> bool:
     pipe = pipeline.current()
     if pipe is None or pipe.pid != os.getpid():
         return True
+    graphs = sys.modules.get("otel_gpu.devices.cuda_graphs")
+    if graphs is not None:  # CUDA-graph replays still being read become spans first
+        graphs.flush(pipe.settings.flush_timeout if timeout is None else timeout)
     return pipe.flush(timeout)

@@ -21,6 +21,12 @@ from opentelemetry import trace
 from opentelemetry.trace import Link, SpanContext, Status, StatusCode
 from opentelemetry.util import types
 
+from otel_gpu.attributes import (
+    EVENT_EXCEPTION,
+    EXCEPTION_MESSAGE,
+    EXCEPTION_STACKTRACE,
+    EXCEPTION_TYPE,
+)
 from otel_gpu.calls import _describe
 
 __all__ = ["Call", "CallSpan"]
@@ -85,7 +91,7 @@ class CallSpan(trace.Span):
         attrs: dict[str, Any] = dict(exception_attributes(exception, exception.__traceback__))
         if attributes:
             attrs.update(attributes)
-        self.add_event("exception", attrs, timestamp)
+        self.add_event(EVENT_EXCEPTION, attrs, timestamp)
 
     def end(self, end_time: int | None = None) -> None:
         """Ignored: the decorator ends the call's span when the call returns."""
@@ -106,11 +112,9 @@ def exception_attributes(exc: BaseException, tb: Any, off_thread: bool = False) 
     else:
         message, stack = _safe_str(exc), _safe_traceback(cls, exc, tb)
     return {
-        "exception.type": qualname
-        if module in ("builtins", "__main__")
-        else f"{module}.{qualname}",
-        "exception.message": _head(message, _MAX_BYTES),
-        "exception.stacktrace": _tail(stack, _MAX_BYTES),
+        EXCEPTION_TYPE: qualname if module in ("builtins", "__main__") else f"{module}.{qualname}",
+        EXCEPTION_MESSAGE: _head(message, _MAX_BYTES),
+        EXCEPTION_STACKTRACE: _tail(stack, _MAX_BYTES),
     }
 
 

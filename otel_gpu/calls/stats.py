@@ -25,11 +25,40 @@ from typing import Any
 
 import torch
 
+from otel_gpu.attributes import (
+    STATS_INF_COUNT,
+    STATS_MAX,
+    STATS_MEAN,
+    STATS_MIN,
+    STATS_NAN_COUNT,
+    STATS_NOTE,
+    STATS_NUMEL,
+    STATS_STD,
+    STATS_TENSOR,
+)
 from otel_gpu.devices import cuda
 
-__all__ = ["CAPTURE_NOTE", "Pending", "TensorStats", "compute", "finish", "skipped"]
+__all__ = [
+    "CAPTURED_NOTE",
+    "CAPTURED_ROW",
+    "CAPTURE_NOTE",
+    "Pending",
+    "TensorStats",
+    "capture",
+    "captured_stats",
+    "compute",
+    "finish",
+    "skipped",
+]
 
 CAPTURE_NOTE = "statistics skipped: CUDA graph capture in progress"
+CAPTURED_NOTE = (
+    "statistics not known at CUDA graph capture: recorded on the device at each replay, read "
+    "into the replay spans (otel_gpu.cuda_graph.replay)"
+)
+CAPTURED_ROW = 7
+"""Values per tensor in a captured call's static buffer: NaN count, Inf count, finite count,
+finite min, finite max, finite mean, sum of squared deviations from that mean."""
 
 _NATIVE_FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 # float32 sums of squares cancel when mean**2 dwarfs the variance; past this ratio refine in float64.
@@ -47,13 +76,13 @@ class TensorStats:
 
     @property
     def nonfinite(self) -> bool:
-        return bool(self.values.get("nan_count", 0) or self.values.get("inf_count", 0))
+        return bool(self.values.get(STATS_NAN_COUNT, 0) or self.values.get(STATS_INF_COUNT, 0))
 
 
 class Pending:
     """Statistics launched on the device but not yet read back."""
 
-    __slots__ = ("integer", "key", "note", "numel", "source", "vec")
+    __slots__ = ("captured", "integer", "key", "note", "numel", "source", "vec")
 
     def __init__(
         self,
@@ -70,6 +99,7 @@ class Pending:
         self.source = source
         self.note = note
         self.integer = integer
+        self.captured = False  # vec is a static buffer a CUDA graph writes at each replay
 
 
 def skipped(key: str, numel: int, note: str) -> Pending:
@@ -122,6 +152,70 @@ def compute(key: str, t: torch.Tensor) -> Pending:
     return Pending(key, numel, vec.to(torch.float64), x, note, integer=not counts_apply)
 
 
+def capture(key: str, t: torch.Tensor) -> Pending:
+    """During CUDA graph capture: record ``t``'s statistics into a static device vector.
+
+    Only graph-capturable ops: elementwise kernels and full reductions, whose results stay on
+    the device (no boolean indexing, no ``.item()``, no host read). Every temporary is allocated
+    during capture, so from the graph's private pool, and the vector itself is kept alive with
+    the graph's record (:mod:`otel_gpu.devices.cuda_graphs`), so each replay rewrites it in
+    place. NaN/Inf counts and finite-only, float64 two-pass moments are computed on every
+    replay, since no refine pass can run later: about a dozen kernels per tensor.
+    """
+    numel = t.numel()
+    if numel == 0:
+        return Pending(key, 0, None, None, "empty tensor")
+    x, note, counts_apply = _prepare(t)
+    if x is None:
+        return Pending(key, numel, None, None, note)
+    pending = Pending(key, numel, _captured_vector(x), None, note, integer=not counts_apply)
+    pending.captured = True
+    return pending
+
+
+def _captured_vector(x: torch.Tensor) -> torch.Tensor:
+    """[nan, inf, finite count, finite min, finite max, finite mean, sum of squared deviations]."""
+    xd = x.to(torch.float64)
+    finite = torch.isfinite(xd)
+    nan = torch.isnan(xd).sum()
+    count = finite.sum()
+    inf = (~finite).sum() - nan
+    lo = torch.where(finite, xd, math.inf).amin()
+    hi = torch.where(finite, xd, -math.inf).amax()
+    mean = torch.where(finite, xd, 0.0).sum() / count  # NaN when nothing is finite
+    m2 = torch.where(finite, xd - mean, 0.0).square().sum()
+    parts = (nan.to(torch.float64), inf.to(torch.float64), count.to(torch.float64))
+    return torch.stack([*parts, lo, hi, mean, m2])
+
+
+def captured_stats(
+    key: str, numel: int, note: str | None, integer: bool, row: list[float]
+) -> TensorStats:
+    """The statistics of one tensor from its row of a captured call's buffer, read after a replay."""
+    stats = TensorStats(key, numel, note=note)
+    nan_n, inf_n, n_finite, lo, hi, mean, m2 = row
+    values = stats.values
+    if not integer:
+        values[STATS_NAN_COUNT] = int(nan_n)
+        values[STATS_INF_COUNT] = int(inf_n)
+    if n_finite == 0:
+        stats.note = _join(stats.note, "no finite values: min/max/mean/std left out")
+        return stats
+    std = math.sqrt(max(m2, 0.0) / (n_finite - 1)) if n_finite > 1 else None
+    if note and note.startswith("integer"):
+        values[STATS_MIN], values[STATS_MAX] = int(lo), int(hi)
+    else:
+        values[STATS_MIN], values[STATS_MAX] = lo, hi
+    values[STATS_MEAN] = mean
+    if std is not None:
+        values[STATS_STD] = std
+    elif stats.note is None:
+        stats.note = "std needs at least 2 elements"
+    if nan_n or inf_n:
+        stats.note = _join(stats.note, "min/max/mean/std over finite values only")
+    return stats
+
+
 def _moments(n: int, total: float, sumsq: float) -> tuple[float, float | None, bool]:
     """Mean and sample std from the sum and the sum of squares; True if precision is doubtful."""
     mean = total / n
@@ -132,9 +226,21 @@ def _moments(n: int, total: float, sumsq: float) -> tuple[float, float | None, b
     return mean, math.sqrt(var), doubtful
 
 
-def finish(pending: list[Pending]) -> list[TensorStats]:
-    """Read every pending vector back (one host read) and complete the statistics."""
+def finish(pending: list[Pending], call: Any = None) -> list[TensorStats]:
+    """Read every pending vector back (one host read) and complete the statistics.
+
+    Vectors recorded during CUDA graph capture (:func:`capture`) are not read: they go to the
+    graph's record of ``call`` and are read after each replay; their events say so.
+    """
     results: list[TensorStats] = []
+    captured = [p for p in pending if p.captured]
+    if captured:
+        from otel_gpu.devices import cuda_graphs
+
+        cuda_graphs.record(call).add_stats(pending)
+        for p in captured:
+            p.note = _join(p.note, CAPTURED_NOTE)
+            p.vec = None
     live = [p for p in pending if p.vec is not None]
     rows = cuda.read_scalars([p.vec for p in live]) if live else []  # type: ignore[misc]
     row_of = {id(p): row for p, row in zip(live, rows)}
@@ -174,56 +280,33 @@ def _fill(
 ) -> None:
     values = stats.values
     if p.integer and stats.note and stats.note.startswith("integer"):
-        values["min"], values["max"] = int(mn), int(mx)
+        values[STATS_MIN], values[STATS_MAX] = int(mn), int(mx)
     else:
-        values["min"], values["max"] = mn, mx
-    values["mean"] = mean
+        values[STATS_MIN], values[STATS_MAX] = mn, mx
+    values[STATS_MEAN] = mean
     if std is not None:
-        values["std"] = std
+        values[STATS_STD] = std
     elif stats.note is None:
         stats.note = "std needs at least 2 elements"
     if not p.integer:
-        values.setdefault("nan_count", 0)
-        values.setdefault("inf_count", 0)
+        values.setdefault(STATS_NAN_COUNT, 0)
+        values.setdefault(STATS_INF_COUNT, 0)
 
 
 def _refine(items: list[tuple[TensorStats, Pending]]) -> None:
-    """Precise float64 statistics over finite values, plus NaN/Inf counts, in one more read."""
+    """Precise float64 statistics over finite values, plus NaN/Inf counts, in one more read.
+
+    The same masked kernels as at CUDA graph capture (:func:`_captured_vector`): no boolean
+    indexing, whose data-dependent size would cost one more device sync per tensor.
+    """
     vecs = []
     for _stats, p in items:
-        x = p.source
-        assert x is not None
-        finite = torch.isfinite(x)
-        nan = torch.isnan(x).sum()
-        inf = (~finite).sum() - nan
-        vals = x[finite].to(torch.float64)
-        count = finite.sum()
-        if vals.numel():
-            mn, mx = torch.aminmax(vals)
-            std, mean = (
-                torch.std_mean(vals)
-                if vals.numel() > 1
-                else (torch.tensor(math.nan, dtype=torch.float64, device=vals.device), vals.mean())
-            )
-        else:
-            mn = mx = mean = std = torch.tensor(math.nan, dtype=torch.float64, device=x.device)
-        vecs.append(
-            torch.stack([t.to(torch.float64) for t in (nan, inf, count, mn, mx, mean, std)])
-        )
+        assert p.source is not None
+        vecs.append(_captured_vector(p.source))
     rows = cuda.read_scalars(vecs)
     for (stats, p), row in zip(items, rows):
-        nan_n, inf_n, n_finite, lo, hi, avg, spread = row
-        stats.values.clear()
-        if not p.integer:
-            stats.values["nan_count"] = int(nan_n)
-            stats.values["inf_count"] = int(inf_n)
-        if n_finite == 0:
-            stats.note = _join(stats.note, "no finite values: min/max/mean/std left out")
-            continue
-        std_value = None if math.isnan(spread) else spread
-        _fill(stats, p, lo, hi, avg, std_value)
-        if nan_n or inf_n:
-            stats.note = _join(stats.note, "min/max/mean/std over finite values only")
+        precise = captured_stats(p.key, p.numel, p.note, p.integer, row)
+        stats.values, stats.note = precise.values, precise.note
 
 
 def _join(a: str | None, b: str) -> str:
@@ -232,8 +315,8 @@ def _join(a: str | None, b: str) -> str:
 
 def event_attributes(stats: TensorStats) -> dict[str, Any]:
     """The attributes of one ``otel_gpu.stats`` span event."""
-    attrs: dict[str, Any] = {"otel_gpu.tensor": stats.key, "numel": stats.numel}
+    attrs: dict[str, Any] = {STATS_TENSOR: stats.key, STATS_NUMEL: stats.numel}
     attrs.update(stats.values)
     if stats.note:
-        attrs["otel_gpu.stats.note"] = stats.note
+        attrs[STATS_NOTE] = stats.note
     return attrs

@@ -39,7 +39,7 @@ def _main(args: argparse.Namespace) -> int:
     from otel_gpu import config
 
     level = args.level
-    if level is None and "OTEL_GPU_LOGLEVEL" not in config.environ():
+    if level is None and not config.in_environment("level"):
         level = 5
     return run(level=level, dest=args.dest)
 

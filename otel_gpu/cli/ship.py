@@ -15,9 +15,9 @@ __all__ = ["register"]
 
 
 def _main(args: argparse.Namespace) -> int:
-    from otel_gpu.config import ConfigError, environ
+    from otel_gpu.config import ConfigError, otel_standard_variables
 
-    env = environ()
+    env = otel_standard_variables()
     try:
         if not args.check:  # before reading the files: a bad variable fails at once
             ship.check_environment(env)

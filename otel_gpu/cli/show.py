@@ -30,9 +30,9 @@ def _limit(raw: str) -> int:
 
 
 def _main(args: argparse.Namespace) -> int:
-    from otel_gpu.config import environ
+    from otel_gpu.config import no_color
 
-    color = not args.no_color and not environ().get("NO_COLOR") and sys.stdout.isatty()
+    color = not args.no_color and not no_color() and sys.stdout.isatty()
     return traces_show.show(
         args.files,
         nonfinite=args.nonfinite,

@@ -18,9 +18,11 @@ import shutil
 import sys
 from typing import Any
 
+from otel_gpu.config import RUN_PID
+
 __all__ = ["PROGRAM_PID", "bootstrap_dir", "build_env", "register"]
 
-PROGRAM_PID = "OTEL_GPU_RUN_PID"
+PROGRAM_PID = RUN_PID
 """Set by ``otel-gpu run`` for the program: the pid it keeps after ``execve``. Not a setting but
 a note from ``run`` to its bootstrap, so that only the program itself, not every Python process
 it starts (compile workers, helpers), warns at exit about targets that were never imported."""
@@ -71,7 +73,7 @@ def _main(args: argparse.Namespace) -> int:
         )
         return 2
     level = None if args.level is None else str(args.level)
-    env = build_env(dict(config.environ()), targets, level, args.dest)
+    env = build_env(config.child_environment(), targets, level, args.dest)
     # the same validation as the program will do: a ConfigError fails here, at the front door
     settings = config.load(env=env)
     if settings.level == 0:
@@ -101,19 +103,19 @@ def _settings_from_flags(args: argparse.Namespace) -> dict[str, Any]:
     return {"level": args.level, "dest": args.dest}
 
 
+_HELP = "run a program with OTEL_GPU_INSTRUMENT applied (no code change)"
+_DESCRIPTION = (
+    "Run a Python program so that the targets of --instrument and OTEL_GPU_INSTRUMENT "
+    "(modules, classes, functions, globs, flashinfer) make spans, in it and in every "
+    "Python process it starts. Example: otel-gpu run --instrument "
+    "transformers.models.gpt2.modeling_gpt2 -- python generate.py"
+)
+
+
 def register(sub: Any) -> None:
     from otel_gpu.cli import dest_flag, level_flag
 
-    p = sub.add_parser(
-        "run",
-        help="run a program with OTEL_GPU_INSTRUMENT applied (no code change)",
-        description=(
-            "Run a Python program so that the targets of --instrument and OTEL_GPU_INSTRUMENT "
-            "(modules, classes, functions, globs, flashinfer) make spans, in it and in every "
-            "Python process it starts. Example: otel-gpu run --instrument "
-            "transformers.models.gpt2.modeling_gpt2 -- python generate.py"
-        ),
-    )
+    p = sub.add_parser("run", help=_HELP, description=_DESCRIPTION)
     p.add_argument(
         "--instrument",
         action="append",

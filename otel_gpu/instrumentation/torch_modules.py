@@ -25,6 +25,8 @@ from typing import Any
 import torch
 
 from otel_gpu import _guard, config
+from otel_gpu.attributes import EVENT_PARAM_STATS, MODULE_CLASS, MODULE_PATH, NONFINITE
+from otel_gpu.calls.compiled import is_compiling as _is_compiling
 
 __all__ = ["instrument_module", "uninstrument_module"]
 
@@ -117,8 +119,8 @@ def _wrap_module(module: Any, span_name: str, path: str, settings: config.Settin
     if settings.module_param_stats and settings.level >= 5:
         forward = _with_param_stats(forward)
     attributes = {
-        "otel_gpu.module.class": f"{cls.__module__}.{cls.__qualname__}",
-        "otel_gpu.module.path": path,
+        MODULE_CLASS: f"{cls.__module__}.{cls.__qualname__}",
+        MODULE_PATH: path,
     }
     wrapped = _decorate(forward, span_name, attributes)
     wrapped.__otel_gpu_plan__.replay_note = (
@@ -136,7 +138,8 @@ def _with_param_stats(forward: Any) -> Any:
 
     @functools.wraps(forward)
     def with_stats(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if id(self) not in done:
+        # under torch.compile the span is not in the OTel context: no parameter statistics
+        if not _is_compiling() and id(self) not in done:
             done.add(id(self))
             try:
                 _param_events(self)
@@ -158,6 +161,6 @@ def _param_events(module: Any) -> None:
     span = trace.get_current_span()
     for result in stats.finish([stats.compute(key, t) for key, t in params]):
         attrs = stats.event_attributes(result)
-        span.add_event("otel_gpu.param_stats", attrs)
+        span.add_event(EVENT_PARAM_STATS, attrs)
         if result.nonfinite:
-            span.set_attribute("otel_gpu.nonfinite", True)
+            span.set_attribute(NONFINITE, True)

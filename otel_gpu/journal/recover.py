@@ -24,6 +24,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from otel_gpu._text import brief
+from otel_gpu.attributes import (
+    INPUT_PREFIX,
+    RECOVERED,
+    RECOVERED_INPUTS_ERROR,
+    RECOVERED_INPUTS_TRUNCATED,
+    THREAD_ID,
+)
 from otel_gpu.calls import metadata
 from otel_gpu.config import Settings, expand_path
 from otel_gpu.journal import writer as _writer
@@ -114,12 +121,12 @@ def _input_attributes(entries: list[tuple[Any, ...]], limit: int, attrs: dict[st
         elif kind == metadata.CONTAINER:
             raw.append((key, kind, (entry[2], entry[3])))
         elif kind == metadata.OBJECT:  # the repr was never taken on the caller's thread
-            attrs[f"otel_gpu.input.{key}.type"] = metadata._truncate(str(entry[2]), limit)
+            attrs[f"{INPUT_PREFIX}{key}.type"] = metadata._truncate(str(entry[2]), limit)
         elif kind == metadata.DEFAULT:
             raw.append((key, kind, True))
         elif kind == metadata.REDACTED:
             raw.append((key, kind, None))
-    metadata.to_attributes("otel_gpu.input.", raw, limit, attrs)
+    metadata.to_attributes(INPUT_PREFIX, raw, limit, attrs)
 
 
 def _resource(attrs: dict[str, Any]) -> Any:
@@ -147,13 +154,13 @@ def spans_of(journal: JournalFile, limit: int = 256) -> list[Any]:
             try:
                 _input_attributes(record.inputs, limit, attrs)
             except Exception as exc:
-                attrs["otel_gpu.recovered.inputs_error"] = f"{type(exc).__name__}: {exc}"[:limit]
+                attrs[RECOVERED_INPUTS_ERROR] = f"{type(exc).__name__}: {exc}"[:limit]
         if record.inputs_error:
-            attrs["otel_gpu.recovered.inputs_error"] = record.inputs_error[:limit]
+            attrs[RECOVERED_INPUTS_ERROR] = record.inputs_error[:limit]
         if record.inputs_truncated:
-            attrs["otel_gpu.recovered.inputs_truncated"] = True
-        attrs["thread.id"] = record.thread_id
-        attrs["otel_gpu.recovered"] = True
+            attrs[RECOVERED_INPUTS_TRUNCATED] = True
+        attrs[THREAD_ID] = record.thread_id
+        attrs[RECOVERED] = True
         parent = None
         if record.parent_span_id:
             parent = SpanContext(

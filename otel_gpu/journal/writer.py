@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any
 
 from otel_gpu import _files, _guard
 from otel_gpu.calls import metadata
-from otel_gpu.config import Settings, environ
+from otel_gpu.config import Settings, runtime_dir
 
 if TYPE_CHECKING:
     from otel_gpu.calls.decorator import _Plan
@@ -111,7 +111,7 @@ def default_dir() -> str:
     ``<tmp>`` is :func:`tempfile.gettempdir` (``$TMPDIR``, else ``/tmp``). The same rule in
     ``otel-gpu recover`` finds the journals when it runs with the dead program's environment.
     """
-    runtime = environ().get("XDG_RUNTIME_DIR", "")
+    runtime = runtime_dir()
     if runtime and os.path.isabs(runtime) and os.path.isdir(runtime):
         return os.path.join(runtime, "otel-gpu")
     uid = os.getuid() if hasattr(os, "getuid") else 0

@@ -73,7 +73,7 @@ def restore_implementation_choices(config: Any, choices: Any, path: str = "confi
     recorded without choices (an older dump) is refused when it has such attributes: replay
     could not tell which kernels the recording ran.
     """
-    from otel_gpu.replay.call import Refused, Skip
+    from otel_gpu.replay.trust import Refused, Skip
 
     if choices is None:
         if implementation_choices(config):

@@ -22,8 +22,6 @@ import fnmatch
 import itertools
 import os
 import queue
-import socket
-import sys
 import threading
 import time
 from typing import TYPE_CHECKING, Any
@@ -31,17 +29,23 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from otel_gpu import _files, _guard
+from otel_gpu.attributes import (
+    DUMP_DIR,
+    DUMP_OUTPUTS_SKIPPED,
+    DUMP_OUTPUTS_UNSUPPORTED,
+    DUMP_SKIPPED,
+)
 from otel_gpu.calls import _describe, metadata
-from otel_gpu.config import Settings, environ, expand_path
+from otel_gpu.config import Settings, expand_path
+from otel_gpu.recorder import graph_snapshots, tensor_files
 from otel_gpu.recorder import manifest as _manifest
 from otel_gpu.recorder import target as _target
-from otel_gpu.recorder import tensor_files
+from otel_gpu.recorder.call_manifest import encode_inputs, new_manifest
 
 if TYPE_CHECKING:
     from otel_gpu.calls.decorator import _Plan
     from otel_gpu.calls.record import Call
     from otel_gpu.export.pipeline import Pipeline
-    from otel_gpu.recorder.ring import _Entry
 
 __all__ = [
     "ATTR_DIR",
@@ -52,13 +56,13 @@ __all__ = [
     "make_observer",
 ]
 
-ATTR_DIR = "otel_gpu.dump.dir"
+ATTR_DIR = DUMP_DIR
 """Span attribute: absolute path of the call's dump directory."""
-ATTR_SKIPPED = "otel_gpu.dump.skipped"
+ATTR_SKIPPED = DUMP_SKIPPED
 """Span attribute: why the call was not dumped (see :data:`SKIP_REASONS`)."""
-ATTR_OUTPUTS_SKIPPED = "otel_gpu.dump.outputs_skipped"
+ATTR_OUTPUTS_SKIPPED = DUMP_OUTPUTS_SKIPPED
 """Span attribute: why a dumped call's outputs (all or some) were not written."""
-ATTR_OUTPUTS_UNSUPPORTED = "otel_gpu.dump.outputs_unsupported"
+ATTR_OUTPUTS_UNSUPPORTED = DUMP_OUTPUTS_UNSUPPORTED
 """Span attribute: the parts of the outputs that could not be recorded, with their types."""
 
 SKIP_REASONS = (
@@ -75,7 +79,8 @@ _QUEUE_BYTES = 1 << 30
 _CLOSE_TIMEOUT = 60.0  # seconds close() waits for queued outputs: they are the point of level 10
 _SEQ = itertools.count(1)  # process-wide, so directory names keep sorting across reconfiguration
 _STOP = object()
-_INPUTS, _FINAL = 0, 1  # writer jobs: a call's inputs (async mode), its outputs or exception
+# writer jobs: a call's inputs (async mode), its outputs or exception, a CUDA-graph snapshot
+_INPUTS, _FINAL, _SNAPSHOT = 0, 1, 2
 
 
 def make_observer(settings: Settings, pipeline: Pipeline | None) -> Recorder | None:
@@ -117,6 +122,7 @@ class Recorder:
         self.stopped: str | None = None
         self._lock = threading.Lock()
         self._active: dict[Call, _Pending] = {}
+        self._deferred: dict[Call, graph_snapshots.Deferred] = {}  # calls in a CUDA graph capture
         self._selected: dict[str, bool] = {}
         self._targets: dict[_Plan, _target.Target] = {}
         words = tuple(settings.redact)
@@ -140,7 +146,9 @@ class Recorder:
     def start(self, call: Call) -> None:
         """Write the call's inputs and manifest (fsync'd) before the call runs, or record why not."""
         reason = self._gate(call.plan)
-        if reason is None:
+        if reason == "cuda_graph_capture":  # no copy now: a snapshot after replays instead
+            self._deferred[call] = graph_snapshots.defer_inputs(self, call)
+        elif reason is None:
             try:
                 reason = self._record_inputs(call)
             except OSError as exc:
@@ -152,6 +160,9 @@ class Recorder:
         """Record how the call ended: exception synchronously, outputs through the writer thread."""
         pending = self._active.pop(call, None)
         if pending is None:
+            deferred = self._deferred.pop(call, None)
+            if deferred is not None and call.exc is None:
+                graph_snapshots.defer_outputs(self, call, deferred)
             return
         with self._lock:  # from here on the writer no longer writes an inputs_saved manifest
             pending.ended = True
@@ -356,6 +367,17 @@ class Recorder:
             return
         self._write_outputs(pending, copies)
 
+    def enqueue_snapshot(
+        self,
+        directory: str,
+        manifest: dict[str, Any],
+        inputs: tensor_files.HostCopies,
+        outputs: tensor_files.HostCopies,
+    ) -> bool:
+        """Queue a CUDA-graph snapshot for the writer; False (never a wait) when the queue is full."""
+        nbytes = inputs.nbytes + outputs.nbytes
+        return self._enqueue((_SNAPSHOT, (directory, manifest), (inputs, outputs), nbytes), nbytes)
+
     def _enqueue(self, job: tuple[Any, ...], nbytes: int) -> bool:
         with self._lock:
             if self._closing or self._queued_bytes + nbytes > _QUEUE_BYTES:
@@ -411,7 +433,13 @@ class Recorder:
                 return
             kind, pending, copies, nbytes = job
             try:
-                if self.stopped == "write_failed":
+                if kind == _SNAPSHOT:
+                    if self.stopped == "write_failed":
+                        for c in copies:
+                            self._buffers.release(c)
+                    else:
+                        graph_snapshots.write_snapshot(self, *pending, *copies)
+                elif self.stopped == "write_failed":
                     self._buffers.release(copies)
                     if pending.written is not None:
                         pending.written.set()
@@ -432,195 +460,5 @@ class Recorder:
                 self._queue.task_done()
 
 
-def encode_inputs(
-    call: Call, targets: dict[_Plan, _target.Target], secret: Any
-) -> tuple[
-    _target.Target,
-    dict[str, torch.Tensor],
-    dict[str, Any],
-    list[dict[str, Any]],
-    list[str],
-    dict[str, Any] | None,
-]:
-    """A call's function, tensors (not copied), tensor metadata, encoded parameters, the keys of
-    the argument tensors (the receiver's state is not compared after the call) and receiver.
-
-    ``targets`` caches where each decorated function can be found again.
-    """
-    plan = call.plan
-    target = targets.get(plan)
-    if target is None:
-        target = _target.Target(plan)
-        if target.module == "__main__":  # said at record time, when moving it is still cheap
-            _guard.warn_once(
-                "dump.main",
-                "otel-gpu flight recorder: %s is defined in __main__ (the script you ran); "
-                "`otel-gpu replay` imports functions from modules by name and will not be able "
-                "to import it, so its calls are recorded but cannot be replayed. Put it in a "
-                "module your script imports (docs/flight-recorder.md, 'A layout that replays'). "
-                "This is reported once.",
-                plan.name,
-            )
-        if target.found:  # a module still being imported may define the function later
-            targets[plan] = target
-    tensors: dict[str, torch.Tensor] = {}
-    meta: dict[str, Any] = {}
-    enc = _manifest.Encoder("input.", tensors, meta, secret)
-    params = [
-        {"name": name, "default": is_default, "value": enc.encode(value, name)}
-        for name, value, is_default in call.bound or ()
-    ]
-    arg_keys = list(tensors)
-    receiver = _receiver(call, enc) if target.receiver else None
-    return target, tensors, meta, params, arg_keys, receiver
-
-
-def _receiver(call: Call, enc: _manifest.Encoder) -> dict[str, Any]:
-    """The receiver's encoding; its ``__otel_gpu_state__`` hook is user code, ``SystemExit`` too."""
-    try:
-        return _target.receiver(call, enc)
-    except BaseException as exc:  # the hook, or a __getattr__/__class__ property on the receiver
-        why = f"receiver hook failed: {type(exc).__name__}"
-        return {"t": "unsupported", "type": "?", "why": why}
-
-
-def new_manifest(
-    call: Call,
-    target: _target.Target,
-    params: list[dict[str, Any]],
-    receiver: dict[str, Any] | None,
-    meta: dict[str, Any],
-    why_not: str | None,
-    seq: int,
-    pipeline: Pipeline | None,
-) -> dict[str, Any]:
-    """A call's manifest as the recorder writes it before the call runs (status ``inputs_saved``).
-
-    The flight recorder and the in-memory ring (:mod:`otel_gpu.recorder.ring`) both write this format.
-    """
-    plan = call.plan
-    ctx = call.span.get_span_context()
-    return {
-        "schema_version": _manifest.SCHEMA_VERSION,
-        "status": "inputs_saved",
-        "function": {
-            "span_name": plan.name,
-            "module": target.module,
-            "qualname": target.qualname,
-            "file": target.file,
-            "receiver": receiver is not None,
-            "instrumented": plan.instrumented,  # the instrument() target
-        },
-        "replayable": why_not is None,
-        "why_not_replayable": why_not,
-        "trace_id": f"{ctx.trace_id:032x}",
-        "span_id": f"{ctx.span_id:016x}",
-        "parent_span_id": f"{call.parent.span_id:016x}" if call.parent else None,
-        "sequence": seq,
-        "process": _process(),
-        "time": {"start_unix_nano": call.start_ns, "end_unix_nano": None},
-        "torch_state": {
-            "grad_enabled": torch.is_grad_enabled(),
-            "inference_mode": torch.is_inference_mode_enabled(),
-            "default_dtype": str(torch.get_default_dtype()).removeprefix("torch."),
-        },
-        "files": {"inputs": None, "outputs": None},
-        "tensors": meta,
-        "params": params,
-        # how many were passed positionally: replay calls the same way (wrappers such as
-        # transformers' check the keyword arguments they are given)
-        "positional": _positional(call, target),
-        "receiver": receiver,
-        "result": None,
-        "mutated": {},
-        "outputs_skipped": None,
-        "outputs_unsupported": [],
-        "exception": None,
-        "resource": _resource_summary(pipeline),
-    }
-
-
-def write_ring_call(
-    directory: str, entry: _Entry, result: Any, with_outputs: bool, fmt: str, secret: Any
-) -> str:
-    """Write one call the ring kept into ``directory`` (its inputs; its outputs when given)."""
-    manifest = entry.manifest
-    seq = manifest["sequence"]
-    span_id = int(manifest["span_id"], 16)
-    call_dir = os.path.join(
-        directory,
-        _manifest.call_dir_name(seq, entry.start_ns, span_id, manifest["function"]["span_name"]),
-    )
-    _files.make_dir(call_dir)
-    entry.copies.wait()
-    manifest["files"]["inputs"] = tensor_files.save_tensors(
-        os.path.join(call_dir, "inputs"), entry.copies.tensors, fmt, False
-    )
-    manifest["status"] = entry.status
-    manifest["time"]["end_unix_nano"] = entry.end_ns
-    manifest["exception"] = entry.exception
-    if entry.status == "completed":
-        if with_outputs:
-            tensors: dict[str, torch.Tensor] = {}
-            meta: dict[str, Any] = {}
-            enc = _manifest.Encoder("", tensors, meta, secret)
-            manifest["result"] = enc.encode(result, "output")
-            manifest["tensors"].update(meta)
-            if enc.unsupported:
-                manifest["outputs_unsupported"] = enc.unsupported[:64]
-            host = {k: tensor_files.host_copy(t, always_copy=True) for k, t in tensors.items()}
-            if host:
-                manifest["files"]["outputs"] = tensor_files.save_tensors(
-                    os.path.join(call_dir, "outputs"), host, fmt, False
-                )
-        else:
-            manifest["outputs_skipped"] = "ring"  # the ring keeps inputs only
-    _manifest.write_json(call_dir, _manifest.MANIFEST, manifest, fsync=False)
-    return call_dir
-
-
-_proc: dict[str, Any] | None = None
-_resource: tuple[Any, dict[str, Any]] | None = None
-
-
-def _process() -> dict[str, Any]:
-    global _proc
-    if _proc is None or _proc["pid"] != os.getpid():
-        rank = environ().get("RANK")
-        _proc = {
-            "pid": os.getpid(),
-            "rank": int(rank) if rank and rank.isdigit() else None,
-            "host": socket.gethostname(),
-        }
-    return dict(_proc)
-
-
-def _resource_summary(pipeline: Pipeline | None) -> dict[str, Any]:
-    """Versions and the process's resource attributes, computed once per resource."""
-    global _resource
-    resource = pipeline.resource if pipeline is not None else None
-    if _resource is not None and _resource[0] is resource:
-        return _resource[1]
-    summary: dict[str, Any] = {
-        "python": sys.version.split()[0],
-        "torch": torch.__version__,
-        "torch.cuda": torch.version.cuda,
-    }
-    for key, value in dict(resource.attributes if resource is not None else {}).items():
-        summary[key] = list(value) if isinstance(value, tuple) else value
-    _resource = (resource, summary)
-    return summary
-
-
 def _touch(path: str) -> None:
     _files.touch(path)  # O_EXCL|O_NOFOLLOW: a planted link is never opened
-
-
-def _positional(call: Call, target: _target.Target) -> int | None:
-    """Arguments passed positionally, not counting a receiver passed as the first one."""
-    args = call.args
-    if args is None:
-        return None
-    plan = call.plan
-    passed = plan.receiver_passed and plan.receiver is None
-    return max(len(args) - (1 if passed and target.receiver and args else 0), 0)

@@ -34,6 +34,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from otel_gpu import _files, _guard
+from otel_gpu.attributes import RING_DUMP_DIR
 from otel_gpu.calls import _describe, metadata
 from otel_gpu.config import Settings, expand_path
 from otel_gpu.recorder import target as _target
@@ -46,7 +47,7 @@ if TYPE_CHECKING:
 
 __all__ = ["ATTR_RING_DIR", "Ring"]
 
-ATTR_RING_DIR = "otel_gpu.ring.dump.dir"
+ATTR_RING_DIR = RING_DUMP_DIR
 """Span attribute: the ring dump this call triggered."""
 _TRIGGERS = itertools.count(1)
 _SEQ = itertools.count(1)
@@ -114,9 +115,9 @@ class Ring:
 
     def start(self, call: Call) -> None:
         """Copy the call's inputs to host memory (asynchronously on CUDA)."""
-        from otel_gpu.recorder import recorder
+        from otel_gpu.recorder import call_manifest
 
-        target, tensors, meta, params, _, receiver = recorder.encode_inputs(
+        target, tensors, meta, params, _, receiver = call_manifest.encode_inputs(
             call, self._targets, self._secret
         )
         nbytes = sum(m["nbytes"] for m in meta.values())
@@ -125,7 +126,7 @@ class Ring:
             tensors = {}
             why_not = f"its inputs ({nbytes} bytes) exceed OTEL_GPU_RING_MAX_MB: not kept"
         copies = self._buffers.copy(tensors)  # async on CUDA; no reference to the caller's tensors
-        manifest = recorder.new_manifest(
+        manifest = call_manifest.new_manifest(
             call, target, params, receiver, meta, why_not, next(_SEQ), self.pipeline
         )
         entry = _Entry(manifest, copies)
@@ -208,7 +209,7 @@ class Ring:
             return None
 
     def _dump(self, reason: str, trigger: _Entry | None, result: Any) -> str | None:
-        from otel_gpu.recorder import recorder
+        from otel_gpu.recorder import call_manifest
 
         with self._lock:
             entries = [e for e in self.entries if e.dumped is None and e is not trigger]
@@ -220,7 +221,7 @@ class Ring:
             directory = _make_ring_dir(self.root, reason, span_id)
             for entry in sorted(entries, key=lambda e: e.start_ns):
                 with_outputs = entry is trigger and reason == "nonfinite"
-                entry.dumped = recorder.write_ring_call(
+                entry.dumped = call_manifest.write_ring_call(
                     directory,
                     entry,
                     result if with_outputs else None,

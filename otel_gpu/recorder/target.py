@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from otel_gpu import _guard
+from otel_gpu.attributes import CODE_FILE_PATH
 from otel_gpu.recorder import manifest
 
 if TYPE_CHECKING:
@@ -26,7 +27,7 @@ class Target:
 
     def __init__(self, plan: _Plan) -> None:
         full = f"{plan.module}.{plan.qualname}"
-        self.file = plan.attributes.get("code.file.path")
+        self.file = plan.attributes.get(CODE_FILE_PATH)
         if plan.module in sys.modules:  # the plan names the function as decoration found it
             self.module, self.qualname = plan.module, plan.qualname
         else:  # a module loaded without registering it: nothing replay could import

@@ -30,8 +30,10 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from otel_gpu import attributes
 from otel_gpu.recorder import manifest as _manifest
-from otel_gpu.replay.call import Allow, Refused, Skip, child_env, prepare_call
+from otel_gpu.replay.call import child_env, prepare_call
+from otel_gpu.replay.trust import Allow, Refused, Skip
 
 __all__ = [
     "VERDICTS",
@@ -388,7 +390,7 @@ def _replay_span(tracer: Any, result: Result) -> Iterator[Any]:
             original = SpanContext(
                 int(result.trace_id, 16), int(result.span_id, 16), True, TraceFlags(1)
             )
-            links.append(Link(original, {"otel_gpu.link.kind": "replay_of"}))
+            links.append(Link(original, {attributes.LINK_KIND: "replay_of"}))
         except ValueError:
             pass
     with tracer.start_as_current_span(f"replay {result.span_name}", links=links) as span:
@@ -398,18 +400,21 @@ def _replay_span(tracer: Any, result: Result) -> Iterator[Any]:
 def _annotate(span: Any, result: Result) -> None:
     from opentelemetry.trace import Status, StatusCode
 
-    span.set_attribute("otel_gpu.replay.verdict", result.verdict)
-    span.set_attribute("otel_gpu.replay.dump.dir", result.dir)
+    span.set_attribute(attributes.REPLAY_VERDICT, result.verdict)
+    span.set_attribute(attributes.REPLAY_DUMP_DIR, result.dir)
     if result.detail:
-        span.set_attribute("otel_gpu.replay.detail", result.detail[:2048])
+        span.set_attribute(attributes.REPLAY_DETAIL, result.detail[:2048])
     if result.mismatches:
         first = result.mismatches[0]
-        span.set_attribute("otel_gpu.replay.output", first["output"])
-        for key in ("max_abs", "max_rel"):
+        span.set_attribute(attributes.REPLAY_OUTPUT, first["output"])
+        for key, name in (
+            ("max_abs", attributes.REPLAY_MAX_ABS_DIFF),
+            ("max_rel", attributes.REPLAY_MAX_REL_DIFF),
+        ):
             if first.get(key) is not None:
-                span.set_attribute(f"otel_gpu.replay.{key}_diff", first[key])
+                span.set_attribute(name, first[key])
     if result.unchecked:
-        span.set_attribute("otel_gpu.replay.unchecked", [u[:256] for u in result.unchecked[:16]])
+        span.set_attribute(attributes.REPLAY_UNCHECKED, [u[:256] for u in result.unchecked[:16]])
     if result.verdict in FAILED and result.verdict != "unverified":  # a gap, not a failed call
         span.set_status(Status(StatusCode.ERROR, f"{result.verdict}: {result.detail}"[:256]))
 
@@ -432,7 +437,9 @@ def replay(
     opts = opts or Options()
     dirs = [d for d in find_calls(path) if _selected(d, opts)]
     results: list[Result] = []
-    tracer = tracer_provider.get_tracer("otel_gpu.replay") if tracer_provider is not None else None
+    tracer = (
+        tracer_provider.get_tracer(attributes.SCOPE_REPLAY) if tracer_provider is not None else None
+    )
     root = tracer.start_as_current_span("otel-gpu replay") if tracer is not None else nullcontext()
     with root:
         if on_result is not None:

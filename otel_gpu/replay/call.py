@@ -1,22 +1,18 @@
 """Rebuilding one recorded call for replay: the function, its receiver, its arguments, its torch state.
 
 Everything a manifest names is treated as untrusted: it decodes to data, never to behaviour.
-A type reference resolves only to a class, from a module the :class:`Allow` list admits (a
-module being imported already allows nothing), and never from the :data:`DENIED` machinery
-of processes, files and imports; the only callables replay invokes are the constructors of
-such classes and the recorded function, which must carry otel-gpu's decorator.
+Types and the function are resolved through :mod:`otel_gpu.replay.trust` (the allow list and
+the denylist); the only callables replay invokes are the constructors of such classes and the
+recorded function, which must carry otel-gpu's decorator.
 """
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import enum
-import importlib
 import inspect
 import os
 import sys
-import types
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -26,109 +22,20 @@ from otel_gpu.recorder import manifest as _manifest
 from otel_gpu.recorder import tensor_files
 from otel_gpu.recorder.kernel_choices import restore_implementation_choices
 from otel_gpu.replay.compare import Mismatch, compare
+from otel_gpu.replay.trust import (
+    Allow,
+    Refused,
+    Skip,
+    resolve_function,
+    resolve_type,
+)
 
 __all__ = [
-    "DENIED",
-    "Allow",
     "PreparedCall",
-    "Refused",
-    "Skip",
     "child_env",
-    "denied",
     "device_mapper",
     "prepare_call",
 ]
-
-
-class Skip(Exception):
-    """The call cannot be replayed here; the message says why (verdict ``skipped``)."""
-
-
-class Refused(Exception):
-    """The dump asks for something replay will not do (verdict ``error``)."""
-
-
-DENIED: frozenset[str] = frozenset(
-    {
-        # processes, shells and signals
-        "os", "posix", "nt", "posixpath", "ntpath", "genericpath", "subprocess",
-        "_posixsubprocess", "pty", "tty", "signal", "_signal", "multiprocessing",
-        "_multiprocessing", "concurrent", "asyncio", "threading", "_thread", "platform",
-        # files
-        "io", "_io", "pathlib", "shutil", "tempfile", "fileinput", "glob", "shelve", "dbm",
-        "sqlite3", "zipfile", "tarfile", "mmap", "fcntl", "resource",
-        # loading and running code
-        "builtins", "importlib", "imp", "pkgutil", "zipimport", "runpy", "code", "codeop",
-        "compileall", "py_compile", "pickle", "_pickle", "pickletools", "copyreg", "marshal",
-        "ctypes", "_ctypes", "sys", "gc", "types", "inspect", "ast", "dis", "timeit", "pdb",
-        "bdb", "trace", "cProfile", "profile", "doctest", "unittest", "site", "sysconfig",
-        # the network
-        "socket", "_socket", "ssl", "select", "selectors", "socketserver", "http", "urllib",
-        "ftplib", "smtplib", "poplib", "imaplib", "xmlrpc", "webbrowser",
-        # torch's own loaders and writers of files, code and pickles
-        "torch.load", "torch.save", "torch.serialization", "torch.hub", "torch.package",
-        "torch.utils.cpp_extension", "torch.jit.load", "torch.jit.save",
-        "torch.jit._serialization", "torch.ops.load_library", "torch._ops._Ops.load_library",
-        "torch.classes.load_library", "torch.distributed.rpc",
-    }
-)  # fmt: skip
-"""Dotted names (and everything below them) that no dump and no flag can make replay import,
-resolve, instrument or call: the standard library's process, shell, file, import and network
-machinery, and torch's loaders. The rule is the allow-list; this is the floor under it."""
-
-_DOCS = "see 'Threat model' in docs/flight-recorder.md"
-
-
-def denied(name: str) -> str | None:
-    """The :data:`DENIED` entry covering ``name`` (``pkg.mod``, ``pkg.mod:Qual.name``), else None."""
-    parts = name.replace(":", ".").split(".")
-    for i in range(1, len(parts) + 1):
-        prefix = ".".join(parts[:i])
-        if prefix in DENIED:
-            return prefix
-    return None
-
-
-def _denied_text(what: str, entry: str) -> str:
-    return (
-        f"refused: {what} is in {entry!r}, which replay never imports, resolves or calls "
-        f"from a dump, whatever the flags ({_DOCS})"
-    )
-
-
-class Allow:
-    """Module prefixes replay may import: ``pkg`` admits ``pkg`` and ``pkg.sub``.
-
-    ``instrument``: the ``otel_gpu.instrument()`` targets replay may apply again to find a call
-    recorded through them (``any_instrument``: every target a dump names, for dumps you made).
-    Instrumenting turns any function into one replay would call, so a dump cannot choose it.
-    A prefix on :data:`DENIED` is a ``ValueError``: no flag lifts the denylist.
-    """
-
-    def __init__(
-        self,
-        prefixes: tuple[str, ...] | list[str] = (),
-        instrument: tuple[str, ...] | list[str] = (),
-        any_instrument: bool = False,
-    ) -> None:
-        self.prefixes = tuple(p.strip() for p in prefixes if p.strip())
-        self.instrument = tuple(t.strip() for t in instrument if t.strip())
-        self.any_instrument = any_instrument
-        for prefix in self.prefixes:
-            entry = denied(prefix)
-            if entry is not None:
-                raise ValueError(
-                    f"module {prefix!r} cannot be allowed: {entry!r} is on replay's denylist "
-                    f"(process, shell, file, import and network machinery; {_DOCS})"
-                )
-
-    def __call__(self, module: str) -> bool:
-        if denied(module) is not None:
-            return False
-        return any(module == p or module.startswith(p + ".") for p in self.prefixes)
-
-    def instrumentation(self, spec: str) -> bool:
-        return self.any_instrument or spec in self.instrument
 
 
 def device_mapper(mapping: dict[str, str]) -> Callable[[str], str]:
@@ -140,128 +47,6 @@ def device_mapper(mapping: dict[str, str]) -> Callable[[str], str]:
         )
 
     return map_device
-
-
-_VALUE_TYPES: dict[str, type] = {
-    _manifest.type_ref(tp): tp
-    for tp in (
-        bool, int, float, complex, str, bytes, list, tuple, dict, set, frozenset,
-        collections.OrderedDict, collections.defaultdict, collections.Counter,
-        torch.Tensor, torch.dtype, torch.device, torch.Size,
-    )
-}  # fmt: skip
-"""Plain value types a dump may name without any module allowed: atoms, containers, torch's."""
-
-
-def resolve_type(ref: Any, allow: Allow) -> type:
-    """The class named ``module:Qualname``, from an allowed module, never a denied one.
-
-    The qualname is walked with static attribute lookups on modules and classes only (no
-    ``__getattr__``, no property runs), and what it names must be a class: a dump names
-    data types, never functions. A module being imported already allows nothing.
-    """
-    if not isinstance(ref, str):
-        raise Refused(
-            f"refused: a type must be written 'module:Qualname', not {type(ref).__name__}"
-        )
-    fixed = _VALUE_TYPES.get(ref)
-    if fixed is not None:
-        return fixed
-    module, colon, qualname = ref.partition(":")
-    if not (colon and module and qualname):
-        raise Refused(f"refused: type {ref!r} is not written 'module:Qualname'")
-    entry = denied(module) or denied(f"{module}.{qualname}")
-    if entry is not None:
-        raise Refused(_denied_text(f"type {ref}", entry))
-    if not allow(module):
-        raise Skip(
-            f"type {ref} is from module {module!r}, which is not allowed "
-            f"(pass --allow-module {module})"
-        )
-    obj: Any = importlib.import_module(module)
-    for part in qualname.split("."):
-        if part.startswith("__") or not isinstance(obj, (types.ModuleType, type)):
-            raise Refused(f"refused: type {ref} is not a class (a dump names only classes)")
-        obj = inspect.getattr_static(obj, part, None)
-        if obj is None:
-            raise Skip(f"type {ref} does not exist in this process (no {part!r} in its path)")
-    if not isinstance(obj, type):
-        raise Refused(f"refused: type {ref} is not a class (a dump names only classes)")
-    home = str(type.__dict__["__module__"].__get__(obj, type(obj)))
-    entry = denied(home)
-    if entry is not None:
-        raise Refused(_denied_text(f"type {ref} (defined in {home})", entry))
-    if not allow(home):
-        raise Skip(
-            f"type {ref} is defined in module {home!r}, which is not allowed "
-            f"(pass --allow-module {home})"
-        )
-    return obj
-
-
-def _check_target(spec: str) -> None:
-    """Refuse an ``instrument()`` target on the denylist, or a glob with no module to anchor it."""
-    entry = denied(spec)
-    if entry is not None:
-        raise Refused(_denied_text(f"instrumentation target {spec!r}", entry))
-    dotted = spec.replace(":", ".")
-    literal = dotted.split("*")[0].split("?")[0].split("[")[0]
-    if literal != dotted and "." not in literal:  # "*", "o*": every imported module, os included
-        raise Refused(
-            f"refused: instrumentation target {spec!r} is a pattern with no package before it "
-            "(replay applies a pattern only below a named package, such as 'pkg.*')"
-        )
-    entry = denied(literal.rstrip(".")) if literal != dotted else None
-    if entry is not None:
-        raise Refused(_denied_text(f"instrumentation target {spec!r}", entry))
-
-
-def resolve_function(info: dict[str, Any], allow: Allow) -> tuple[Callable[..., Any], type | None]:
-    """The undecorated function recorded in ``info`` and the class that defines it, if any."""
-    module, qualname = info.get("module") or "", info.get("qualname") or ""
-    if not module or not qualname:
-        raise Skip("the manifest names no function (its module or qualname is missing)")
-    if not isinstance(module, str) or not isinstance(qualname, str):
-        raise Refused("refused: the manifest's function module and qualname must be strings")
-    entry = denied(module) or denied(f"{module}.{qualname}")
-    if entry is not None:
-        raise Refused(_denied_text(f"function {module}.{qualname}", entry))
-    if not allow(module):
-        raise Skip(f"module {module!r} is not allowed (pass --allow-module {module})")
-    spec = info.get("instrumented")
-    if spec:  # recorded through otel_gpu.instrument(): instrument it again, the same way
-        spec = str(spec)
-        _check_target(spec)
-        if not allow.instrumentation(spec):
-            raise Skip(
-                f"{module}.{qualname} was recorded through otel_gpu.instrument({spec!r}); replay "
-                f"instruments code again only for targets you name: pass --instrument {spec} (or "
-                "set OTEL_GPU_INSTRUMENT), or --trust-dump for dumps you made"
-            )
-        import otel_gpu
-
-        otel_gpu.instrument(spec)
-    owner: Any = None
-    obj: Any = importlib.import_module(module)
-    for part in qualname.split("."):
-        owner, obj = obj, getattr(obj, part)
-    wrapper = None
-    current = getattr(obj, "__func__", obj)
-    while current is not None:  # the innermost carrier of the marker is otel-gpu's own wrapper
-        if "__otel_gpu_plan__" in getattr(current, "__dict__", {}):
-            wrapper = current
-        current = getattr(current, "__wrapped__", None)
-    if wrapper is None:
-        raise Refused(
-            f"refused: {module}.{qualname} is not an @otel_gpu.api function in this process "
-            "(replay calls only decorated functions; was the module imported at level 0?)"
-        )
-    fn = wrapper.__wrapped__
-    home = f"{getattr(fn, '__module__', None) or ''}.{getattr(fn, '__qualname__', '')}"
-    entry = denied(home)
-    if entry is not None:  # an allowed module that re-exports a denied function
-        raise Refused(_denied_text(f"function {module}.{qualname} (defined as {home})", entry))
-    return fn, owner if isinstance(owner, type) else None
 
 
 _MAX_DECODE_DEPTH = 2 * _manifest.MAX_DEPTH
@@ -621,9 +406,9 @@ def _torch_state(state: dict[str, Any]) -> Iterator[None]:
 
 def child_env() -> dict[str, str]:
     """The environment of an isolated replay: the same import path as this process."""
-    from otel_gpu.config import environ
+    from otel_gpu.config import child_environment
 
-    env = dict(environ())
+    env = child_environment()
     paths = [p or os.getcwd() for p in sys.path]
     env["PYTHONPATH"] = os.pathsep.join(
         paths + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])

@@ -25,7 +25,7 @@ from otel_gpu.replay import (
     summarize,
     verified_nothing,
 )
-from otel_gpu.replay.call import _VALUE_TYPES, Allow, denied
+from otel_gpu.replay.trust import VALUE_TYPES, Allow, denied
 
 __all__ = ["add_parser", "main"]
 
@@ -176,7 +176,7 @@ def _type_modules(enc: Any, out: set[str]) -> None:
             continue
         tag = value.get("t")
         ref = value.get("v") if tag == "type" else value.get("type") if tag in _TYPED else None
-        if isinstance(ref, str) and ":" in ref and ref not in _VALUE_TYPES:
+        if isinstance(ref, str) and ":" in ref and ref not in VALUE_TYPES:
             out.add(ref.partition(":")[0])
         if tag in ("list", "tuple", "dict", "mapping", "namedtuple") and depth <= 64:
             stack.append((value.get("items"), depth + 1))

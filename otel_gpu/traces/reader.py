@@ -28,6 +28,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from otel_gpu._text import brief
+from otel_gpu.attributes import (
+    DUMP_PREFIX,
+    EVENT_STATS,
+    EVENTS_OMITTED,
+    INPUT_PREFIX,
+    NONFINITE,
+    OUTPUT_PREFIX,
+    STATS_INF_COUNT,
+    STATS_NAN_COUNT,
+    STATS_NOTE,
+    STATS_NUMEL,
+    STATS_TENSOR,
+    STUCK,
+)
 
 __all__ = [
     "MAX_DEPTH",
@@ -58,15 +72,15 @@ _SCOPE_KEYS = (
 _ERROR_CODES = (2, "2", "STATUS_CODE_ERROR", "ERROR")
 # What the tree and the NaN/Inf analysis read; other attributes are not kept.
 _SPAN_KEYS = (
-    "otel_gpu.nonfinite",
-    "otel_gpu.dump.",
+    NONFINITE,
+    DUMP_PREFIX,
     "otel_gpu.ring.dump.",
-    "otel_gpu.stuck",
-    "otel_gpu.events.omitted",
+    STUCK,
+    EVENTS_OMITTED,
 )
 _UNUSED_FIELDS = (".stride", ".device", ".requires_grad", ".is_contiguous")
 _STAT_KEYS = frozenset(
-    {"otel_gpu.tensor", "numel", "nan_count", "inf_count", "otel_gpu.stats.note"}
+    {STATS_TENSOR, STATS_NUMEL, STATS_NAN_COUNT, STATS_INF_COUNT, STATS_NOTE}
 )
 _DOUBLES = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 
@@ -371,7 +385,7 @@ def _details(raw: dict[str, Any], at: str) -> tuple[dict[str, Any], list[dict[st
     stats = [
         _attributes(event, at, _STAT_KEYS.__contains__)
         for event in _list(raw, ("events",), at)
-        if isinstance(event, dict) and event.get("name") == "otel_gpu.stats"
+        if isinstance(event, dict) and event.get("name") == EVENT_STATS
     ]
     return attrs, stats
 
@@ -439,7 +453,7 @@ def _span_attributes(node: dict[str, Any], where: str) -> dict[str, Any]:
 
 
 def _span_key(key: str) -> bool:
-    if key.startswith(("otel_gpu.input.", "otel_gpu.output.")):
+    if key.startswith((INPUT_PREFIX, OUTPUT_PREFIX)):
         return not key.endswith(_UNUSED_FIELDS)
     return key.startswith(_SPAN_KEYS)
 

@@ -406,10 +406,10 @@ def check_environment(env: Mapping[str, str]) -> None:
 
 def _otlp_exporter() -> Any:
     """otel-gpu's OTLP transport; ConfigError when the standard variables cannot build one."""
-    from otel_gpu.config import ConfigError, environ
+    from otel_gpu.config import ConfigError, otel_standard_variables
     from otel_gpu.exporters.otlp_transport import OtlpSpanExporter
 
-    env = environ()
+    env = otel_standard_variables()
     check_environment(env)
     try:
         return OtlpSpanExporter(_protocol(env)[1])

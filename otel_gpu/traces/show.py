@@ -20,6 +20,7 @@ import sys
 from collections.abc import Iterable, Sequence
 from typing import IO, Any
 
+from otel_gpu import attributes as attr
 from otel_gpu._text import printable
 from otel_gpu.traces.reader import (
     Span,
@@ -256,16 +257,16 @@ def _describe(span: Span, context: bool) -> list[Segment]:
     bad = _bad(span, "input") + _bad(span, "output")
     if bad:
         segments.append(("  NaN/Inf: " + ", ".join(bad), "bold red"))
-    elif span.attrs.get("otel_gpu.nonfinite"):
+    elif span.attrs.get(attr.NONFINITE):
         segments.append(
             ("  NaN/Inf (otel_gpu.nonfinite; no statistics name the tensor)", "bold red")
         )
-    if "otel_gpu.dump.dir" in span.attrs:
-        segments.append((f"  dump {span.attrs['otel_gpu.dump.dir']}", "cyan"))
-    if "otel_gpu.ring.dump.dir" in span.attrs:
-        segments.append((f"  ring dump {span.attrs['otel_gpu.ring.dump.dir']}", "cyan"))
-    if span.attrs.get("otel_gpu.stuck"):
-        seconds = span.attrs.get("otel_gpu.stuck.seconds", "?")
+    if attr.DUMP_DIR in span.attrs:
+        segments.append((f"  dump {span.attrs[attr.DUMP_DIR]}", "cyan"))
+    if attr.RING_DUMP_DIR in span.attrs:
+        segments.append((f"  ring dump {span.attrs[attr.RING_DUMP_DIR]}", "cyan"))
+    if span.attrs.get(attr.STUCK):
+        seconds = span.attrs.get(attr.STUCK_SECONDS, "?")
         segments.append((f"  STUCK: running for {seconds} s when reported", "bold red"))
     if span.cycle:
         segments.append((f"  [root: parent {span.parent_id} would close a cycle]", "yellow"))
@@ -286,8 +287,8 @@ def _duration(span: Span) -> str:
 
 def _io(span: Span) -> str:
     """``q=bf16[2,4,8] scale=0.5 → f32[2,4,8]``: top-level inputs, then outputs."""
-    inputs = _entries(span.attrs, "otel_gpu.input.")
-    outputs = _entries(span.attrs, "otel_gpu.output.")
+    inputs = _entries(span.attrs, attr.INPUT_PREFIX)
+    outputs = _entries(span.attrs, attr.OUTPUT_PREFIX)
     text = _join(inputs, keys=True)
     if outputs:
         numbered = all(key.isdigit() for key in outputs)
@@ -340,11 +341,11 @@ def _compact(entry: dict[str, Any]) -> str:
 
 def _counts(stat: dict[str, Any]) -> tuple[int, int] | None:
     """(NaN, Inf) counts of one statistics event; None when the event cannot say."""
-    if "nan_count" in stat or "inf_count" in stat:
-        nan, inf = stat.get("nan_count") or 0, stat.get("inf_count") or 0
+    if attr.STATS_NAN_COUNT in stat or attr.STATS_INF_COUNT in stat:
+        nan, inf = stat.get(attr.STATS_NAN_COUNT) or 0, stat.get(attr.STATS_INF_COUNT) or 0
         return (nan, inf) if isinstance(nan, int) and isinstance(inf, int) else None
-    note = str(stat.get("otel_gpu.stats.note", ""))
-    if stat.get("numel") == 0 or note.startswith(("integer", "bool")):
+    note = str(stat.get(attr.STATS_NOTE, ""))
+    if stat.get(attr.STATS_NUMEL) == 0 or note.startswith(("integer", "bool")):
         return 0, 0  # no NaN/Inf possible
     return None
 
@@ -353,7 +354,7 @@ def _bad(span: Span, side: str) -> list[str]:
     """``output.0 (3 NaN, 1 Inf)`` for each tensor of ``side`` holding NaN/Inf."""
     found = []
     for stat in span.stats:
-        tensor = str(stat.get("otel_gpu.tensor", "?"))
+        tensor = str(stat.get(attr.STATS_TENSOR, "?"))
         counts = _counts(stat)
         if tensor.startswith(side + ".") and counts and any(counts):
             what = [f"{n} {label}" for n, label in zip(counts, ("NaN", "Inf")) if n]
@@ -364,9 +365,9 @@ def _bad(span: Span, side: str) -> list[str]:
 def _unchecked(span: Span) -> list[str]:
     """Input tensors whose statistics say nothing about NaN/Inf, with the reason."""
     return [
-        f"{stat.get('otel_gpu.tensor', '?')} ({stat.get('otel_gpu.stats.note', 'no counts')})"
+        f"{stat.get(attr.STATS_TENSOR, '?')} ({stat.get(attr.STATS_NOTE, 'no counts')})"
         for stat in span.stats
-        if str(stat.get("otel_gpu.tensor", "")).startswith("input.") and _counts(stat) is None
+        if str(stat.get(attr.STATS_TENSOR, "")).startswith("input.") and _counts(stat) is None
     ]
 
 
@@ -417,7 +418,7 @@ def _report(w: _Writer, traces: list[Trace], names: Sequence[str]) -> int:
     w.text(f"  span id:  {first.span_id}")
     w.text(f"  trace id: {first.trace_id}")
     w.text("  outputs:  " + ", ".join(_bad(first, "output")), "red")
-    inputs = [str(s.get("otel_gpu.tensor")) for s in first.stats if _counts(s) is not None]
+    inputs = [str(s.get(attr.STATS_TENSOR)) for s in first.stats if _counts(s) is not None]
     inputs = [t for t in inputs if t.startswith("input.")]
     w.text(
         "  inputs:   " + (f"no NaN/Inf in {', '.join(inputs)}" if inputs else "no tensor inputs")
@@ -425,15 +426,15 @@ def _report(w: _Writer, traces: list[Trace], names: Sequence[str]) -> int:
     unchecked = _unchecked(first)
     if unchecked:
         w.text(f"  not checked (no NaN/Inf counts): {', '.join(unchecked)}", "yellow")
-    if "otel_gpu.events.omitted" in first.attrs:
-        omitted = first.attrs["otel_gpu.events.omitted"]
+    if attr.EVENTS_OMITTED in first.attrs:
+        omitted = first.attrs[attr.EVENTS_OMITTED]
         w.text(f"  {_n(omitted, 'event')} cut by the event limit: statistics may be incomplete")
-    if "otel_gpu.ring.dump.dir" in first.attrs:  # the ring wrote it when it produced NaN/Inf
-        w.text(f"  ring dump: {first.attrs['otel_gpu.ring.dump.dir']}", "cyan")
-    if "otel_gpu.dump.dir" in first.attrs:
-        w.text(f"  dump dir: {first.attrs['otel_gpu.dump.dir']}", "cyan")
-    elif "otel_gpu.dump.skipped" in first.attrs:
-        w.text(f"  not dumped: {first.attrs['otel_gpu.dump.skipped']}")
+    if attr.RING_DUMP_DIR in first.attrs:  # the ring wrote it when it produced NaN/Inf
+        w.text(f"  ring dump: {first.attrs[attr.RING_DUMP_DIR]}", "cyan")
+    if attr.DUMP_DIR in first.attrs:
+        w.text(f"  dump dir: {first.attrs[attr.DUMP_DIR]}", "cyan")
+    elif attr.DUMP_SKIPPED in first.attrs:
+        w.text(f"  not dumped: {first.attrs[attr.DUMP_SKIPPED]}")
     w.text(f"  read from {first.where}", "dim")
     blind = sum(1 for s in _walk(first.children) if not s.stats)
     if blind:
@@ -461,7 +462,7 @@ def _unknown_lines(w: _Writer, spans: list[Span]) -> None:
     unknown = [
         s
         for s in spans
-        if s.attrs.get("otel_gpu.nonfinite") and not (_bad(s, "output") or _bad(s, "input"))
+        if s.attrs.get(attr.NONFINITE) and not (_bad(s, "output") or _bad(s, "input"))
     ]
     if unknown:
         listed = ", ".join(f"{s.name} (span {s.span_id})" for s in unknown[:_SHOWN])

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 import torch
+from crafted_dumps import crafted_manifest, write_call
 
 import otel_gpu
 from otel_gpu.instrumentation import targets
@@ -129,33 +130,8 @@ def far(module_factory, marker: Path):
 
 
 def _call(root: Path, function: dict[str, Any], params: list[Any], **extra: Any) -> Path:
-    """Write one crafted call directory below ``root``; returns it."""
-    name = str(function.get("span_name", "x"))
-    seq = len(list(root.iterdir())) + 1 if root.exists() else 1
-    call = root / f"{seq:06d}-20260101T000000.000000-0123456789abcdef-{name}"
-    call.mkdir(parents=True)
-    manifest = {
-        "schema_version": 1,
-        "status": "completed",
-        "function": {"receiver": False, "file": None, "instrumented": None, **function},
-        "replayable": True,
-        "why_not_replayable": None,
-        "trace_id": "0" * 31 + "1",
-        "span_id": "0123456789abcdef",
-        "parent_span_id": None,
-        "files": {"inputs": None, "outputs": None},
-        "tensors": {},
-        "params": [{"name": n, "default": False, "value": v} for n, v in zip(("x", "obj"), params)],
-        "positional": None,
-        "receiver": None,
-        "result": {"t": "int", "v": 1},
-        "mutated": {},
-        "outputs_skipped": None,
-        "exception": None,
-        **extra,
-    }
-    (call / "manifest.json").write_text(json.dumps(manifest))
-    return call
+    """Write one crafted call directory below ``root``, its parameters named x and obj."""
+    return write_call(root, crafted_manifest(function, list(zip(("x", "obj"), params)), **extra))
 
 
 def _take(victim, obj: Any) -> tuple[dict[str, Any], list[Any]]:

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from commands import otel_gpu_command
 
 import otel_gpu
 
@@ -38,14 +39,7 @@ def test_a_payload_in_a_setting_or_argument_stays_on_one_escaped_line(tmp_path, 
     flag's value, to print a fake second line or drive the terminal. Outcome: exit 2, one stderr
     line, no ESC byte in it (shown as \\x1b), no traceback."""
     args, extra = CASES[case]
-    proc = subprocess.run(
-        [sys.executable, "-m", "otel_gpu", *args],
-        capture_output=True,
-        text=True,
-        env=_env(tmp_path, **extra),
-        cwd=tmp_path,
-        timeout=300,
-    )
+    proc = otel_gpu_command(args, _env(tmp_path, **extra), cwd=tmp_path, timeout=300)
     assert proc.returncode == 2
     assert len(proc.stderr.splitlines()) == 1, proc.stderr
     assert "\x1b" not in proc.stderr and "\\x1b" in proc.stderr

@@ -11,20 +11,18 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
-import textwrap
 
 import pytest
 import torch
+from dump_files import MODULE_BLOCK, record_script
 
 import otel_gpu
 from otel_gpu import cli
 from otel_gpu.export import pipeline
-from otel_gpu.recorder import module_state
 from otel_gpu.replay import Allow, Options, Result, exit_code, replay
 
-LIB = """
+LIB = (
+    """
 import torch
 import otel_gpu
 from torch import nn
@@ -33,22 +31,12 @@ from torch import nn
 def add(x, y):
     return x + y
 
-class Block(nn.Module):
-    def __init__(self, width):
-        super().__init__()
-        self.width = width
-        self.proj = nn.Linear(width, width)
-
-    def forward(self, x):
-        return self.proj(x)
 """
+    + MODULE_BLOCK
+)
 
 
-@pytest.fixture(autouse=True)
-def _fresh_states():
-    module_state._reset_for_tests()
-    yield
-    module_state._reset_for_tests()
+pytestmark = pytest.mark.usefixtures("fresh_module_states")
 
 
 @pytest.fixture
@@ -426,30 +414,7 @@ def test_a_run_that_verified_nothing_fails_unless_allowed(dump, capsys):
 def test_a_function_in_main_is_reported_once_at_record_time(tmp_path):
     """A level-10 call of a function defined in the script itself: one warning, when recorded,
     that replay will not be able to import it, pointing to the layout that replays."""
-    script = tmp_path / "script.py"
-    script.write_text(
-        textwrap.dedent(
-            """
-            import torch, otel_gpu
-
-            @otel_gpu.api
-            def step(x):
-                return x + 1
-
-            for _ in range(3):
-                step(torch.ones(1))
-            """
-        )
-    )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-    env.update(
-        OTEL_GPU_LOGLEVEL="10",
-        OTEL_GPU_DUMP_DIR=str(tmp_path / "d"),
-        OTEL_GPU_LOGDEST=str(tmp_path / "spans.jsonl"),
-    )
-    proc = subprocess.run(
-        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120
-    )
+    proc = record_script(tmp_path, calls=3)
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.count("is defined in __main__") == 1, proc.stderr
     assert "`otel-gpu replay` imports functions from modules by name" in proc.stderr

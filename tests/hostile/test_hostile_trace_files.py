@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from commands import otel_gpu_command, without_otel
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -137,17 +138,17 @@ def test_show_escapes_control_sequences_from_every_field(
         assert visible in text, (visible, text)
 
 
+def _command(*args: str, text: bool = True, **env: str) -> subprocess.CompletedProcess[Any]:
+    """``otel-gpu ARGS`` as a real command, without the caller's OTEL_* variables, plus ``env``."""
+    return otel_gpu_command(list(args), without_otel(**env), text=text)
+
+
 def test_show_as_a_command_to_a_pipe_writes_no_control_byte(tmp_path: Path) -> None:
     """Attack: escapes in a trace file, shown by the real command with stdout piped (as into
     ``less -R`` or a log): the bytes on stdout and stderr hold no control character."""
     path = tmp_path / "evil.jsonl"
     path.write_text(otlp_line(name=EVIL, text=EVIL) + "\n" + "{torn" + EVIL)
-    done = subprocess.run(
-        [sys.executable, "-m", "otel_gpu", "show", str(path)],
-        capture_output=True,
-        timeout=120,
-        env={k: v for k, v in os.environ.items() if not k.startswith("OTEL_")},
-    )
+    done = _command("show", str(path), text=False)
     stdout, stderr = done.stdout.decode(), done.stderr.decode()
     assert done.returncode == 1, stderr  # the torn last line was skipped
     assert raw_controls(stdout) == [] and raw_controls(stderr) == []
@@ -348,26 +349,13 @@ def test_nesting_bombs_are_refused_with_the_bound(tmp_path: Path, name: str) -> 
     before it is still shown or shipped with --skip-invalid."""
     path = tmp_path / "bomb.jsonl"
     path.write_text(otlp_line(name="good") + "\n" + _bombs()[name] + "\n")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-    done = subprocess.run(
-        [sys.executable, "-m", "otel_gpu", "show", "--skip-invalid", str(path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-    )
+    done = _command("show", "--skip-invalid", str(path))
     assert done.returncode == 1, done.stderr
     assert "─ good" in done.stdout
     bound = f"{path}:2: arrays and objects nested deeper than 64 levels"
     assert bound in done.stderr and "Traceback" not in done.stderr
     assert "RecursionError" not in done.stderr
-    done = subprocess.run(
-        [sys.executable, "-m", "otel_gpu", "ship", "--check", str(path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-    )
+    done = _command("ship", "--check", str(path))
     assert done.returncode == 2
     assert bound in done.stderr and "Traceback" not in done.stderr
 
@@ -580,13 +568,11 @@ def test_recover_command_prints_hostile_journals_escaped_without_traceback(tmp_p
     for i, data in enumerate(_hostile_journals(pid).values()):
         (jdir / f"otel-gpu-{pid}-{i:08x}.journal").write_bytes(data)
     (jdir / f"otel-gpu-{pid}-x{ESCAPES['OSC 0 window title']}.journal").write_bytes(b"short")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-    env.update(OTEL_GPU_LOGDEST=str(tmp_path / "out.jsonl"), OTEL_GPU_JOURNAL_DIR=str(jdir))
-    done = subprocess.run(
-        [sys.executable, "-m", "otel_gpu", "recover"],
-        capture_output=True,
-        timeout=120,
-        env=env,
+    done = _command(
+        "recover",
+        text=False,
+        OTEL_GPU_LOGDEST=str(tmp_path / "out.jsonl"),
+        OTEL_GPU_JOURNAL_DIR=str(jdir),
     )
     stderr = done.stderr.decode()
     assert "Traceback" not in stderr

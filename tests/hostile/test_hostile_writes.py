@@ -14,6 +14,7 @@ import stat
 
 import pytest
 import torch
+from dump_files import MODULE_BLOCK
 
 import otel_gpu
 from otel_gpu import _files
@@ -22,7 +23,8 @@ from otel_gpu.journal import writer as journal
 from otel_gpu.recorder import module_state, ring
 from otel_gpu.replay import Allow, Options, replay
 
-LIB = """
+LIB = (
+    """
 import torch
 from torch import nn
 import otel_gpu
@@ -39,24 +41,14 @@ def probe(x):
 def fail(x):
     raise ValueError("boom")
 
-class Block(nn.Module):
-    def __init__(self, width):
-        super().__init__()
-        self.width = width
-        self.proj = nn.Linear(width, width)
-
-    def forward(self, x):
-        return self.proj(x)
 """
+    + MODULE_BLOCK
+)
 
 VICTIM_BYTES = b"the victim's own data\n"
 
 
-@pytest.fixture(autouse=True)
-def _fresh_states():
-    module_state._reset_for_tests()
-    yield
-    module_state._reset_for_tests()
+pytestmark = pytest.mark.usefixtures("fresh_module_states")
 
 
 @pytest.fixture

@@ -15,11 +15,10 @@ def _instrument() -> None:
         import otel_gpu
         from otel_gpu import config
         from otel_gpu.instrumentation import targets
-        from otel_gpu.instrumentation.run import PROGRAM_PID
 
         # only the program `otel-gpu run` executed (same pid after execve) warns at exit about
         # targets never imported; the Python processes it starts stay quiet
-        program = config.environ().get(PROGRAM_PID)
+        program = config.run_program_pid()
         targets.report_at_exit(program is None or program == str(os.getpid()))
         otel_gpu.instrument_from_settings()
     except Exception as exc:  # never stop the program: say why and run it uninstrumented

@@ -1,0 +1,429 @@
+"""CUDA graphs: what decorated calls record at capture, and the spans of each replay.
+
+A decorated call at level >= 5 that runs while a CUDA graph is being captured cannot read
+anything back (a host sync would break the capture). Instead (see docs/levels.md, "Under CUDA
+graphs"):
+
+* at capture, :func:`otel_gpu.calls.stats.capture` records the call's statistics into a static
+  device vector with capturable ops, and :func:`record` keeps that vector, the call's metadata
+  and its capture span's context in a :class:`CapturedCall` of the current thread's capture;
+  the level-10 recorder attaches a deferred snapshot to the same record;
+* the patched ``CUDAGraph.capture_end`` gives the thread's records to the graph;
+* the patched ``CUDAGraph.replay`` runs the original first, returns its result (or lets its
+  exception through untouched), then, for replay 1 and one replay in
+  ``OTEL_GPU_GRAPH_STATS_EVERY``, concatenates the graph's vectors (one kernel), copies them
+  into a reused pinned host buffer without waiting (:func:`otel_gpu.devices.cuda.copy_to_host`,
+  an event) and queues them for the reader thread; ``OTEL_GPU_GRAPH_DUMP_EVERY`` does the same
+  for level-10 snapshots. The caller never waits: a replay whose buffers are still being read,
+  or that finds the reader's queue full, is counted in ``skipped`` and not read.
+* the reader thread waits for the copy's event (:func:`otel_gpu.devices.cuda.wait_copy`) and
+  turns every captured call into a span with ``otel_gpu.cuda_graph.replay`` = the replay number,
+  a link to its capture span and the statistics events.
+
+torch 2.13 offers no replay hook, hence the patch: installed once, when the first level >= 5
+call is captured, and removed by :func:`uninstall` (the original methods are put back).
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import random
+import threading
+import time
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from opentelemetry import trace
+from opentelemetry.trace import SpanContext, TraceFlags
+
+from otel_gpu import _guard, config
+from otel_gpu.attributes import CUDA_GRAPH_CAPTURE, CUDA_GRAPH_REPLAY
+from otel_gpu.devices import cuda
+
+__all__ = [
+    "ATTR_CAPTURE",
+    "ATTR_REPLAY",
+    "CapturedCall",
+    "flush",
+    "graph_class",
+    "install",
+    "installed",
+    "record",
+    "replays",
+    "uninstall",
+]
+
+ATTR_REPLAY = CUDA_GRAPH_REPLAY
+"""Span attribute of a replay span: the replay's number for its graph, from 1."""
+ATTR_CAPTURE = CUDA_GRAPH_CAPTURE
+"""Span attribute of a call that ran during CUDA graph capture (level >= 5): true."""
+
+_SLOTS = 4  # pinned host buffers per graph: a replay finding all in use is skipped, not waited on
+_QUEUE = 64  # replays queued for the reader; beyond, replays are skipped
+_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+_getrandbits = random.getrandbits
+
+
+def graph_class() -> Any:
+    """The class whose ``capture_begin``/``capture_end``/``replay`` are patched (a seam: tests
+    return a fake)."""
+    return torch.cuda.CUDAGraph
+
+
+Snapshot = Callable[[int, SpanContext, "SpanContext | None", int, int], "str | None"]
+"""A deferred level-10 dump: ``(replay, span context, parent, start_ns, end_ns) -> directory``."""
+
+
+class CapturedCall:
+    """One decorated call recorded during a capture: what each replay's span is built from."""
+
+    __slots__ = (
+        "buffer",
+        "context",
+        "inputs",
+        "layout",
+        "name",
+        "outputs",
+        "parent",
+        "plan",
+        "snapshot",
+    )
+
+    def __init__(self, call: Any) -> None:
+        self.plan = call.plan
+        self.name = call.plan.name
+        self.context: SpanContext = call.span.get_span_context()
+        self.parent = call.parent
+        self.inputs = call.inputs
+        self.outputs = call.outputs  # set before stats.finish runs, kept for every replay span
+        # (key, numel, note, integer, row in buffer or None) per tensor
+        self.layout: list[tuple[str, int, str | None, bool, int | None]] = []
+        self.buffer: torch.Tensor | None = None  # [rows, CAPTURED_ROW] float64, in the graph pool
+        self.snapshot: Snapshot | None = None
+
+    def add_stats(self, pending: Sequence[Any]) -> None:
+        """Keep the static vectors of ``stats.capture`` (one row per tensor with statistics)."""
+        vectors: list[torch.Tensor] = []
+        for p in pending:
+            row = None
+            if p.captured and p.vec is not None:
+                row = len(vectors)
+                vectors.append(p.vec)
+            self.layout.append((p.key, p.numel, p.note, p.integer, row))
+        if vectors:
+            # captured too: the stacked buffer is what every replay rewrites and we read
+            self.buffer = torch.stack(vectors)
+
+
+class _Graph:
+    """What one captured graph's replays need; kept with the graph object (weakly)."""
+
+    __slots__ = ("calls", "dump_every", "free", "lock", "replays", "skipped", "stats_every")
+
+    def __init__(self, calls: list[CapturedCall], settings: config.Settings) -> None:
+        self.calls = calls
+        self.replays = 0
+        self.skipped = 0  # replays due to be read but not read (buffers busy, reader behind)
+        self.stats_every = settings.graph_stats_every
+        self.dump_every = settings.graph_dump_every
+        self.free: list[torch.Tensor] = []  # pinned host buffers not being read
+        self.lock = threading.Lock()
+
+
+_capturing: dict[int, dict[int, CapturedCall]] = {}  # thread id -> span id -> record
+_graphs: weakref.WeakKeyDictionary[Any, _Graph] = weakref.WeakKeyDictionary()
+_originals: dict[str, Any] = {}
+_installed_on: Any = None
+_install_lock = threading.Lock()
+_MISSING = object()  # the method was inherited, not defined on the patched class
+
+
+def record(call: Any) -> CapturedCall:
+    """The record of ``call`` (running during a capture on this thread), made on first use."""
+    calls = _capturing.setdefault(threading.get_ident(), {})
+    span_id = call.span.get_span_context().span_id
+    rec = calls.get(span_id)
+    if rec is None:
+        install()
+        rec = CapturedCall(call)
+        calls[span_id] = rec
+        call.span.set_attribute(ATTR_CAPTURE, True)
+    return rec
+
+
+def installed() -> bool:
+    return _installed_on is not None
+
+
+def install() -> None:
+    """Patch ``capture_begin``, ``capture_end`` and ``replay`` of :func:`graph_class` (once)."""
+    global _installed_on
+    with _install_lock:
+        if _installed_on is not None:
+            return
+        cls = graph_class()
+        for name in ("capture_begin", "capture_end", "replay"):
+            _originals[name] = cls.__dict__.get(name, _MISSING), getattr(cls, name)
+        begin, end, replay = (_originals[n][1] for n in ("capture_begin", "capture_end", "replay"))
+
+        def capture_begin(self: Any, *args: Any, **kwargs: Any) -> Any:
+            _capturing.pop(threading.get_ident(), None)  # a capture that failed left records
+            return begin(self, *args, **kwargs)
+
+        def capture_end(self: Any, *args: Any, **kwargs: Any) -> Any:
+            result = end(self, *args, **kwargs)
+            calls = _capturing.pop(threading.get_ident(), None)
+            if calls:
+                try:
+                    _graphs[self] = _Graph(list(calls.values()), config.current())
+                except Exception as exc:
+                    _guard.internal_error("cuda_graph", exc)
+            return result
+
+        def patched_replay(self: Any, *args: Any, **kwargs: Any) -> Any:
+            start_ns = time.time_ns()
+            result = replay(self, *args, **kwargs)  # the user's exception passes through as is
+            graph = _graphs.get(self)
+            if graph is not None:
+                try:
+                    _after_replay(graph, start_ns)
+                except Exception as exc:
+                    _guard.internal_error("cuda_graph", exc)
+            return result
+
+        for name, fn in (
+            ("capture_begin", capture_begin),
+            ("capture_end", capture_end),
+            ("replay", patched_replay),
+        ):
+            fn.__name__ = name
+            fn.__qualname__ = f"{cls.__qualname__}.{name}"
+            fn.__wrapped__ = _originals[name][1]  # type: ignore[attr-defined]
+            setattr(cls, name, fn)
+        _installed_on = cls
+
+
+def uninstall() -> None:
+    """Put back the original ``capture_begin``, ``capture_end`` and ``replay``; forget graphs."""
+    global _installed_on
+    with _install_lock:
+        cls = _installed_on
+        if cls is None:
+            return
+        for name, (own, _) in _originals.items():
+            if own is _MISSING:
+                delattr(cls, name)  # it was inherited: the base class's method shows again
+            else:
+                setattr(cls, name, own)
+        _originals.clear()
+        _installed_on = None
+        _capturing.clear()
+        _graphs.clear()
+
+
+# --------------------------------------------------------------------------- caller's thread
+
+
+def _after_replay(graph: _Graph, start_ns: int) -> None:
+    """After a replay: copies started and queued for the reader when the replay is due; no wait."""
+    with graph.lock:
+        graph.replays += 1
+        n = graph.replays
+    stats_due = (n - 1) % graph.stats_every == 0
+    dump_due = (n - 1) % graph.dump_every == 0 and any(c.snapshot for c in graph.calls)
+    if not (stats_due or dump_due):
+        return
+    from otel_gpu.export import pipeline
+
+    pipe = pipeline.current()
+    if pipe is None:
+        return
+    parent: SpanContext | None = trace.get_current_span().get_span_context()
+    if parent is not None and parent.is_valid:
+        if not parent.trace_flags.sampled:
+            return
+        trace_id, state = parent.trace_id, parent.trace_state
+    else:
+        parent, trace_id, state = None, _getrandbits(128) or 1, None
+    buffers = [c.buffer for c in graph.calls if c.buffer is not None]
+    host = event = None
+    if buffers:
+        with graph.lock:
+            host = graph.free.pop() if graph.free else None
+        if host is None and _reader.busy(graph) >= _SLOTS:
+            graph.skipped += 1
+            return
+        rows = sum(b.shape[0] for b in buffers)
+        if host is None:
+            host = cuda.pinned_empty(rows * _ROW_BYTES).view(torch.float64).view(rows, -1)
+        # one kernel and one copy per read replay, however many calls the graph holds
+        src = torch.cat(buffers) if len(buffers) > 1 else buffers[0]
+        event = cuda.copy_to_host(host, src)
+    end_ns = time.time_ns()
+    contexts = [
+        SpanContext(trace_id, _getrandbits(64) or 1, False, _SAMPLED, state) for _ in graph.calls
+    ]
+    dirs: list[str | None] = [None] * len(graph.calls)
+    if dump_due:
+        for i, c in enumerate(graph.calls):
+            if c.snapshot is not None:
+                dirs[i] = c.snapshot(n, contexts[i], parent, start_ns, end_ns)
+    job = _Job(pipe, graph, n, contexts, parent, start_ns, end_ns, host, event, dirs)
+    if not _reader.put(job):
+        graph.skipped += 1
+        if host is not None:
+            with graph.lock:
+                graph.free.append(host)
+
+
+_ROW_BYTES = 8 * 7  # float64 x stats.CAPTURED_ROW
+
+
+class _Job:
+    __slots__ = (
+        "contexts",
+        "dirs",
+        "end_ns",
+        "event",
+        "graph",
+        "host",
+        "n",
+        "parent",
+        "pipe",
+        "start_ns",
+    )
+
+    def __init__(
+        self,
+        pipe: Any,
+        graph: _Graph,
+        n: int,
+        contexts: list[SpanContext],
+        parent: SpanContext | None,
+        start_ns: int,
+        end_ns: int,
+        host: torch.Tensor | None,
+        event: Any,
+        dirs: list[str | None],
+    ) -> None:
+        self.pipe = pipe
+        self.graph = graph
+        self.n = n
+        self.contexts = contexts
+        self.parent = parent
+        self.start_ns = start_ns
+        self.end_ns = end_ns
+        self.host = host
+        self.event = event
+        self.dirs = dirs
+
+
+# --------------------------------------------------------------------------- reader thread
+
+
+class _Reader:
+    """The thread that waits for each read replay's copy and turns its calls into spans."""
+
+    def __init__(self) -> None:
+        self._queue: queue.Queue[_Job] = queue.Queue(_QUEUE)
+        self._thread: threading.Thread | None = None
+        self._pid = 0
+        self._lock = threading.Lock()
+        self._busy: dict[int, int] = {}  # id(graph) -> jobs holding one of its host buffers
+
+    def busy(self, graph: _Graph) -> int:
+        return self._busy.get(id(graph), 0)
+
+    def put(self, job: _Job) -> bool:
+        with self._lock:
+            if self._thread is None or self._pid != os.getpid() or not self._thread.is_alive():
+                self._queue = queue.Queue(_QUEUE)  # a forked child starts with no reader
+                self._pid = os.getpid()
+                self._thread = threading.Thread(
+                    target=self._loop, args=(self._queue,), name="otel-gpu-graphs", daemon=True
+                )
+                self._thread.start()
+            try:
+                self._queue.put_nowait(job)
+            except queue.Full:
+                return False
+            if job.host is not None:
+                self._busy[id(job.graph)] = self._busy.get(id(job.graph), 0) + 1
+        return True
+
+    def flush(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while self._queue.unfinished_tasks:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.002)
+        return True
+
+    def _loop(self, jobs: queue.Queue[_Job]) -> None:
+        while True:
+            job = jobs.get()
+            try:
+                _emit(job)
+            except Exception as exc:
+                try:
+                    _guard.internal_error("cuda_graph", exc)
+                except Exception as raised:  # strict mode: kept for the pipeline's flush
+                    job.pipe.errors.append(raised)
+            finally:
+                if job.host is not None:
+                    with self._lock:
+                        self._busy[id(job.graph)] -= 1
+                    with job.graph.lock:
+                        job.graph.free.append(job.host)
+                jobs.task_done()
+
+
+_reader = _Reader()
+
+
+def _emit(job: _Job) -> None:
+    """One span per captured call of the job's replay, statistics read from the host copy."""
+    from otel_gpu.calls import stats
+    from otel_gpu.calls.record import Call, CallSpan
+    from otel_gpu.recorder.recorder import ATTR_DIR
+
+    rows: list[list[float]] = []
+    if job.host is not None:
+        cuda.wait_copy(job.event)
+        rows = job.host.tolist()  # host memory, copy complete: no device sync
+    offset = 0
+    for c, ctx, directory in zip(job.graph.calls, job.contexts, job.dirs):
+        call = Call(c.plan, CallSpan(ctx, c.name), job.parent, job.start_ns)
+        call.end_ns = job.end_ns
+        call.inputs = c.inputs
+        call.outputs = c.outputs
+        call.span.set_attribute(ATTR_REPLAY, job.n)
+        call.span.add_link(c.context)
+        if directory is not None:
+            call.span.set_attribute(ATTR_DIR, directory)
+        results = []
+        for key, numel, note, integer, row in c.layout:
+            if row is None:
+                results.append(stats.TensorStats(key, numel, note=note))
+            else:
+                results.append(stats.captured_stats(key, numel, note, integer, rows[offset + row]))
+        if c.buffer is not None:
+            offset += c.buffer.shape[0]
+        call.stats = results
+        job.pipe.submit(call)
+
+
+def flush(timeout: float = 10.0) -> bool:
+    """Wait until every queued replay has become spans (handed to the pipeline's queue); True
+    when that happened within ``timeout`` seconds. ``otel_gpu.flush()`` exports them next."""
+    return _reader.flush(timeout)
+
+
+def replays(graph: Any) -> tuple[int, int]:
+    """``(replays, skipped)`` of a captured graph: how often it ran, and how many of the replays
+    due to be read were not (buffers still being read, reader behind)."""
+    state = _graphs.get(graph)
+    return (0, 0) if state is None else (state.replays, state.skipped)
