@@ -30,6 +30,7 @@ CUDA_GRAPH_CAPTURE = "otel_gpu.cuda_graph.capture"  # true on a call captured in
 CUDA_GRAPH_REPLAY = "otel_gpu.cuda_graph.replay"  # replay number of a captured call's span
 
 # --- Flags and summaries ---
+COMPILED = "otel_gpu.compiled"  # true on a call that ran inside a torch.compile graph
 NONFINITE = "otel_gpu.nonfinite"  # true when a tensor of the call held NaN/Inf (level >= 5)
 ATTRIBUTES_OMITTED = "otel_gpu.attributes.omitted"  # keys cut by the attribute count limit
 EVENTS_OMITTED = "otel_gpu.events.omitted"  # how many events the event count limit cut
@@ -103,6 +104,9 @@ EVENT_STATS = "otel_gpu.stats"  # one per tensor of the call, level >= 5
 EVENT_PARAM_STATS = "otel_gpu.param_stats"  # one per own parameter of a module, first call
 EVENT_THREAD_STACK = "otel_gpu.thread_stack"  # one per Python thread on a stuck report
 EVENT_EXCEPTION = "exception"  # the semantic-convention exception event
+EVENT_SPANS_DROPPED = (
+    "otel.sdk.processor.span.processed"  # spans the queue dropped (SDK self-metric name)
+)
 
 # --- Attributes of the statistics events ---
 STATS_TENSOR = "otel_gpu.tensor"  # input.<key>, output.<key> or param.<name>
@@ -119,3 +123,9 @@ STATS_NOTE = "otel_gpu.stats.note"  # why a statistic is missing or what it mean
 EXCEPTION_TYPE = "exception.type"  # the exception's class
 EXCEPTION_MESSAGE = "exception.message"  # str(exception), cut to 2048 bytes
 EXCEPTION_STACKTRACE = "exception.stacktrace"  # the formatted traceback's end
+
+# --- Attributes of the dropped-spans event ---
+ERROR_TYPE = "error.type"  # why spans were dropped: queue_full or export_stalled
+COMPONENT_TYPE = "otel.component.type"  # the component that dropped them: otel_gpu_queue
+SPANS_DROPPED = "otel_gpu.spans.dropped"  # spans dropped since the last such event
+SPANS_DROPPED_TOTAL = "otel_gpu.spans.dropped.total"  # spans dropped since the process started

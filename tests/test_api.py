@@ -256,6 +256,43 @@ def test_async_functions_get_a_span_covering_the_await(otel_gpu_spans):
     assert _attrs(span)["otel_gpu.input.delay.default"] is True
 
 
+def test_async_level_1_without_observers_keeps_spans_nesting_and_the_exception(otel_gpu_spans):
+    """The async wrapper's level-1 fast path (no observer: no before/after work) still gives
+    each call its span, nested under the caller's, and re-raises the user's exception as the
+    same object with the span marked ERROR."""
+    from otel_gpu.export import pipeline
+
+    spans = otel_gpu_spans(level=1, journal=False)
+    boom = KeyError("missing")
+
+    @otel_gpu.api
+    async def inner(fail):
+        await asyncio.sleep(0)
+        if fail:
+            raise boom
+        return 1
+
+    @otel_gpu.api
+    async def outer():
+        first = await inner(False)
+        try:
+            await inner(True)
+        except KeyError as exc:
+            return first, exc
+
+    first, caught = asyncio.run(outer())
+    assert pipeline.get().observers_at[1] == ()  # the fast path is the one taken
+    assert first == 1 and caught is boom
+    got = spans.get()
+    by_name = {}
+    for span in got:
+        by_name.setdefault(span.name.rsplit(".", 1)[-1], []).append(span)
+    assert len(by_name["inner"]) == 2
+    (top,) = by_name["outer"]
+    assert all(s.parent.span_id == top.context.span_id for s in by_name["inner"])
+    assert sorted(s.status.status_code.name for s in by_name["inner"]) == ["ERROR", "UNSET"]
+
+
 def test_decorating_with_a_string_positionally_is_a_clear_error():
     """@api("name") is a mistake with a message that shows the right form."""
     otel_gpu.configure(level=1, dest="stderr")

@@ -418,6 +418,10 @@ def render(report: dict[str, Any]) -> str:
             f"ring ÷ recorder {_fmt(ring['ring_vs_recorder_caller'], '.3f', '×')} caller-visible, "
             f"{_fmt(ring['ring_vs_recorder_total'], '.3f', '×')} total",
         ]
+    for name, section in (report.get("sections") or {}).items():
+        import importlib
+
+        lines += ["", *importlib.import_module(f"otel_gpu.bench.{name}").render(section)]
     lines += ["", "budgets:"]
     for b in report["budgets"]:
         mark = {"met": "MET   ", "missed": "MISSED", "n/a": "n/a   "}[b["status"]]

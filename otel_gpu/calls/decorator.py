@@ -30,7 +30,7 @@ from otel_gpu.attributes import (
     STATS_INF_COUNT,
     STATS_NAN_COUNT,
 )
-from otel_gpu.calls import metadata, stats
+from otel_gpu.calls import compiled, metadata, stats
 from otel_gpu.calls.record import Call, CallSpan
 from otel_gpu.devices import cuda
 from otel_gpu.export import pipeline
@@ -65,6 +65,7 @@ _attach = otel_context.attach
 _detach = otel_context.detach
 _getrandbits = random.getrandbits  # reseeded in fork children by the random module
 _time_ns = time.time_ns
+_POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
 
 
 def _qualified_name(fn: Any) -> str:
@@ -78,6 +79,7 @@ class _Plan:
     """What a decorated function's calls must do, fixed at decoration time."""
 
     __slots__ = (
+        "__weakref__",
         "attributes",
         "binder",
         "capture_stats",
@@ -87,12 +89,14 @@ class _Plan:
         "module",
         "name",
         "on_nonfinite",
+        "param_names",
         "qualname",
         "receiver",
         "receiver_passed",
         "redact",
         "redacted",
         "replay_note",
+        "skip",
     )
 
     def __init__(
@@ -131,11 +135,17 @@ class _Plan:
         )
         self.redact = settings.redact
         try:
-            names = list(inspect.signature(signed).parameters)
+            params = list(inspect.signature(signed).parameters.values())
         except (TypeError, ValueError):
-            names = []
+            params = []
+        names = [p.name for p in params]
         # top-level parameter names that look like secrets (the flight recorder uses this)
         self.redacted = frozenset(n for n in names if metadata.is_secret(n, self.redact))
+        # under torch.compile: positional parameter names, after the receiver passed as args[0]
+        positional = [p.name for p in params if p.kind in _POSITIONAL]
+        passed = shape.receiver_passed and positional[:1] in (["self"], ["cls"])
+        self.skip = 1 if passed else 0
+        self.param_names = tuple(positional[self.skip :])
         # CUDA graph capture can only be in progress where CUDA exists; decide the check now.
         self.capture_stats: Callable[[], bool] | None = None
         if self.level >= 5:
@@ -241,9 +251,14 @@ def _launch_stats(plan: _Plan, prefix: str, tensors: list[tuple[str, Any]]) -> l
     return [stats.compute(prefix + k, t) for k, t in tensors]
 
 
-def _begin(plan: _Plan, pipe: pipeline.Pipeline) -> Call | NonRecordingSpan | None:
-    """Ids and context for a new call; None when the parent says the trace is not sampled."""
-    parent: SpanContext | None = _get_current_span().get_span_context()
+def _begin(
+    plan: _Plan, pipe: pipeline.Pipeline, current: trace.Span | None = None
+) -> Call | NonRecordingSpan | None:
+    """Ids and context for a new call; None when the parent says the trace is not sampled.
+
+    ``current``: the parent span when it is not the context's (calls inside compiled graphs).
+    """
+    parent: SpanContext | None = (current or _get_current_span()).get_span_context()
     if parent is not None and parent.is_valid:
         if not parent.trace_flags.sampled:
             return None
@@ -337,6 +352,8 @@ def _make_wrapper(
             # user's own exception, which passes through untouched
             raise nonfinite
 
+    heavy = level >= 3  # metadata (and stats) to capture around every call
+
     if inspect.iscoroutinefunction(fn):
 
         @functools.wraps(fn)
@@ -351,7 +368,9 @@ def _make_wrapper(
                     return await fn(*args, **kwargs)
                 finally:
                     _detach(token)
-            pending = before(call, pipe, args, kwargs)
+            # Level 1 with no observer skips before()/after(), as the sync wrapper does.
+            busy = heavy or pipe.observers_at[level]
+            pending = before(call, pipe, args, kwargs) if busy else None
             token = _attach(_set_span_in_context(call.span))
             call.start_ns = _time_ns()
             try:
@@ -361,19 +380,31 @@ def _make_wrapper(
                 _detach(token)
                 call.exc = exc
                 call.tb = _traceback_of(exc)
-                after(call, pipe, None, pending)
+                if busy:
+                    after(call, pipe, None, pending)
+                else:
+                    pipe.submit(call)
                 raise
             call.end_ns = _time_ns()
             _detach(token)
-            after(call, pipe, result, pending)
+            if busy:
+                after(call, pipe, result, pending)
+            else:
+                pipe.submit(call)
             return result
 
         return async_wrapper
 
-    heavy = level >= 3  # metadata (and stats) to capture around every call
+    is_compiling = compiled.is_compiling
+    plan_id = compiled.register(plan)
+    compiled_call = compiled.call
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        # While Dynamo traces: graph operators instead of locks and clocks (calls/compiled.py);
+        # the check costs ~0.07 µs per eager call
+        if is_compiling():
+            return compiled_call(plan_id, plan, fn, args, kwargs)
         pipe = get_pipeline()
         call = _begin(plan, pipe) if pipe is not None else None
         if call is None or pipe is None:

@@ -269,12 +269,22 @@ def _replacement(value: Any, swap: Swap) -> Any:
     return pair[1] if pair is not None and pair[0] is value else None
 
 
-def _swap_cells(value: Any, swap: Swap, log: list[_Undo] | None, done: set[int]) -> None:
-    """Outer decorators (backend_requirement, experimental…) hold the API in a closure cell."""
+def _swap_cells(
+    value: Any, swap: Swap, log: list[_Undo] | None, done: set[int], replacements: set[int]
+) -> None:
+    """Outer decorators (backend_requirement, experimental…) hold the API in a closure cell.
+
+    ``replacements``: their ids. The walk down ``__wrapped__`` stops at one: a replacement
+    wraps the very object it replaces, and swapping it inside its own closure makes it call
+    itself (an outer decorator reached twice, through a re-export, leads there).
+    """
     fn = value.__func__ if isinstance(value, (staticmethod, classmethod)) else value
     for _ in range(_CHAIN_DEPTH):
         if not isinstance(fn, types.FunctionType):
             return
+        # The next layer is read before this one is swapped: once ``__wrapped__`` points at our
+        # wrapper, following it would swap our own wrapper's function for itself (a recursion).
+        below = fn.__dict__.get("__wrapped__")
         for cell in fn.__closure__ or ():
             old = _contents(cell)
             pair = swap.get(id(old))
@@ -293,13 +303,18 @@ def _swap_cells(value: Any, swap: Swap, log: list[_Undo] | None, done: set[int])
                     for key in copied - {"__wrapped__"}:
                         if fn.__dict__.get(key) is old.__dict__[key]:
                             del fn.__dict__[key]
-        fn = getattr(fn, "__wrapped__", None)
-        if fn is None or id(fn) in swap:
+        fn = below
+        if fn is None or id(fn) in swap or id(fn) in replacements:
             return
 
 
 def _swap_namespace(
-    owner: Any, swap: Swap, log: list[_Undo] | None, done: set[int], seen: set[int]
+    owner: Any,
+    swap: Swap,
+    log: list[_Undo] | None,
+    done: set[int],
+    seen: set[int],
+    replacements: set[int],
 ) -> None:
     if id(owner) in seen:
         return
@@ -314,11 +329,11 @@ def _swap_namespace(
             if isinstance(module, str) and (
                 module == _PACKAGE or module.startswith(_PACKAGE + ".")
             ):
-                _swap_namespace(value, swap, log, done, seen)
+                _swap_namespace(value, swap, log, done, seen, replacements)
             continue
         new = _replacement(value, swap)
         if new is None:
-            _swap_cells(value, swap, log, done)
+            _swap_cells(value, swap, log, done, replacements)
             continue
         setattr(owner, key, new)
         old = value.__func__ if isinstance(value, (staticmethod, classmethod)) else value
@@ -331,9 +346,10 @@ def _swap(swap: Swap, log: list[_Undo] | None) -> set[int]:
     """Replace each old object by its new one wherever FlashInfer refers to it; ids swapped."""
     done: set[int] = set()
     seen: set[int] = set()
+    replacements = {id(pair[1]) for pair in swap.values()}
     if swap:
         for module in _flashinfer_modules():
-            _swap_namespace(module, swap, log, done, seen)
+            _swap_namespace(module, swap, log, done, seen, replacements)
     return done
 
 

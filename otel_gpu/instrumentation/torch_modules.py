@@ -26,6 +26,7 @@ import torch
 
 from otel_gpu import _guard, config
 from otel_gpu.attributes import EVENT_PARAM_STATS, MODULE_CLASS, MODULE_PATH, NONFINITE
+from otel_gpu.calls.compiled import is_compiling as _is_compiling
 
 __all__ = ["instrument_module", "uninstrument_module"]
 
@@ -137,7 +138,8 @@ def _with_param_stats(forward: Any) -> Any:
 
     @functools.wraps(forward)
     def with_stats(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if id(self) not in done:
+        # under torch.compile the span is not in the OTel context: no parameter statistics
+        if not _is_compiling() and id(self) not in done:
             done.add(id(self))
             try:
                 _param_events(self)
