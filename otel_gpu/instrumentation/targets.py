@@ -424,10 +424,36 @@ class _Loader(importlib.abc.Loader):
 
     def exec_module(self, module: types.ModuleType) -> None:
         self.loader.exec_module(module)
+        name = module.__name__
+        top = name.partition(".")[0]
+        if top != name and _initializing(top) and _wanted(top):
+            # imported by its own package's __init__ (torch imports torch.distributed): wrapping
+            # now would import otel-gpu's torch-using modules from a half-initialised torch, so
+            # it waits for the package, whose loader is wrapped too (_wanted(top)).
+            _deferred.append(name)
+            return
+        if top == name and _deferred:
+            for sub in _take_deferred(top):
+                _on_import(sub)
         _on_import(module)
 
     def __getattr__(self, name: str) -> Any:  # get_source, is_package, …
         return getattr(self.loader, name)
+
+
+_deferred: list[str] = []
+"""Modules executed while their top-level package was still initialising, in import order."""
+
+
+def _initializing(top: str) -> bool:
+    module = sys.modules.get(top)
+    return module is not None and bool(getattr(module.__spec__, "_initializing", False))
+
+
+def _take_deferred(top: str) -> list[types.ModuleType]:
+    names = [n for n in _deferred if n.partition(".")[0] == top]
+    _deferred[:] = [n for n in _deferred if n.partition(".")[0] != top]
+    return [sys.modules[n] for n in names if n in sys.modules]
 
 
 def _wanted(modname: str) -> bool:
@@ -490,5 +516,6 @@ def _ensure_hook() -> None:
 def _reset_for_tests(targets: Iterable[str] = ()) -> None:
     uninstrument()
     _matched_globs.clear()
+    _deferred.clear()
     if _finder is not None and _finder in sys.meta_path:
         sys.meta_path.remove(_finder)
