@@ -230,7 +230,9 @@ def _timed(argv: list[str], env: dict[str, str], out: Any = None) -> dict[str, A
 def _env(**extra: str) -> dict[str, str]:
     from otel_gpu.config import child_environment
 
-    env = {k: v for k, v in child_environment().items() if not k.startswith(("OTEL_", "FLASHINFER_"))}
+    env = {
+        k: v for k, v in child_environment().items() if not k.startswith(("OTEL_", "FLASHINFER_"))
+    }
     env.update(extra)
     return env
 

@@ -79,9 +79,7 @@ _SPAN_KEYS = (
     EVENTS_OMITTED,
 )
 _UNUSED_FIELDS = (".stride", ".device", ".requires_grad", ".is_contiguous")
-_STAT_KEYS = frozenset(
-    {STATS_TENSOR, STATS_NUMEL, STATS_NAN_COUNT, STATS_INF_COUNT, STATS_NOTE}
-)
+_STAT_KEYS = frozenset({STATS_TENSOR, STATS_NUMEL, STATS_NAN_COUNT, STATS_INF_COUNT, STATS_NOTE})
 _DOUBLES = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 
 MAX_LINE_BYTES = 64 * 1024 * 1024
