@@ -16,11 +16,13 @@ import math
 import sys
 import threading
 from collections.abc import Mapping, Sequence
+from functools import partialmethod
 from typing import IO, Any
 
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.trace import StatusCode
+from otel_gpu.exporters import _streams
 
 from otel_gpu import attributes as attr
 from otel_gpu._text import printable
@@ -52,23 +54,13 @@ class _Style:
     def __call__(self, text: str, code: str) -> str:
         return f"\x1b[{code}m{text}\x1b[0m" if self.enabled else text
 
-    def bold(self, text: str) -> str:
-        return self(text, "1")
-
-    def dim(self, text: str) -> str:
-        return self(text, "2")
-
-    def red(self, text: str) -> str:
-        return self(text, "1;31")
-
-    def green(self, text: str) -> str:
-        return self(text, "32")
-
-    def cyan(self, text: str) -> str:
-        return self(text, "36")
-
-    def yellow(self, text: str) -> str:
-        return self(text, "33")
+    # one SGR code per style: bold, dim and the colours the renderer uses
+    bold = partialmethod(__call__, code="1")
+    dim = partialmethod(__call__, code="2")
+    red = partialmethod(__call__, code="1;31")
+    green = partialmethod(__call__, code="32")
+    cyan = partialmethod(__call__, code="36")
+    yellow = partialmethod(__call__, code="33")
 
 
 def _want_color(stream: IO[str], color: str) -> bool:
@@ -235,17 +227,10 @@ class ConsoleSpanExporter(SpanExporter):
     def shutdown(self) -> None:
         self._closed = True
         self.force_flush()
-        if self._owns_stream:
-            with self._lock:
-                self._stream.close()
+        _streams.close(self._stream, self._lock, self._owns_stream)
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
-        try:
-            with self._lock:
-                self._stream.flush()
-        except Exception:
-            return False
-        return True
+        return _streams.flush(self._stream, self._lock)
 
     # ----------------------------------------------------------------- rendering
 

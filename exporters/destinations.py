@@ -227,6 +227,11 @@ class DrainBatchProcessor(SpanProcessor):
         with self._lock:
             self._batch.append(span)
 
+    def on_end_batch(self, spans: Sequence[ReadableSpan]) -> None:
+        """A chunk of the export queue at once: one call and one lock, not one per span."""
+        with self._lock:
+            self._batch.extend(spans)
+
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         with self._lock:
             batch, self._batch = self._batch, []

@@ -25,27 +25,20 @@ from itertools import islice
 from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
 from typing import IO, Any
 
-from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.trace import SpanKind, StatusCode
+from otel_gpu.exporters import _encoding, _streams
+from otel_gpu.exporters._encoding import CACHE_MAX, INT64_MAX, INT64_MIN
 from otel_gpu.exporters._grouping import group_spans
 
 __all__ = ["JsonEncoder", "JsonLinesSpanExporter", "encode_json"]
 
 _logger = logging.getLogger(__name__)
 
-_INT64_MIN = -(1 << 63)
-_INT64_MAX = (1 << 63) - 1
-_CACHE_MAX = 4096  # attribute fragments kept per encoder; cleared wholesale when full
-_SMALL_CACHE_MAX = 256  # resources, scopes, names
 _quote = encode_basestring_ascii  # the C escaper json.dumps uses: same text, no dict walk
 _INTERNAL = SpanKind.INTERNAL
 _UNSET = StatusCode.UNSET
-
-
-class _Unencodable(Exception):
-    """A value the OTLP encoders refuse (an int outside int64, an unknown type)."""
 
 
 def _special_float(v: float) -> str:
@@ -62,9 +55,9 @@ def _value(v: Any) -> str:
     if t is bool:
         return '{"boolValue":true}' if v else '{"boolValue":false}'
     if t is int:
-        if _INT64_MIN <= v <= _INT64_MAX:
+        if INT64_MIN <= v <= INT64_MAX:
             return f'{{"intValue":"{v}"}}'
-        raise _Unencodable(f"int {v} is outside int64")
+        raise _encoding.Unencodable(f"int {v} is outside int64")
     if t is float:
         return f'{{"doubleValue":{v!r}}}' if v - v == 0 else _special_float(v)
     if t is list or t is tuple:
@@ -76,33 +69,17 @@ def _value(v: Any) -> str:
 
 def _value_slow(v: Any) -> str:
     """Subclasses and the types otel-gpu never produces, in the official encoder's order."""
+    v = _encoding.plain(v)
     if v is None:
         return "{}"
-    if isinstance(v, bool):
-        return _value(bool(v))
-    if isinstance(v, str):
-        return _value(str(v))
-    if isinstance(v, int):
-        return _value(int(v))
-    if isinstance(v, float):
-        return _value(float(v))
     if isinstance(v, bytes):
         return '{"bytesValue":"' + base64.b64encode(v).decode("ascii") + '"}'
-    if isinstance(v, Sequence):
-        return _value(list(v))
     if isinstance(v, Mapping):
         kvs = ",".join(
             ['{"key":' + _quote(str(k)) + ',"value":' + _value(x) + "}" for k, x in v.items()]
         )
         return '{"kvlistValue":{"values":[' + kvs + "]}}" if kvs else '{"kvlistValue":{}}'
-    raise _Unencodable(f"invalid attribute type {type(v).__name__}")
-
-
-def _items(attributes: Any) -> Iterable[tuple[str, Any]]:
-    if type(attributes) is BoundedAttributes:
-        # its Mapping-ABC items() costs a Python-level __getitem__ per key
-        return attributes._dict.items()
-    return attributes.items()
+    return _value(v)
 
 
 def _status(status: Any) -> str:
@@ -120,13 +97,14 @@ def _status(status: Any) -> str:
     return ',"status":{' + ",".join(parts) + "}"
 
 
-class JsonEncoder:
+class JsonEncoder(_encoding.CachingEncoder):
     """Encodes spans to OTLP/JSON text, caching what repeats. Safe to share between threads.
 
     Fragment cache keys assume valid OTel values: a sequence holds one element type.
     """
 
     def __init__(self) -> None:
+        super().__init__()
         self._fragments: dict[Any, str] = {}
         self._fixed: dict[Any, str] = {}
         self._names: dict[str, str] = {}
@@ -134,7 +112,6 @@ class JsonEncoder:
         self._keys: dict[str, str] = {}
         self._resources: dict[int, tuple[Any, str]] = {}
         self._scopes: dict[int, tuple[Any, str]] = {}
-        self._warned: set[str] = set()
         self._last_status: tuple[Any, str] = (self, "")  # (status object, its text + "}")
 
     # ------------------------------------------------------------------ attributes
@@ -152,6 +129,8 @@ class JsonEncoder:
                 else:
                     out.append(prefix + _special_float(v) + "}")
                 continue
+            # The cache key inline, as in the other native encoder: a shared helper would cost
+            # a Python call per attribute on the export thread's hottest loop.
             if t is str:
                 ck: Any = (k, v)
             elif t is int or t is bool:
@@ -170,28 +149,21 @@ class JsonEncoder:
             except Exception as exc:
                 self._skip(k, exc)
                 continue
-            if ck is not None:
-                if len(cache) >= _CACHE_MAX:
-                    cache.clear()
-                cache[ck] = fragment
+            if ck is not None:  # a miss: the call is paid once per new fragment
+                self._remember(cache, ck, fragment, CACHE_MAX)
             out.append(fragment)
 
     def _key_prefix(self, key: str) -> str:
         prefix = '{"key":' + _quote(key) + ',"value":'
-        if len(self._keys) < _CACHE_MAX:
+        if len(self._keys) < CACHE_MAX:
             self._keys[key] = prefix
         return prefix
-
-    def _skip(self, key: str, exc: Exception) -> None:
-        if key not in self._warned and len(self._warned) < _SMALL_CACHE_MAX:
-            self._warned.add(key)
-            _logger.warning("attribute %r not exported: %s", key, exc)
 
     def _attribute_list(self, attributes: Any) -> str:
         if not attributes:
             return ""
         out: list[str] = []
-        self._attributes(_items(attributes), out)
+        self._attributes(_encoding.attribute_items(attributes), out)
         return ",".join(out)
 
     # ------------------------------------------------------------------ spans
@@ -203,9 +175,7 @@ class JsonEncoder:
         name = self._names.get(span.name)
         if name is None:
             name = ',"name":' + _quote(span.name) if span.name else ""
-            if len(self._names) >= _SMALL_CACHE_MAX:
-                self._names.clear()
-            self._names[span.name] = name
+            self._remember(self._names, span.name, name)
         head = f'{{"traceId":"{ctx.trace_id:032x}","spanId":"{ctx.span_id:016x}"'
         if state:
             head += ',"traceState":' + _quote(",".join([f"{k}={v}" for k, v in state.items()]))
@@ -227,17 +197,15 @@ class JsonEncoder:
         if attributes:
             out: list[str] = []
             fixed = getattr(span, "fixed", None)
-            items = _items(attributes)
+            items = _encoding.attribute_items(attributes)
             if fixed is not None and fixed[1] > 0:
                 constant = self._fixed.get(fixed)
                 if constant is None:  # first span of this key: encode its constant head once
                     self._attributes(islice(items, fixed[1]), out)
                     constant = ",".join(out)
-                    if len(self._fixed) >= _CACHE_MAX:
-                        self._fixed.clear()
-                    self._fixed[fixed] = constant
+                    self._remember(self._fixed, fixed, constant, CACHE_MAX)
                     out = []
-                    items = _items(attributes)
+                    items = _encoding.attribute_items(attributes)
                 if constant:
                     out.append(constant)
                 if len(attributes) > fixed[1]:
@@ -268,9 +236,7 @@ class JsonEncoder:
             quoted = self._quoted.get(event.name)
             if quoted is None:
                 quoted = _quote(event.name)
-                if len(self._quoted) >= _SMALL_CACHE_MAX:
-                    self._quoted.clear()
-                self._quoted[event.name] = quoted
+                self._remember(self._quoted, event.name, quoted)
             fields.append('"name":' + quoted)
         attributes = self._attribute_list(event.attributes)
         if attributes:
@@ -299,9 +265,7 @@ class JsonEncoder:
             return hit[1]
         attributes = self._attribute_list(getattr(resource, "attributes", None))
         text = '{"resource":{' + ('"attributes":[' + attributes + "]" if attributes else "") + "}"
-        if len(self._resources) >= _SMALL_CACHE_MAX:
-            self._resources.clear()
-        self._resources[id(resource)] = (resource, text)
+        self._remember(self._resources, id(resource), (resource, text))
         return text
 
     def _scope(self, scope: Any) -> str:
@@ -318,9 +282,7 @@ class JsonEncoder:
             if attributes:
                 fields.append('"attributes":[' + attributes + "]")
         text = '{"scope":{' + ",".join(fields) + "}"
-        if len(self._scopes) >= _SMALL_CACHE_MAX:
-            self._scopes.clear()
-        self._scopes[id(scope)] = (scope, text)
+        self._remember(self._scopes, id(scope), (scope, text))
         return text
 
     # ------------------------------------------------------------------ request
@@ -423,15 +385,7 @@ class JsonLinesSpanExporter(SpanExporter):
             _logger.warning("Exporter already shutdown, ignoring call")
             return
         self._shutdown = True
-        if self._owns_stream:
-            with self._lock:
-                self._stream.close()
+        _streams.close(self._stream, self._lock, self._owns_stream)
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
-        try:
-            with self._lock:
-                if not self._stream.closed:
-                    self._stream.flush()
-        except Exception:
-            return False
-        return True
+        return _streams.flush(self._stream, self._lock)

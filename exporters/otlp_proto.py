@@ -22,20 +22,17 @@ from itertools import islice
 from struct import Struct
 from typing import Any
 
-from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanKind, StatusCode
+from otel_gpu.exporters import _encoding
+from otel_gpu.exporters._encoding import CACHE_MAX, INT64_MAX, INT64_MIN
 from otel_gpu.exporters._grouping import group_spans
 
 __all__ = ["ProtoEncoder", "encode_request"]
 
 _logger = logging.getLogger(__name__)
 
-_INT64_MIN = -(1 << 63)
-_INT64_MAX = (1 << 63) - 1
 _U64 = (1 << 64) - 1
-_CACHE_MAX = 4096  # attribute fragments kept per encoder; cleared wholesale when full
-_SMALL_CACHE_MAX = 256  # resources, scopes, names
 _BYTE = [bytes((i,)) for i in range(128)]
 _DOUBLE = Struct("<Bd")  # AnyValue.double_value: tag 0x21 + little-endian double
 _PACK_DOUBLE = Struct("<d").pack
@@ -47,10 +44,6 @@ _UNSET = StatusCode.UNSET
 # Span.flags (field 16, fixed32): HAS_IS_REMOTE, plus IS_REMOTE when the parent is remote
 _FLAGS_LOCAL = b"\x85\x01" + (256).to_bytes(4, "little")
 _FLAGS_REMOTE = b"\x85\x01" + (768).to_bytes(4, "little")
-
-
-class _Unencodable(Exception):
-    """A value the OTLP encoders refuse (an int outside int64, an unknown type)."""
 
 
 def _varint(v: int) -> bytes:
@@ -86,9 +79,9 @@ def _value(v: Any) -> bytes:
     if t is int:
         if 0 <= v < 0x80:
             return b"\x18" + _BYTE[v]
-        if _INT64_MIN <= v <= _INT64_MAX:
+        if INT64_MIN <= v <= INT64_MAX:
             return b"\x18" + _varint(v & _U64)  # negative int64: ten-byte two's complement
-        raise _Unencodable(f"int {v} is outside int64")
+        raise _encoding.Unencodable(f"int {v} is outside int64")
     if t is float:
         return _DOUBLE.pack(0x21, v)
     if t is list or t is tuple:
@@ -98,35 +91,19 @@ def _value(v: Any) -> bytes:
 
 def _value_slow(v: Any) -> bytes:
     """Subclasses and the types otel-gpu never produces, in the official encoder's order."""
+    v = _encoding.plain(v)
     if v is None:
         return b""
-    if isinstance(v, bool):
-        return _value(bool(v))
-    if isinstance(v, str):
-        return _value(str(v))
-    if isinstance(v, int):
-        return _value(int(v))
-    if isinstance(v, float):
-        return _value(float(v))
     if isinstance(v, bytes):
         return _field(b"\x3a", v)
-    if isinstance(v, Sequence):
-        return _value(list(v))
     if isinstance(v, Mapping):
         kvs = [_field(b"\x0a", _key_value(str(k), x)) for k, x in v.items()]
         return _field(b"\x32", b"".join(kvs))
-    raise _Unencodable(f"invalid attribute type {type(v).__name__}")
+    return _value(v)
 
 
 def _key_value(key: str, v: Any) -> bytes:
     return _string(b"\x0a", key) + _field(b"\x12", _value(v))
-
-
-def _items(attributes: Any) -> Iterable[tuple[str, Any]]:
-    if type(attributes) is BoundedAttributes:
-        # its Mapping-ABC items() costs a Python-level __getitem__ per key
-        return attributes._dict.items()
-    return attributes.items()
 
 
 def _status(status: Any) -> bytes:
@@ -142,7 +119,7 @@ def _status(status: Any) -> bytes:
     return _field(b"\x7a", body)
 
 
-class ProtoEncoder:
+class ProtoEncoder(_encoding.CachingEncoder):
     """Encodes spans to ``ExportTraceServiceRequest`` bytes, caching what repeats.
 
     Safe to share between threads. Fragment cache keys assume valid OTel values: a
@@ -150,6 +127,7 @@ class ProtoEncoder:
     """
 
     def __init__(self) -> None:
+        super().__init__()
         # one fragment cache per containing field: the tag byte is part of the fragment
         self._fragments: dict[bytes, dict[Any, bytes]] = {}
         self._fixed: dict[Any, bytes] = {}
@@ -158,7 +136,6 @@ class ProtoEncoder:
         self._event_names: dict[str, bytes] = {}
         self._resources: dict[int, tuple[Any, bytes]] = {}
         self._scopes: dict[int, tuple[Any, bytes]] = {}
-        self._warned: set[str] = set()
 
     # ------------------------------------------------------------------ attributes
 
@@ -174,6 +151,8 @@ class ProtoEncoder:
                 prefix = doubles.get((tag, k)) or self._double_prefix(tag, k)
                 out.append(prefix + _PACK_DOUBLE(v))
                 continue
+            # The cache key inline, as in the other native encoder: a shared helper would cost
+            # a Python call per attribute on the export thread's hottest loop.
             if t is str:
                 ck: Any = (k, v)
             elif t is int or t is bool:
@@ -192,31 +171,22 @@ class ProtoEncoder:
             except Exception as exc:
                 self._skip(k, exc)
                 continue
-            if ck is not None:
-                if len(cache) >= _CACHE_MAX:
-                    cache.clear()
-                cache[ck] = fragment
+            if ck is not None:  # a miss: the call is paid once per new fragment
+                self._remember(cache, ck, fragment, CACHE_MAX)
             out.append(fragment)
 
     def _double_prefix(self, tag: bytes, key: str) -> bytes:
         """Everything of a double-valued KeyValue field before the 8 value bytes."""
         key_field = _string(b"\x0a", key)
         prefix = tag + _varint(len(key_field) + 11) + key_field + b"\x12\x09\x21"
-        if len(self._doubles) >= _CACHE_MAX:
-            self._doubles.clear()
-        self._doubles[(tag, key)] = prefix
+        self._remember(self._doubles, (tag, key), prefix, CACHE_MAX)
         return prefix
-
-    def _skip(self, key: str, exc: Exception) -> None:
-        if key not in self._warned and len(self._warned) < _SMALL_CACHE_MAX:
-            self._warned.add(key)
-            _logger.warning("attribute %r not exported: %s", key, exc)
 
     def _attribute_bytes(self, tag: bytes, attributes: Any) -> bytes:
         if not attributes:
             return b""
         out: list[bytes] = []
-        self._attributes(tag, _items(attributes), out)
+        self._attributes(tag, _encoding.attribute_items(attributes), out)
         return b"".join(out)
 
     # ------------------------------------------------------------------ spans
@@ -229,9 +199,7 @@ class ProtoEncoder:
         if name is None:
             # name (field 5) with kind INTERNAL (field 6) appended: the common case in one piece
             name = _string(b"\x2a", span.name) if span.name else b""
-            if len(self._names) >= _SMALL_CACHE_MAX:
-                self._names.clear()
-            self._names[span.name] = name
+            self._remember(self._names, span.name, name)
         kind = span.kind
         parts = [
             b"\x0a\x10",
@@ -260,17 +228,15 @@ class ProtoEncoder:
         attributes = span.attributes
         if attributes:
             fixed = getattr(span, "fixed", None)
-            items = _items(attributes)
+            items = _encoding.attribute_items(attributes)
             if fixed is not None and fixed[1] > 0:
                 constant = self._fixed.get(fixed)
                 if constant is None:  # first span of this key: encode its constant head once
                     head: list[bytes] = []
                     self._attributes(b"\x4a", islice(items, fixed[1]), head)
                     constant = b"".join(head)
-                    if len(self._fixed) >= _CACHE_MAX:
-                        self._fixed.clear()
-                    self._fixed[fixed] = constant
-                    items = _items(attributes)
+                    self._remember(self._fixed, fixed, constant, CACHE_MAX)
+                    items = _encoding.attribute_items(attributes)
                 parts.append(constant)
                 items = islice(items, fixed[1], None)
             self._attributes(b"\x4a", items, parts)
@@ -291,13 +257,11 @@ class ProtoEncoder:
         name = self._event_names.get(event.name)
         if name is None:
             name = _string(b"\x12", event.name) if event.name else b""
-            if len(self._event_names) >= _SMALL_CACHE_MAX:
-                self._event_names.clear()
-            self._event_names[event.name] = name
+            self._remember(self._event_names, event.name, name)
         body = _FIXED64.pack(0x09, event.timestamp) + name if event.timestamp else name
         if event.attributes:
             parts = [body]
-            self._attributes(b"\x1a", _items(event.attributes), parts)
+            self._attributes(b"\x1a", _encoding.attribute_items(event.attributes), parts)
             body = b"".join(parts)
         dropped = getattr(event, "dropped_attributes", 0)
         if dropped:
@@ -327,9 +291,7 @@ class ProtoEncoder:
             return hit[1]
         attributes = getattr(resource, "attributes", None)
         encoded = _field(b"\x0a", self._attribute_bytes(b"\x0a", attributes))
-        if len(self._resources) >= _SMALL_CACHE_MAX:
-            self._resources.clear()
-        self._resources[id(resource)] = (resource, encoded)
+        self._remember(self._resources, id(resource), (resource, encoded))
         return encoded
 
     def _scope(self, scope: Any) -> bytes:
@@ -348,9 +310,7 @@ class ProtoEncoder:
             if scope.schema_url:
                 schema = _string(b"\x1a", scope.schema_url)
         encoded = _field(b"\x0a", body) + schema
-        if len(self._scopes) >= _SMALL_CACHE_MAX:
-            self._scopes.clear()
-        self._scopes[id(scope)] = (scope, encoded)
+        self._remember(self._scopes, id(scope), (scope, encoded))
         return encoded
 
     # ------------------------------------------------------------------ request

@@ -27,7 +27,7 @@ from otel_gpu.exporters.otlp_proto import ProtoEncoder
 
 from otel_gpu.config import STANDARD, otel_standard_variables
 
-__all__ = ["OtlpSpanExporter"]
+__all__ = ["OtlpSpanExporter", "endpoint_url"]
 
 _logger = logging.getLogger(__name__)
 
@@ -57,7 +57,8 @@ def _setting(env: Mapping[str, str], name: str) -> str | None:
     return None
 
 
-def _endpoint(env: Mapping[str, str], protocol: str) -> str:
+def endpoint_url(env: Mapping[str, str], protocol: str) -> str:
+    """The URL the standard variables name for ``protocol`` (as the official exporters join it)."""
     specific = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "").strip()
     if specific:
         return specific  # the signal-specific URL is used as given
@@ -124,7 +125,7 @@ class OtlpSpanExporter(SpanExporter):
             raise ValueError(f"protocol {protocol!r} is not one of {sorted(_DEFAULTS)}")
         env = otel_standard_variables()
         self.protocol = protocol
-        self.endpoint = endpoint or _endpoint(env, protocol)
+        self.endpoint = endpoint or endpoint_url(env, protocol)
         env_headers = _setting(env, "HEADERS")
         self.headers = dict(
             headers if headers is not None else parse_env_headers(env_headers or "", liberal=True)
@@ -227,6 +228,19 @@ class OtlpSpanExporter(SpanExporter):
             return SpanExportResult.SUCCESS
         try:
             body = self._encoder.encode(spans)
+        except Exception as exc:  # never break the caller: the spans are lost, not the host
+            _logger.warning(
+                "OTLP export to %s failed: %s: %s", self.endpoint, type(exc).__name__, exc
+            )
+            return SpanExportResult.FAILURE
+        return self.export_encoded(body, len(spans))
+
+    def export_encoded(self, body: bytes, count: int) -> SpanExportResult:
+        """Send ``body``, an encoded ``ExportTraceServiceRequest`` of ``count`` spans (for
+        ``otel-gpu ship``, which builds requests from a file's bytes), retrying as ``export``."""
+        if self._stopping.is_set():
+            return SpanExportResult.FAILURE
+        try:
             deadline = time.monotonic() + self.timeout
             attempt = 0
             while True:
@@ -241,7 +255,7 @@ class OtlpSpanExporter(SpanExporter):
                 if not retryable or delay > remaining or self._stopping.wait(delay):
                     _logger.warning(
                         "OTLP export of %d spans to %s failed after %d attempt(s): %s",
-                        len(spans),
+                        count,
                         self.endpoint,
                         attempt,
                         why,

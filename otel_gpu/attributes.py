@@ -66,6 +66,29 @@ STUCK_CALL = "otel_gpu.stuck.call"  # the stuck call's span name
 STUCK_SPAN_ID = "otel_gpu.stuck.span_id"  # the stuck call's span ID, 16 hex digits
 STUCK_THREAD = "otel_gpu.stuck.thread"  # thread_stack event: true on the stuck call's thread
 
+# --- Collectives (the torch.distributed target) ---
+COLLECTIVE_PREFIX = "otel_gpu.collective."  # every otel_gpu.collective.* key below
+COLLECTIVE_OP = "otel_gpu.collective.op"  # all_reduce, broadcast, send, ...
+COLLECTIVE_GROUP_NAME = "otel_gpu.collective.group.name"  # the group's description (default_pg)
+COLLECTIVE_GROUP_ID = "otel_gpu.collective.group.id"  # torch's unique group_name ("0")
+COLLECTIVE_GROUP_RANKS = "otel_gpu.collective.group.ranks"  # the group's global ranks
+COLLECTIVE_GROUP_SIZE = "otel_gpu.collective.group.size"  # how many ranks it has
+COLLECTIVE_GROUP_RANK = "otel_gpu.collective.group.rank"  # the caller's rank in the group
+COLLECTIVE_SEQ = "otel_gpu.collective.seq"  # this process's count of calls on the group, from 1
+COLLECTIVE_ASYNC_OP = "otel_gpu.collective.async_op"  # true for async_op=True, isend, irecv
+COLLECTIVE_ASYNC_END = "otel_gpu.collective.async_end"  # work_completed or call_returned
+COLLECTIVE_PEER = "otel_gpu.collective.peer"  # dst/src of a p2p call or a rooted collective
+
+# --- Snapshots (otel-gpu snapshot) ---
+SNAPSHOT = "otel_gpu.snapshot"  # true on a snapshot span
+SNAPSHOT_SPAN_NAME = "otel_gpu.snapshot"  # a snapshot span's name
+SNAPSHOT_CALLS = "otel_gpu.snapshot.calls"  # how many calls were in flight
+SNAPSHOT_REQUESTED_BY = "otel_gpu.snapshot.requested_by"  # pid of the requesting command
+EVENT_CALL_IN_FLIGHT = "otel_gpu.call_in_flight"  # one per call in flight on a snapshot
+CALL_NAME = "otel_gpu.call.name"  # call_in_flight event: the call's span name
+CALL_SPAN_ID = "otel_gpu.call.span_id"  # call_in_flight event: its span ID, 16 hex digits
+CALL_SECONDS = "otel_gpu.call.seconds"  # call_in_flight event: how long it has run
+
 # --- Replay spans (otel-gpu replay) ---
 LINK_KIND = "otel_gpu.link.kind"  # link attribute: "replay_of" on a replay span's link
 REPLAY_VERDICT = "otel_gpu.replay.verdict"  # pass, mismatch, error, ...
@@ -81,6 +104,9 @@ EVENT_STATS = "otel_gpu.stats"  # one per tensor of the call, level >= 5
 EVENT_PARAM_STATS = "otel_gpu.param_stats"  # one per own parameter of a module, first call
 EVENT_THREAD_STACK = "otel_gpu.thread_stack"  # one per Python thread on a stuck report
 EVENT_EXCEPTION = "exception"  # the semantic-convention exception event
+EVENT_SPANS_DROPPED = (
+    "otel.sdk.processor.span.processed"  # spans the queue dropped (SDK self-metric name)
+)
 
 # --- Attributes of the statistics events ---
 STATS_TENSOR = "otel_gpu.tensor"  # input.<key>, output.<key> or param.<name>
@@ -97,3 +123,9 @@ STATS_NOTE = "otel_gpu.stats.note"  # why a statistic is missing or what it mean
 EXCEPTION_TYPE = "exception.type"  # the exception's class
 EXCEPTION_MESSAGE = "exception.message"  # str(exception), cut to 2048 bytes
 EXCEPTION_STACKTRACE = "exception.stacktrace"  # the formatted traceback's end
+
+# --- Attributes of the dropped-spans event ---
+ERROR_TYPE = "error.type"  # why spans were dropped: queue_full or export_stalled
+COMPONENT_TYPE = "otel.component.type"  # the component that dropped them: otel_gpu_queue
+SPANS_DROPPED = "otel_gpu.spans.dropped"  # spans dropped since the last such event
+SPANS_DROPPED_TOTAL = "otel_gpu.spans.dropped.total"  # spans dropped since the process started

@@ -355,8 +355,19 @@ SETTINGS: tuple[Setting, ...] = (
         65536,
         "integer > 0 and <= 16777216",
         Bounded(1, 16_777_216, integer=True),
-        "Calls waiting to be turned into spans. When full, new calls are dropped and counted, "
-        "never waited on.",
+        "Calls waiting to be turned into spans. When full, OTEL_GPU_QUEUE_FULL decides.",
+    ),
+    Setting(
+        "queue_full",
+        "OTEL_GPU_QUEUE_FULL",
+        "block",
+        "block, drop",
+        _str_choice(("block", "drop")),
+        "What a call does when the queue is full (export fell behind). block: the caller exports "
+        "a chunk of spans itself (after the export thread's current chunk), so no span is "
+        "lost; only an export that makes no progress for 1 s drops (counted). drop: the call's "
+        "span is dropped and counted, never waited on. Drops are reported at exit and as "
+        "otel.sdk.processor.span.processed events on the next exported span.",
     ),
     Setting(
         "flush_timeout",
@@ -737,6 +748,7 @@ class Settings:
     max_items: int = 8
     repr_limit: int = 256
     queue_size: int = 65536
+    queue_full: str = "block"
     flush_timeout: float = 3.0
     export_gc_pause: bool = True
     encoder: str = "native"

@@ -221,3 +221,40 @@ def test_a_function_not_reachable_by_its_import_path_is_refused_clearly(otel_gpu
 
     with pytest.raises(ValueError, match="not reachable by its import path"):
         otel_gpu.instrument(local)
+
+
+@pytest.mark.parametrize(
+    "target", ["torch.nn.functional.relu", "torch.distributed.distributed_c10d.all_reduce"]
+)
+def test_a_torch_target_named_before_torch_is_imported_is_instrumented(tmp_path, target):
+    """`import otel_gpu` imports no torch, so a torch target can be pending when torch is first
+    imported; torch imports these submodules from its own __init__, while half initialised.
+    Wrapping them then failed ("partially initialized module 'torch' has no attribute 'nn'")
+    and left them uninstrumented; they must be instrumented once torch is whole."""
+    import subprocess
+
+    out = tmp_path / "spans.jsonl"
+    program = textwrap.dedent(
+        f"""
+        import sys
+        import otel_gpu
+        assert "torch" not in sys.modules
+        otel_gpu.instrument({target!r})
+        import torch
+        import torch.distributed.distributed_c10d as c10d
+        fn = torch.nn.functional.relu if {target!r}.endswith("relu") else c10d.all_reduce
+        assert otel_gpu.instrumentation.targets._is_ours(fn), fn
+        if fn is torch.nn.functional.relu:
+            fn(torch.ones(2))
+        otel_gpu.flush()
+        """
+    )
+    env = {k: v for k, v in config.child_environment().items() if not k.startswith("OTEL_")}
+    env.update(OTEL_GPU_LOGLEVEL="1", OTEL_GPU_LOGDEST=str(out), OTEL_GPU_JOURNAL="false")
+    done = subprocess.run(
+        [sys.executable, "-c", program], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    assert "could not instrument" not in done.stderr
+    if target.endswith("relu"):
+        assert '"torch.nn.functional.relu"' in out.read_text()

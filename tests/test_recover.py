@@ -413,7 +413,7 @@ def test_register_wires_the_subcommand():
     parser = cli.build_parser()
     args = parser.parse_args(["recover", "--dry-run", "/nonexistent"])
     assert (
-        args.func.__module__ == "otel_gpu.journal.recover"
+        args.func.__module__ == "otel_gpu.cli.recover"
         and args.dry_run
         and args.path == "/nonexistent"
     )

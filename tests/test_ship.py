@@ -311,6 +311,173 @@ def test_refusing_endpoint_counts_failures_and_stops(
     assert f"{second}: not sent (5 spans)" in out.getvalue()
 
 
+def _big_file(path: Path, spans: int, per_line: int = 100) -> set[tuple[str, str, str]]:
+    """``spans`` level-1-like spans, ``per_line`` a line, each line one trace (a root and its
+    children); returns every (trace id, span id, parent id) written, in hex."""
+    written = set()
+    with path.open("w") as f:
+        for first in range(0, spans, per_line):
+            trace_id = f"{first + 1:032x}"
+            root = f"{first + 1:016x}"
+            batch = []
+            for i in range(first, min(first + per_line, spans)):
+                span_id = f"{i + 1:016x}"
+                parent = "" if span_id == root else root
+                written.add((trace_id, span_id, parent))
+                batch.append(
+                    {
+                        "traceId": trace_id,
+                        "spanId": span_id,
+                        "parentSpanId": parent,
+                        "name": f"op{i % 7}",
+                        "kind": 1,
+                        "startTimeUnixNano": str(10**18 + i),
+                        "endTimeUnixNano": str(10**18 + i + 5),
+                        "attributes": [{"key": "i", "value": {"intValue": str(i)}}],
+                        "status": {},
+                    }
+                )
+            line = {"resourceSpans": [{"resource": {}, "scopeSpans": [{"spans": batch}]}]}
+            f.write(json.dumps(line) + "\n")
+    return written
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_50k_span_file_arrives_whole_with_ids_intact(
+    protocol: str,
+    tmp_path: Path,
+    otlp_env: Callable[[str, Any], None],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every one of 50,000 spans reaches a loopback receiver once, with its trace, span and
+    parent ids, in requests of at most ``batch_size`` spans (counts and ids, not times)."""
+    path = tmp_path / "big.jsonl"
+    written = _big_file(path, 50_000)
+    with _receiver(protocol)() as rx:
+        otlp_env(protocol, rx)
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "10")  # a loaded machine is slow
+        result = ship.ship([str(path)], out=io.StringIO())
+        received = rx.received.wait_for_spans(50_000, timeout=60)
+        sizes = [
+            sum(len(ss.spans) for rs in req.resource_spans for ss in rs.scope_spans)
+            for req in rx.received.requests()
+        ]
+    assert (result.spans, result.sent, result.failed, result.exit_code) == (50_000, 50_000, 0, 0)
+    got = [(s.trace_id.hex(), s.span_id.hex(), s.parent_span_id.hex()) for _, s in received]
+    assert len(got) == 50_000 and set(got) == written
+    assert max(sizes) == ship.BATCH_SIZE and sum(sizes) == 50_000
+    assert result.requests == len(sizes) == -(-50_000 // ship.BATCH_SIZE)
+
+
+def test_spans_under_the_pre_0_15_scope_key_are_shipped() -> None:
+    """``instrumentationLibrarySpans`` (which ``show`` reads) is shipped as ``scopeSpans``, its
+    ``instrumentationLibrary`` as the scope, by the fast path and the exact path alike."""
+    from opentelemetry.proto.trace.v1.trace_pb2 import TracesData
+
+    from otel_gpu.traces import decode
+
+    line = {
+        "resourceSpans": [
+            {
+                "resource": {},
+                "instrumentationLibrarySpans": [
+                    {
+                        "instrumentationLibrary": {"name": "old.lib", "version": "0.9"},
+                        "spans": [
+                            {
+                                "traceId": "0af7651916cd43dd8448eb211c80319c",
+                                "spanId": "b7ad6b7169203331",
+                                "name": "legacy",
+                            }
+                        ],
+                    }
+                ],
+            }
+        ]
+    }
+    traces = ship.parse_line(json.dumps(line), "old.jsonl:1")
+    scope = traces.resource_spans[0].scope_spans[0]
+    assert (scope.scope.name, scope.scope.version) == ("old.lib", "0.9")
+    assert [s.name for s in scope.spans] == ["legacy"]
+    fast = TracesData.FromString(decode.request_bytes(decode._decode_fast(line)))
+    assert fast == decode.parse_slow(json.loads(json.dumps(line)), "old.jsonl:1") == traces
+
+
+def test_the_fast_decoder_builds_what_json_format_builds(rich_file: Path, demo_file: Path) -> None:
+    """On every line of the official exporter's file, otel-gpu's demo file and a hand-written
+    line (snake_case keys, enum names, NaN/Infinity doubles, bytes, kvlists, arrays, unknown
+    keys, schema urls, links with flags), the native decoder's bytes parse to the message that
+    ``json_format.ParseDict`` builds, and it takes its fast path (no fallback)."""
+    from opentelemetry.proto.trace.v1.trace_pb2 import TracesData
+
+    from otel_gpu.traces import decode
+
+    hand = {
+        "resource_spans": [
+            {
+                "resource": {"attributes": [], "dropped_attributes_count": 2},
+                "schemaUrl": "https://r",
+                "scope_spans": [
+                    {
+                        "scope": {"name": "s", "version": "1", "attributes": []},
+                        "schema_url": "https://s",
+                        "spans": [
+                            {
+                                "trace_id": "0af7651916cd43dd8448eb211c80319c",
+                                "span_id": "b7ad6b7169203331",
+                                "parent_span_id": "00f067aa0ba902b7",
+                                "trace_state": "v=1",
+                                "flags": 769,
+                                "kind": "SPAN_KIND_CONSUMER",
+                                "start_time_unix_nano": 5,
+                                "status": {"code": "STATUS_CODE_ERROR", "message": "m"},
+                                "attributes": [
+                                    {"key": "nan", "value": {"doubleValue": "NaN"}},
+                                    {"key": "inf", "value": {"double_value": "-Infinity"}},
+                                    {"key": "d", "value": {"doubleValue": 0.25}},
+                                    {"key": "b", "value": {"bytesValue": "AAE="}},
+                                    {"key": "t", "value": {"boolValue": True}},
+                                    {"key": "n", "value": {"intValue": -3}},
+                                    {
+                                        "key": "kv",
+                                        "value": {
+                                            "kvlistValue": {
+                                                "values": [
+                                                    {
+                                                        "key": "a",
+                                                        "value": {"arrayValue": {"values": []}},
+                                                    }
+                                                ]
+                                            }
+                                        },
+                                    },
+                                ],
+                                "events": [{"time_unix_nano": "7", "name": "e"}],
+                                "links": [
+                                    {
+                                        "traceId": "0af7651916cd43dd8448eb211c80319c",
+                                        "spanId": "00f067aa0ba902b7",
+                                        "traceState": "x=y",
+                                        "flags": 257,
+                                        "droppedAttributesCount": 1,
+                                    }
+                                ],
+                                "unknownKey": {"nested": 1},
+                            }
+                        ],
+                    }
+                ],
+            }
+        ]
+    }
+    payloads = [json.loads(text) for path in (rich_file, demo_file) for text in path.open()]
+    payloads.append(hand)
+    for payload in payloads:
+        fast = TracesData.FromString(decode.request_bytes(decode._decode_fast(payload)))
+        assert fast == decode.parse_slow(payload, "x:1")
+    assert len(payloads) >= 4
+
+
 # --------------------------------------------------------------------------- bad input
 
 

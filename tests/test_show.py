@@ -556,3 +556,73 @@ def test_piped_output_has_no_escape_codes(tmp_path):
     )
     assert done.returncode == 0, done.stderr
     assert "─ log_of" in done.stdout and ANSI not in done.stdout
+
+
+def test_the_depth_check_pairs_escapes_as_json_does() -> None:
+    """``too_deep`` (escapes paired by splitting at backslashes) decides as the plain reference
+    does (``\\\\`` pairs removed from the left, then ``\\"``) on 20,000 random lines of brackets,
+    quotes and backslashes around depths 0-140, and the 64-level bound holds exactly."""
+    import random
+
+    from otel_gpu.traces import reader
+
+    def reference(raw: bytes) -> bool:
+        shape = raw.replace(b"\\\\", b"").replace(b'\\"', b"")
+        shape = shape.translate(reader._BRACKETS, reader._NOT_BRACKETS).replace(b'""', b"")
+        if b'"' in shape:
+            shape = b"".join(shape.split(b'"')[::2])
+        for _ in range(reader.MAX_DEPTH):
+            inner = shape.replace(b"[]", b"")
+            if not shape or len(inner) == len(shape):
+                return False
+            shape = inner
+        return b"[]" in shape
+
+    rnd = random.Random(7)
+    alphabet = b'[]{}"\\nbtu, '
+    deep = 0
+    for _ in range(20_000):
+        middle = bytes(rnd.choice(alphabet) for _ in range(rnd.randint(0, 40)))
+        line = b"[" * rnd.randint(0, 70) + middle + b"]" * rnd.randint(0, 70)
+        assert reader.too_deep(line) == reference(line), line
+        deep += reference(line)
+    assert 0 < deep < 20_000  # both answers were exercised
+    assert not reader.too_deep(b'["\\\\"' + b"[" * 63 + b"]" * 63 + b"]")
+    assert reader.too_deep(b'["\\\\\\""' + b"[" * 64 + b"]" * 64 + b"]")
+
+
+def test_the_tree_reads_attributes_of_the_spans_it_draws_only(tmp_path: Path) -> None:
+    """Read without attributes, every span is pending; ``fill`` gives the drawn ones the same
+    attributes and statistics an eager read gives, and leaves the others pending."""
+    from otel_gpu.traces import reader
+
+    shape = {"arrayValue": {"values": [{"intValue": "2"}, {"intValue": "3"}]}}
+    spans = [
+        _hex_span(
+            f"op{i}",
+            f"{i + 1:016x}",
+            attributes=[
+                {"key": "otel_gpu.input.x.shape", "value": shape},
+                {"key": "otel_gpu.input.x.dtype", "value": {"stringValue": "torch.float32"}},
+            ],
+            events=[_stat("output.0", nan=i)],
+        )
+        for i in range(6)
+    ]
+    path = _write_lines(tmp_path / "t.jsonl", *spans)
+    eager = {s.span_id: s for s in reader.read_all([str(path)])}
+    lazy = reader.read_all([str(path)], attributes=False)
+    assert all(s.pending and s.attrs == {} and s.stats == [] for s in lazy)
+    drawn = [s for s in lazy if s.name in ("op1", "op4")]
+    reader.fill(drawn)
+    for span in lazy:
+        if span in drawn:
+            assert not span.pending
+            assert (span.attrs, span.stats) == (
+                eager[span.span_id].attrs,
+                eager[span.span_id].stats,
+            )
+            assert span.attrs["otel_gpu.input.x.shape"] == [2, 3]
+        else:
+            assert span.pending and span.attrs == {}
+    assert sum(s.pending for s in lazy) == 4

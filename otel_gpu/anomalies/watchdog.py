@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     from otel_gpu.export.pipeline import Pipeline
     from otel_gpu.recorder.ring import Ring
 
-__all__ = ["Watchdog"]
+__all__ = ["Watchdog", "add_thread_stacks"]
 
 _STACK_LIMIT = 2048  # bytes of a thread's stack: the innermost frames are kept
 
@@ -161,20 +161,28 @@ class Watchdog:
                 THREAD_ID: thread_id,
             }
         )
-        names = {t.ident: t.name for t in threading.enumerate()}
-        for ident, frame in sys._current_frames().items():
-            stack = "".join(traceback.format_stack(frame))
-            record.span.add_event(
-                EVENT_THREAD_STACK,
-                {
-                    THREAD_ID: ident,
-                    THREAD_NAME: names.get(ident, "?"),
-                    STUCK_THREAD: ident == thread_id,
-                    CODE_STACKTRACE: _tail(stack, _STACK_LIMIT),
-                },
-                now,
-            )
+        add_thread_stacks(record.span, thread_id, now)
         return record
+
+
+def add_thread_stacks(span: CallSpan, marked: int | None, now: int) -> int:
+    """One ``otel_gpu.thread_stack`` event per Python thread on ``span``, the thread ``marked``
+    flagged (``otel_gpu.stuck.thread``); returns how many. Also used by snapshots."""
+    names = {t.ident: t.name for t in threading.enumerate()}
+    frames = sys._current_frames()
+    for ident, frame in frames.items():
+        stack = "".join(traceback.format_stack(frame))
+        span.add_event(
+            EVENT_THREAD_STACK,
+            {
+                THREAD_ID: ident,
+                THREAD_NAME: names.get(ident, "?"),
+                STUCK_THREAD: ident == marked,
+                CODE_STACKTRACE: _tail(stack, _STACK_LIMIT),
+            },
+            now,
+        )
+    return len(frames)
 
 
 def _tail(text: str, limit: int) -> str:

@@ -29,6 +29,7 @@ Report formatting and the budgets live in :mod:`otel_gpu.bench.report`.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import math
 import os
@@ -82,8 +83,17 @@ CONFIGS: tuple[ConfigSpec, ...] = (
     ConfigSpec("mixtral_0", "tiny Mixtral forward, level 0", "mixtral", 0),
     ConfigSpec("mixtral_1", "tiny Mixtral forward, level 1", "mixtral", 1),
     ConfigSpec("mixtral_3", "tiny Mixtral forward, level 3", "mixtral", 3),
+    ConfigSpec("gloo0", "gloo all_reduce [4], bare", "gloo", 0),
+    ConfigSpec("gloo1", "gloo all_reduce [4], level 1", "gloo", 1),
+    ConfigSpec("gloo3", "gloo all_reduce [4], level 3", "gloo", 3),
 )
 _BY_NAME = {c.name: c for c in CONFIGS}
+SECTIONS = ("otel_gpu.bench.tools",)
+"""Rows measured by a module of their own after the configurations, each named by its ``NAME``
+(``--only`` takes it): ``measure(rounds=, spans=, log=)`` returns a section with ``budgets``,
+``problems`` and what its ``render(section)`` turns into lines."""
+# Rows measured by their own module's row(quick), after the per-call configurations.
+_ROWS = {"sustained": "otel_gpu.bench.sustained"}
 
 _MAX_QUEUED = (
     1024  # otel_gpu.export.pipeline._WAKE_AT: production never defers more calls than this
@@ -356,19 +366,29 @@ def _main(args: argparse.Namespace) -> int:
     rounds = args.rounds or rounds
     target = args.target_ms / 1e3 if args.target_ms else target
     only = [n.strip() for n in args.only.split(",") if n.strip()] if args.only else None
+    sections = {name.rsplit(".", 1)[1]: name for name in SECTIONS}
     if only:
-        unknown = [n for n in only if n not in _BY_NAME]
+        unknown = [n for n in only if n not in _BY_NAME and n not in sections and n not in _ROWS]
         if unknown:
             print(
                 f"otel-gpu bench: unknown configuration(s) {', '.join(unknown)}; "
-                f"known: {', '.join(_BY_NAME)}",
+                f"known: {', '.join([*_BY_NAME, *sections, *_ROWS])}",
                 file=sys.stderr,
             )
             return 2
+    # rows with their own runner: each module's row(quick) gives a JSON-ready dict, "ok", "text"
+    rows = [importlib.import_module(m) for n, m in _ROWS.items() if not only or n in only]
+    wanted = {n: m for n, m in sections.items() if only is None or n in only}
+    only = [n for n in only if n in _BY_NAME] if only else None
+    if only == [] and not wanted:  # only rows with their own runner
+        extra = [row.row(args.quick) for row in rows]
+        print(json.dumps(extra, indent=2) if args.json else "\n\n".join(r["text"] for r in extra))
+        return 0 if all(r["ok"] for r in extra) else 1
     report = run(
         rounds=rounds,
         target_s=target,
-        only=only,
+        # `--only tools`: the bare row alone gives the report its machine and versions
+        only=only or ["bare"] if only is not None else None,
         device=args.device,
         threads=args.threads,
         journal=not args.no_journal,
@@ -377,11 +397,27 @@ def _main(args: argparse.Namespace) -> int:
         seed=args.seed,
         log=None if args.json else sys.stderr,
     )
+    for name, module in wanted.items():
+        _add_section(report, name, module, rounds=3 if args.quick else 5, quick=args.quick)
+    report["rows"] = [row.row(args.quick) for row in rows]
+    report["ok"] = report["ok"] and all(r["ok"] for r in report["rows"])
     if args.json:
         print(json.dumps(report, indent=2))
     else:
-        print(_report.render(report))
+        print("\n\n".join([_report.render(report), *(r["text"] for r in report["rows"])]))
     return 0 if report["ok"] else 1
+
+
+def _add_section(report: dict[str, Any], name: str, module: str, rounds: int, quick: bool) -> None:
+    import importlib
+
+    section = importlib.import_module(module).measure(
+        rounds=rounds, spans=5_000 if quick else 50_000, log=lambda m: print(m, file=sys.stderr)
+    )
+    report.setdefault("sections", {})[name] = section
+    report["budgets"] += section["budgets"]
+    report["problems"] += [f"{name}: {p}" for p in section["problems"]]
+    report["ok"] = not report["problems"]
 
 
 def _positive_ms(raw: str) -> float:
@@ -408,8 +444,14 @@ def register(sub: Any) -> None:
             "a plain OTel SDK span and FlashInfer's @flashinfer_api (when installed); and one "
             "forward pass of a tiny GPT2 with every module instrumented "
             "(otel_gpu.instrument_module) at levels 0/1/3/5, or its attention modules only at "
-            "levels 1/3 (when transformers is installed). Each configuration runs in its own worker "
-            "process, measured in interleaved rounds; medians and ratios against the budgets."
+            "levels 1/3, and a tiny Mixtral at levels 0/1/3 (when transformers is installed); "
+            "and an all_reduce of 4 floats on a "
+            "one-rank gloo group, bare and with the torch.distributed target at levels 1/3. "
+            "Each configuration runs in its own worker "
+            "process, measured in interleaved rounds; medians and ratios against the budgets. "
+            "Then the sustained-load row (--only sustained): 300k level-1 calls in one tight loop "
+            "at default settings, the fraction of spans that reached the file and the process CPU "
+            "against FlashInfer's logger for the same calls."
         ),
     )
     p.add_argument("--json", action="store_true", help="machine-readable report on stdout")
@@ -428,7 +470,8 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--only",
         default="",
-        help=f"comma-separated configurations to run (default all): {','.join(_BY_NAME)}",
+        help="comma-separated configurations to run (default all): "
+        + ",".join([*_BY_NAME, *(name.rsplit(".", 1)[1] for name in SECTIONS), *_ROWS]),
     )
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     p.add_argument(

@@ -36,6 +36,8 @@ _PEER = {
     "mixtral_1": "mixtral_0",
     "mixtral_3": "mixtral_0",
     "ours5ring": "ours5",  # the ring's own cost: level 5 with it on, against level 5
+    "gloo1": "gloo0",  # an instrumented all_reduce against the bare one
+    "gloo3": "gloo0",
 }
 _FLOORED = ("ours5", "ours10", "fi5")
 _SPAN_WRITERS = (
@@ -52,6 +54,8 @@ _SPAN_WRITERS = (
     "gpt2att_3",
     "mixtral_1",
     "mixtral_3",
+    "gloo1",
+    "gloo3",
 )
 
 
@@ -438,6 +442,10 @@ def render(report: dict[str, Any]) -> str:
             f"ring ÷ recorder {_fmt(ring['ring_vs_recorder_caller'], '.3f', '×')} caller-visible, "
             f"{_fmt(ring['ring_vs_recorder_total'], '.3f', '×')} total",
         ]
+    for name, section in (report.get("sections") or {}).items():
+        import importlib
+
+        lines += ["", *importlib.import_module(f"otel_gpu.bench.{name}").render(section)]
     lines += ["", "budgets:"]
     for b in report["budgets"]:
         mark = {"met": "MET   ", "missed": "MISSED", "n/a": "n/a   "}[b["status"]]

@@ -378,7 +378,13 @@ class TorchSave(Config):
         shutil.rmtree(self.root, ignore_errors=True)
 
 
-KINDS: dict[str, type[Config]] = {
+def _gloo(spec: dict[str, Any], q: Any, k: Any) -> Config:
+    from otel_gpu.bench.collectives import Gloo  # imports this module: not at its top
+
+    return Gloo(spec, q, k)
+
+
+KINDS: dict[str, Callable[[dict[str, Any], Any, Any], Config]] = {
     "bare": Bare,
     "floor": Floor,
     "ours": Ours,
@@ -387,6 +393,7 @@ KINDS: dict[str, type[Config]] = {
     "otel": OtelSdk,
     "flashinfer": FlashInfer,
     "save": TorchSave,
+    "gloo": _gloo,
 }
 
 

@@ -399,7 +399,8 @@ def _make_wrapper(
                     return await fn(*args, **kwargs)
                 finally:
                     _detach(token)
-            # Level 1 with no observer skips before()/after(), as the sync wrapper does.
+            # Level 1 with no observer skips before()/after(), as the sync wrapper does. The body
+            # repeats the sync wrapper's with `await`: a shared helper would cost a call per call.
             busy = heavy or pipe.observers_at[level]
             pending = before(call, pipe, args, kwargs) if busy else None
             token = _attach_span(call.span)

@@ -202,15 +202,7 @@ def captured_stats(
         stats.note = _join(stats.note, "no finite values: min/max/mean/std left out")
         return stats
     std = math.sqrt(max(m2, 0.0) / (n_finite - 1)) if n_finite > 1 else None
-    if note and note.startswith("integer"):
-        values[STATS_MIN], values[STATS_MAX] = int(lo), int(hi)
-    else:
-        values[STATS_MIN], values[STATS_MAX] = lo, hi
-    values[STATS_MEAN] = mean
-    if std is not None:
-        values[STATS_STD] = std
-    elif stats.note is None:
-        stats.note = "std needs at least 2 elements"
+    _fill(stats, integer, lo, hi, mean, std)
     if nan_n or inf_n:
         stats.note = _join(stats.note, "min/max/mean/std over finite values only")
     return stats
@@ -264,7 +256,7 @@ def finish(pending: list[Pending], call: Any = None) -> list[TensorStats]:
             mean, std, doubtful = mn, (0.0 if p.numel > 1 else None), False
         else:
             mean, std, doubtful = _moments(p.numel, total, sumsq)
-        _fill(stats, p, mn, mx, mean, std)
+        _fill(stats, p.integer, mn, mx, mean, std)
         if doubtful:
             refine.append((stats, p))
     if refine:
@@ -276,10 +268,11 @@ def finish(pending: list[Pending], call: Any = None) -> list[TensorStats]:
 
 
 def _fill(
-    stats: TensorStats, p: Pending, mn: float, mx: float, mean: float, std: float | None
+    stats: TensorStats, integer: bool, mn: float, mx: float, mean: float, std: float | None
 ) -> None:
+    """min/max (ints for integer tensors), mean, std or why not, and zero NaN/Inf counts."""
     values = stats.values
-    if p.integer and stats.note and stats.note.startswith("integer"):
+    if integer and stats.note and stats.note.startswith("integer"):
         values[STATS_MIN], values[STATS_MAX] = int(mn), int(mx)
     else:
         values[STATS_MIN], values[STATS_MAX] = mn, mx
@@ -288,7 +281,7 @@ def _fill(
         values[STATS_STD] = std
     elif stats.note is None:
         stats.note = "std needs at least 2 elements"
-    if not p.integer:
+    if not integer:
         values.setdefault(STATS_NAN_COUNT, 0)
         values.setdefault(STATS_INF_COUNT, 0)
 

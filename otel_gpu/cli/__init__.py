@@ -1,8 +1,12 @@
 """``otel-gpu`` / ``python -m otel_gpu``: the command line, and its one front door.
 
-Each subcommand lives in the module of its concept and registers itself with
-``register(subparsers)``; every such module is imported to build the parser (and, through
-``otel_gpu``'s own ``__init__``, that imports torch today).
+Each subcommand has one module with ``register(subparsers)``: ``otel_gpu/cli/<name>.py`` for
+most, the package of its concept for ``replay``, ``bench`` and ``run``. ``main`` imports only
+the module of the command it runs; the others are listed from :data:`COMMANDS` without being
+imported, so ``otel-gpu --help``, ``show`` and ``ship`` run without importing torch, and
+``recover`` and ``info`` start without it (``recover`` imports it to read a journal, ``info``
+for its resource's CUDA facts). A command module imports its heavy machinery inside the
+command.
 
 Errors a user can fix are reported here, the same way for every command: one line on stderr,
 ``otel-gpu COMMAND: what was wrong and what is allowed``, exit status 2, no traceback. That
@@ -19,22 +23,61 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NoReturn
 
-__all__ = ["EXIT_USAGE", "build_parser", "dest_flag", "level_flag", "main", "whole_number"]
+__all__ = [
+    "COMMANDS",
+    "EXIT_USAGE",
+    "add_command",
+    "build_parser",
+    "dest_flag",
+    "level_flag",
+    "main",
+    "whole_number",
+]
 
 EXIT_USAGE = 2
 """Exit status of every usage or configuration error, in every command."""
 
-# Modules that provide subcommands, in help order.
-_COMMAND_MODULES = (
-    "otel_gpu.cli.demo",
-    "otel_gpu.cli.info",
-    "otel_gpu.replay",
-    "otel_gpu.journal.recover",
-    "otel_gpu.traces.ship",
-    "otel_gpu.traces.show",
-    "otel_gpu.bench",
-    "otel_gpu.instrumentation.run",
-)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "demo": (
+        "otel_gpu.cli.demo",
+        "run a demo workload of decorated torch functions (default: level 5 to stdout)",
+    ),
+    "info": ("otel_gpu.cli.info", "show the settings in force and the detected resource"),
+    "replay": (
+        "otel_gpu.replay",
+        "re-run calls recorded at level 10 and report pass/mismatch/error per call",
+    ),
+    "recover": (
+        "otel_gpu.cli.recover",
+        "export the calls that were in flight when a process died, as ERROR spans",
+    ),
+    "ship": (
+        "otel_gpu.cli.ship",
+        "send the spans of OTLP JSON Lines files to the OTEL_EXPORTER_OTLP_* endpoint",
+    ),
+    "show": (
+        "otel_gpu.cli.show",
+        "render OTLP JSON Lines trace files as a tree; find the first call producing NaN/Inf",
+    ),
+    "ranks": (
+        "otel_gpu.cli.ranks",
+        "line the ranks of a job up: the rank behind, where it is, and divergences",
+    ),
+    "snapshot": (
+        "otel_gpu.cli.snapshot",
+        "make a live otel-gpu process export its threads' stacks and calls in flight now",
+    ),
+    "bench": (
+        "otel_gpu.bench",
+        "measure each level's cost per call, side by side with FlashInfer and plain OTel",
+    ),
+    "run": (
+        "otel_gpu.instrumentation.run",
+        "run a program with OTEL_GPU_INSTRUMENT applied (no code change)",
+    ),
+}
+"""Each command, in help order: the module whose ``register(subparsers)`` adds it, and the
+line ``otel-gpu --help`` shows for it without importing that module."""
 
 SettingsFromFlags = Callable[[argparse.Namespace], Mapping[str, Any]]
 """What a command sets from its flags (``{"level": args.level}``): checked instead of the
@@ -51,31 +94,49 @@ class _Parser(argparse.ArgumentParser):
         self.exit(_usage_error(self.prog, message))
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The parser of every command; with ``argv``, only the command it names is imported (the
+    others are listed by name and help line, as ``otel-gpu --help`` shows them)."""
     parser = _Parser(
         prog="otel-gpu",
         description="OpenTelemetry-native debugging and observability for GPU library calls.",
     )
     # dest: not "command", which `run` uses for its program; subparsers are _Parser too
     sub = parser.add_subparsers(dest="subcommand", metavar="COMMAND")
-    for name in _COMMAND_MODULES:
+    chosen = None if argv is None else _command_of(argv)
+    for command, (name, help_line) in COMMANDS.items():
+        if argv is not None and command != chosen:
+            sub.add_parser(command, help=help_line)  # listed, not imported
+            continue
         try:
             module = importlib.import_module(name)
         except ModuleNotFoundError as exc:
             if exc.name == name:
                 continue  # feature not part of this build
-            _broken(sub, name, exc)
+            _broken(sub, command, name, exc)
             continue
         except Exception as exc:  # one broken command must not take the others down
-            _broken(sub, name, exc)
+            _broken(sub, command, name, exc)
             continue
         module.register(sub)
     return parser
 
 
-def _broken(sub: Any, module: str, exc: BaseException) -> None:
-    command = module.rsplit(".", 1)[1]
+def _command_of(argv: Sequence[str]) -> str | None:
+    """The command ``argv`` names: its first word that is not an option (the top-level parser
+    has no option that takes a value)."""
+    return next((word for word in argv if not word.startswith("-")), None)
 
+
+def add_command(sub: Any, command: str, description: str) -> argparse.ArgumentParser:
+    """The subparser of ``command``, with its help line from :data:`COMMANDS`."""
+    parser: argparse.ArgumentParser = sub.add_parser(
+        command, help=COMMANDS[command][1], description=description
+    )
+    return parser
+
+
+def _broken(sub: Any, command: str, module: str, exc: BaseException) -> None:
     def fail(args: argparse.Namespace) -> int:
         print(
             f"otel-gpu {command}: cannot load {module}: {type(exc).__name__}: {exc}",
@@ -157,7 +218,8 @@ def _say(line: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(argv)
     args, extra = parser.parse_known_args(argv)
     if not getattr(args, "func", None):
         if extra:

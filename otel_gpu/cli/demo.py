@@ -49,12 +49,12 @@ def _settings_from_flags(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def register(sub: Any) -> None:
-    from otel_gpu.cli import dest_flag, level_flag
+    from otel_gpu.cli import add_command, dest_flag, level_flag
 
-    p = sub.add_parser(
+    p = add_command(
+        sub,
         "demo",
-        help="run a demo workload of decorated torch functions (default: level 5 to stdout)",
-        description="Run a demo workload of decorated torch functions. Level defaults to 5 unless "
+        "Run a demo workload of decorated torch functions. Level defaults to 5 unless "
         "OTEL_GPU_LOGLEVEL is set; destination follows OTEL_GPU_LOGDEST (default stdout).",
     )
     p.add_argument("--level", type=level_flag, default=None, help="0, 1, 3, 5 or 10 (default: 5)")

@@ -40,6 +40,8 @@ def _main(args: argparse.Namespace) -> int:
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("info", help="show the settings in force and the detected resource")
+    from otel_gpu.cli import add_command
+
+    p = add_command(sub, "info", "Show the settings in force and the resource spans will carry.")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_main)

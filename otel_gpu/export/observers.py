@@ -78,6 +78,14 @@ def _watchdog(settings: Settings, pipeline: Pipeline) -> Observer | None:
     return Watchdog(settings, pipeline)
 
 
+def _snapshot(settings: Settings, pipeline: Pipeline) -> Observer | None:
+    # not a per-call observer: it only adds an export-thread hook (otel-gpu snapshot)
+    from otel_gpu.anomalies.snapshot import Responder
+
+    Responder(settings, pipeline)
+    return None
+
+
 def _ring(settings: Settings, pipeline: Pipeline) -> Observer | None:
     # a ring of size 0 still dumps the call itself when OTEL_GPU_ON_NONFINITE=dump
     if not (settings.ring or settings.on_nonfinite == "dump"):
@@ -97,6 +105,7 @@ REGISTRY: tuple[Entry, ...] = (
     Entry("console", 3, _console),  # level 1 prints only the end-of-call line
     Entry("journal", 1, _journal),
     Entry("watchdog", 1, _watchdog),
+    Entry("snapshot", 1, _snapshot),  # answers otel-gpu snapshot; never on the caller's path
     Entry("ring", 3, _ring),  # the bound arguments exist from level 3
     Entry("dump", 10, _recorder),  # the flight recorder
 )

@@ -8,6 +8,10 @@ so every standard processor and exporter works unchanged; otel-gpu's own provide
 with the native encoders (``OTEL_GPU_ENCODER=native``) gets ``SpanData``, the same
 span without the SDK's per-attribute validation, which only its own exporters read.
 
+When a tight loop fills the queue, the caller exports the next chunk itself
+(``OTEL_GPU_QUEUE_FULL=block``, the default; ``drop`` drops and counts instead).
+Building the spans lives in :mod:`otel_gpu.export.spans`.
+
 The target provider is resolved on the first call (see ``OTEL_GPU_PROVIDER``):
 the application's global SDK provider, one given to :func:`otel_gpu.configure`,
 or otel-gpu's own provider with the ``OTEL_GPU_LOGDEST`` destinations.
@@ -20,35 +24,27 @@ import gc
 import os
 import threading
 import time
-from collections.abc import Callable
-from itertools import islice
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import trace
-from opentelemetry.attributes import BoundedAttributes
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import Event, ReadableSpan, SpanLimits
+from opentelemetry.sdk.trace import Event, SpanLimits
 from opentelemetry.sdk.trace import TracerProvider as SdkTracerProvider
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, ParentBased
-from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from otel_gpu import _guard, attributes
+from otel_gpu import _guard
 from otel_gpu.attributes import (
-    ATTRIBUTES_OMITTED,
-    EVENT_EXCEPTION,
-    EVENT_STATS,
-    EVENTS_OMITTED,
-    EXCEPTION_MESSAGE,
-    INPUT_PREFIX,
-    NONFINITE,
-    OUTPUT_PREFIX,
+    COMPONENT_TYPE,
+    ERROR_TYPE,
+    EVENT_SPANS_DROPPED,
+    SPANS_DROPPED,
+    SPANS_DROPPED_TOTAL,
 )
-from otel_gpu.calls import metadata, stats
-from otel_gpu.calls.record import Call, exception_attributes
+from otel_gpu.calls.record import Call
 from otel_gpu.config import Settings
 from otel_gpu.export import observers as _observers
-from otel_gpu.exporters.spandata import SpanData
+from otel_gpu.export.spans import SCOPE as SCOPE
+from otel_gpu.export.spans import SpanBuilder, _HashedResource
 
 if TYPE_CHECKING:
     from otel_gpu.export.observers import Observer
@@ -60,34 +56,28 @@ __all__ = ["Pipeline", "get", "reset", "shutdown"]
 _WAKE_EVERY = 0.1  # seconds; batching amortises the export thread's wake-ups and GIL grabs
 _WAKE_AT = 1024  # queued calls that wake the export thread early, to bound memory
 _EXPORT_CHUNK = 64  # spans per export; bounds how long drain() keeps the collector paused
-# keys (and prefixes) whose values the export thread writes per call
-_PER_CALL_KEYS = (
-    INPUT_PREFIX,
-    OUTPUT_PREFIX,
-    NONFINITE,
-    EVENTS_OMITTED,
-    ATTRIBUTES_OMITTED,
-)
-
-try:
-    from importlib.metadata import version as _pkg_version
-
-    _VERSION = _pkg_version("otel-gpu")
-except Exception:
-    _VERSION = "0.0.0"
-
-SCOPE = InstrumentationScope(attributes.SCOPE, _VERSION)
-_UNSET = Status(StatusCode.UNSET)
+_STALL_AFTER = 1.0  # seconds without progress before a full queue drops (block mode): above
+# the 0.5 s a slow __repr__ may hold one span, and above an OS scheduling gap on a busy machine
+# the SDK's self-metric for spans a processor took or lost (error.type says why)
+DROP_EVENT = EVENT_SPANS_DROPPED
 
 
-class Pipeline:
+class Pipeline(SpanBuilder):
     """One process's path from call records to span processors."""
 
     def __init__(self, settings: Settings, tracer_provider: Any = None) -> None:
         self.settings = settings
         self.queue: collections.deque[Call] = collections.deque()
         self.maxsize = settings.queue_size
-        self.dropped = 0
+        # OTEL_GPU_QUEUE_FULL: at a full queue the caller helps export (block) or drops (drop)
+        self.block = settings.queue_full == "block"
+        self.dropped = 0  # calls never exported: the queue was full (drop) or export stalled
+        self.stalled = 0  # of those, dropped in block mode because export made no progress
+        self._stalled_at = -1  # self.taken when export was found stalled; drop until it moves
+        self._noted = (0, 0)  # (dropped, stalled) already put on an exported span
+        self._notes: list[Event] = []
+        self._drainer: int | None = None  # the thread holding _drain_lock
+        self._handover = False  # a caller at a full queue waits to export the next chunk
         self.exported = 0  # spans handed to the processors
         self.taken = 0  # calls taken off the queue (taken - exported: failed or still being built)
         self.pid = os.getpid()
@@ -102,7 +92,8 @@ class Pipeline:
         self._drain_lock = threading.Lock()
         self._stopped = False
         self._own_provider: SdkTracerProvider | None = None
-        self._after_drain: list[Any] = []
+        self._after_drain: list[Any] = []  # destinations' batch writes: after every chunk
+        self._after_drain_hooks: list[Any] = []  # add_after_drain (the watchdog): drains only
         self._counters: list[Any] = []  # own destinations' exporters, counting confirmed spans
         self.native = False  # the processors take SpanData (own provider, native encoders)
         self._heads: dict[Any, int] = {}  # plan -> leading attributes shared by its spans
@@ -164,6 +155,9 @@ class Pipeline:
         self.observers_at = _observers.by_level(self.observers)
         self.provider = provider
         self.processor = provider._active_span_processor
+        self._chunk_ends, self._span_ends = _handoffs(
+            self.processor, self._own_provider is not None
+        )
         self.resource = _HashedResource(provider.resource)
         limits = getattr(provider, "_span_limits", None) or SpanLimits()
         self.max_attributes = limits.max_span_attributes
@@ -174,7 +168,7 @@ class Pipeline:
 
     def add_after_drain(self, hook: Callable[[], Any]) -> None:
         """Run ``hook`` on the export thread after each drain (every ~100 ms), e.g. a heartbeat."""
-        self._after_drain.append(hook)
+        self._after_drain_hooks.append(hook)
 
     def export_now(self, call: Call, timeout: float | None = None) -> None:
         """Build and export one record immediately, flushed (the stuck-call report: a watchdog
@@ -189,7 +183,7 @@ class Pipeline:
     # ------------------------------------------------------------------ hot path
 
     def submit(self, call: Call) -> None:
-        """Queue a finished call. Never blocks; counts the call as dropped when the queue is full."""
+        """Queue a finished call. At a full queue, :meth:`_full` decides: help export, or drop."""
         queue = self.queue
         n = len(queue)
         if n < self.maxsize:
@@ -197,7 +191,70 @@ class Pipeline:
             if n == _WAKE_AT:
                 self._wake.set()
         else:
+            self._full(call)
+
+    def _full(self, call: Call) -> None:
+        """The queue is full: export fell behind the caller (in a tight loop the export thread
+        gets too few turns on the GIL).
+
+        ``block`` (default): back-pressure, paid only now. The caller exports one chunk
+        itself; when the export thread is exporting, it hands over after its current chunk.
+        Every destination's ``on_end`` returns at once (a local
+        file is written in the chunk; OTLP goes to the SDK's batch queue, which drops when a
+        collector is down), so export always progresses. Should it stop progressing (a
+        materialisation stuck in user code, a console nobody reads) for ``_STALL_AFTER``, the
+        call is dropped and counted, and so are the next ones until export moves again.
+        ``drop``: the call is dropped and counted.
+        """
+        if not self.block:
             self.dropped += 1
+            return
+        if self._drainer == threading.get_ident():
+            # a span processor or exporter called a decorated function: export is this thread
+            self.dropped += 1
+            self.stalled += 1
+            return
+        try:
+            # still stalled (export has not moved since): only a free export lock helps now
+            room = self._make_room(wait=self._stalled_at != self.taken)
+        except Exception as exc:
+            self._internal("export", exc)
+            room = len(self.queue) < self.maxsize
+        if room:
+            self.queue.append(call)
+        else:
+            self._stalled_at = self.taken
+            self.dropped += 1
+            self.stalled += 1
+
+    def _make_room(self, wait: bool) -> bool:
+        """Export one chunk on this thread; False when export is busy and (``wait``) made no
+        progress for ``_STALL_AFTER`` s, or (not ``wait``) the export lock is taken."""
+        lock = self._drain_lock
+        if not lock.acquire(blocking=False):
+            if not wait:
+                return False
+            # The export thread is draining: it hands over after its current chunk, and this
+            # thread exports the next one. Measured cheaper than waiting for the export thread
+            # to make room: no GIL hand-offs, and the records are still warm in the CPU cache.
+            self._handover = True
+            try:
+                taken = self.taken
+                while not lock.acquire(timeout=_STALL_AFTER):  # waits without the GIL
+                    if self.taken == taken:
+                        return False
+                    taken = self.taken
+            finally:
+                self._handover = False
+        try:
+            self._drainer = threading.get_ident()
+            # the batch writes only: a hook such as the watchdog's report (which may wait
+            # on a collector to confirm) never runs inside the program's call
+            self._export_chunk(None, ())
+        finally:
+            self._drainer = None
+            lock.release()
+        return True
 
     # ------------------------------------------------------------------ export thread
 
@@ -205,202 +262,108 @@ class Pipeline:
         while not self._stopped:
             self._wake.wait(_WAKE_EVERY)
             self._wake.clear()
-            self.drain()
+            self.drain(handover=True)
 
-    def drain(self, deadline: float | None = None) -> None:
-        """Materialise every queued call and hand the spans to the processors, a chunk at a time."""
+    def drain(self, deadline: float | None = None, handover: bool = False) -> None:
+        """Materialise every queued call and hand the spans to the processors, a chunk at a time.
+
+        ``handover`` (the export thread): stop after a chunk when a caller at a full queue
+        asks to export the next one itself (:meth:`_make_room`)."""
         wait = -1.0 if deadline is None else max(deadline - time.monotonic(), 0.0)
         if not self._drain_lock.acquire(timeout=wait):
             return  # the export thread is stuck in a span (e.g. a slow __repr__): don't wait on it
         try:
-            queue = self.queue
-            on_end = self.processor.on_end
-            build = self.materialise_native if self.native else self.materialise
-            late = False
-            while True:
-                # Spans and the SDK encoders' objects (~100 GC-tracked per span) live only for a
-                # chunk; with the collector on they get promoted and trigger full collections,
-                # which in a torch process walk ~200k objects (100-300 ms each). Pause it per chunk
-                # (OTEL_GPU_EXPORT_GC_PAUSE): halves the total cost per span at level 3.
-                paused = self.settings.export_gc_pause and gc.isenabled()
-                if paused:
-                    gc.disable()
-                try:
-                    for _ in range(_EXPORT_CHUNK):
-                        if not queue:
-                            break
-                        if deadline is not None and time.monotonic() > deadline:
-                            late = True
-                            break
-                        call = queue.popleft()
-                        self.taken += 1
-                        try:
-                            on_end(build(call))
-                            self.exported += 1
-                        except Exception as exc:
-                            self._internal("export", exc)
-                    for hook in self._after_drain:
-                        try:
-                            hook()
-                        except Exception as exc:
-                            self._internal("export", exc)
-                finally:
-                    if paused:
-                        gc.enable()
-                if late or not queue:
+            self._drainer = threading.get_ident()
+            while self._export_chunk(deadline, self._after_drain_hooks) and self.queue:
+                if handover and self._handover:
                     break
         finally:
+            self._drainer = None
             self._drain_lock.release()
+
+    def _export_chunk(self, deadline: float | None, hooks: Sequence[Callable[[], Any]]) -> bool:
+        """Build and hand over up to ``_EXPORT_CHUNK`` queued calls, write local destinations'
+        batches, then run ``hooks``. False when ``deadline`` passed. Called with ``_drain_lock``
+        held."""
+        queue = self.queue
+        build = self.materialise_native if self.native else self.materialise
+        on_time = True
+        if self.dropped != self._noted[0]:
+            self._note_drops()
+        spans: list[Any] = []
+        append = spans.append
+        # Spans and the SDK encoders' objects (~100 GC-tracked per span) live only for a
+        # chunk; with the collector on they get promoted and trigger full collections,
+        # which in a torch process walk ~200k objects (100-300 ms each). Pause it per chunk
+        # (OTEL_GPU_EXPORT_GC_PAUSE): halves the total cost per span at level 3.
+        paused = self.settings.export_gc_pause and gc.isenabled()
+        if paused:
+            gc.disable()
+        try:
+            # inline loops, not a helper per span: a call per span costs more than the loop
+            for _ in range(_EXPORT_CHUNK):
+                if not queue:
+                    break
+                if deadline is not None and time.monotonic() > deadline:
+                    on_time = False
+                    break
+                call = queue.popleft()
+                self.taken += 1
+                try:
+                    append(build(call))
+                except Exception as exc:
+                    self._internal("export", exc)
+            failed = 0
+            if self._span_ends:
+                for span in spans:
+                    try:
+                        for on_end in self._span_ends:
+                            on_end(span)
+                    except Exception as exc:
+                        failed += 1
+                        self._internal("export", exc)
+            for end in self._chunk_ends:
+                try:
+                    end(spans)
+                except Exception as exc:
+                    self._internal("export", exc)
+            self.exported += len(spans) - failed
+            for hook in (*self._after_drain, *hooks):
+                try:
+                    hook()
+                except Exception as exc:
+                    self._internal("export", exc)
+        finally:
+            if paused:
+                gc.enable()
+        return on_time
+
+    def _note_drops(self) -> None:
+        """Drops since the last note become events on the next span built, named after the
+        SDK's self-metric ``otel.sdk.processor.span.processed`` with its ``error.type``."""
+        dropped, stalled = self.dropped, self.stalled
+        seen_dropped, seen_stalled = self._noted
+        self._noted = (dropped, stalled)
+        full = (dropped - stalled) - (seen_dropped - seen_stalled)
+        for kind, count in (("queue_full", full), ("export_stalled", stalled - seen_stalled)):
+            if count > 0:
+                self._notes.append(
+                    Event(
+                        DROP_EVENT,
+                        {
+                            ERROR_TYPE: kind,
+                            COMPONENT_TYPE: "otel_gpu_queue",
+                            SPANS_DROPPED: count,
+                            SPANS_DROPPED_TOTAL: dropped,
+                        },
+                    )
+                )
 
     def _internal(self, kind: str, exc: Exception) -> None:
         try:
             _guard.internal_error(kind, exc)
         except Exception as raised:  # strict mode: keep it for flush() to re-raise in the test
             self.errors.append(raised)
-
-    def materialise(self, call: Call) -> ReadableSpan:
-        """Build the SDK span of one call record."""
-        span = call.span
-        attrs, events, status = self._contents(call)
-        return ReadableSpan(
-            name=span.name,
-            context=span.get_span_context(),
-            parent=call.parent,
-            resource=self.resource,
-            attributes=self._bounded(attrs),
-            events=events,
-            links=span.links or (),
-            kind=SpanKind.INTERNAL,
-            status=status,
-            start_time=call.start_ns,
-            end_time=call.end_ns,
-            instrumentation_scope=SCOPE,
-        )
-
-    def materialise_native(self, call: Call) -> SpanData:
-        """The same span as :meth:`materialise`, as ``SpanData`` for otel-gpu's own encoders.
-
-        ``BoundedAttributes`` validates every value through ABC ``isinstance`` checks
-        (15–40 µs a span); here one exact-type pass proves the values need no cleaning,
-        and only spans that do (long strings, unusual types, bad keys) take the SDK's path.
-        """
-        plan = call.plan
-        span = call.span
-        attrs, events, status = self._contents(call)
-        n = self._heads.get(plan)
-        if n is None:
-            n = self._head_of(plan)
-        limit = self.max_attributes
-        # The plan's attributes lead every span of the plan unchanged unless something was put
-        # before them (the events-omitted count) or a user attribute overwrote one of them.
-        head = (
-            n > 0
-            and next(iter(attrs)) == next(iter(plan.attributes))
-            and not (span.attributes and not span.attributes.keys().isdisjoint(plan.attributes))
-        )
-        if limit is not None and len(attrs) > limit:
-            attrs = self._summarised(attrs, limit)
-        dropped = 0
-        # the plan's own attributes, when they lead unchanged, were checked once per plan
-        if limit == 0 or _needs_cleaning(attrs, self.max_value_len, n if head else 0):
-            bounded = BoundedAttributes(
-                limit, attrs, immutable=True, max_value_len=self.max_value_len
-            )
-            attrs, dropped, head = bounded._dict, bounded.dropped, False
-        return SpanData(
-            span.name,
-            span.get_span_context(),
-            call.parent,
-            call.start_ns,
-            call.end_ns,
-            attrs,
-            events,
-            span.links or (),
-            status,
-            self.resource,
-            SCOPE,
-            fixed=(plan, n) if head else None,
-            dropped_attributes=dropped,
-        )
-
-    def _head_of(self, plan: Any) -> int:
-        """How many leading attributes every span of ``plan`` shares (the ``fixed`` hint), or 0.
-
-        0 when a count limit could cut them, the SDK would clean them, or a key is one the
-        pipeline writes per call (a decorator's ``attributes=`` may name any key).
-        """
-        n = len(plan.attributes)
-        limit = self.max_attributes
-        if (
-            (limit is not None and limit <= n)
-            or any(type(k) is not str or k.startswith(_PER_CALL_KEYS) for k in plan.attributes)
-            or _needs_cleaning(plan.attributes, self.max_value_len)
-        ):
-            n = 0
-        if len(self._heads) >= 4096:  # decorating in a loop must not grow this without bound
-            self._heads.clear()
-        self._heads[plan] = n
-        return n
-
-    def _contents(self, call: Call) -> tuple[dict[str, Any], list[Event], Status]:
-        """A call's attributes (before limits), events (event limit applied) and status."""
-        plan = call.plan
-        span = call.span
-        limit = self.settings.repr_limit
-        # Order matters when the attribute count limit cuts: what a query keys on comes first.
-        attrs: dict[str, Any] = dict(plan.attributes)
-        events: list[Event] = []
-        if call.stats:
-            nonfinite = False
-            for result in call.stats:
-                events.append(Event(EVENT_STATS, stats.event_attributes(result), call.end_ns))
-                nonfinite = nonfinite or result.nonfinite
-            if nonfinite:
-                attrs[NONFINITE] = True
-        if span.attributes:
-            attrs.update(span.attributes)
-        if call.inputs:
-            metadata.to_attributes(INPUT_PREFIX, call.inputs, limit, attrs)
-        if call.outputs:
-            metadata.to_attributes(OUTPUT_PREFIX, call.outputs, limit, attrs)
-        if span.events:
-            events.extend(Event(name, a, ts) for name, a, ts in span.events)
-        status = span.status or _UNSET
-        if call.exc is not None:
-            exc = call.exc
-            exc_attrs = exception_attributes(exc, call.tb, off_thread=True)
-            events.append(Event(EVENT_EXCEPTION, exc_attrs, call.end_ns))
-            status = Status(
-                StatusCode.ERROR, f"{type(exc).__name__}: {exc_attrs[EXCEPTION_MESSAGE]}"[:limit]
-            )
-        if self.max_events is not None and len(events) > self.max_events:
-            # keep the exception event (last) and count what the event limit cuts
-            tail = events[-1:] if call.exc is not None else []
-            body = events[: len(events) - len(tail)]
-            keep = self.max_events - len(tail)
-            attrs = {EVENTS_OMITTED: len(body) - keep, **attrs}
-            events = body[:keep] + tail
-        return attrs, events, status
-
-    def _bounded(self, attrs: dict[str, Any]) -> BoundedAttributes:
-        """Stay within the provider's attribute count limit: summarise, never drop silently."""
-        limit = self.max_attributes
-        if limit is not None and len(attrs) > limit:
-            attrs = self._summarised(attrs, limit)
-        return BoundedAttributes(limit, attrs, immutable=True, max_value_len=self.max_value_len)
-
-    @staticmethod
-    def _summarised(attrs: dict[str, Any], limit: int) -> dict[str, Any]:
-        """The first ``limit - 1`` attributes and one naming the keys the count limit cut."""
-        items = list(attrs.items())
-        kept = dict(items[: limit - 1])
-        omitted = [k for k, _ in items[limit - 1 :]]
-        summary = (
-            f"{len(omitted)} attributes omitted (attribute count limit {limit}): "
-            + ", ".join(omitted)
-        )
-        kept[ATTRIBUTES_OMITTED] = metadata._truncate(summary, metadata.MAX_VALUE_BYTES)
-        return kept
 
     # ------------------------------------------------------------------ flush and exit
 
@@ -458,12 +421,15 @@ class Pipeline:
         lost = self.dropped + unexported + unconfirmed
         if lost:
             _guard.logger.warning(
-                "otel-gpu dropped %d span(s): %d because the queue was full (OTEL_GPU_QUEUE_SIZE=%d), "
-                "%d not built within OTEL_GPU_FLUSH_TIMEOUT=%ss at exit or failed, %d not confirmed by a "
-                "destination (%d refused or not written, e.g. a full disk; %d not within that time)",
+                "otel-gpu dropped %d span(s): %d because the queue was full (OTEL_GPU_QUEUE_FULL=%s, "
+                "OTEL_GPU_QUEUE_SIZE=%d; %d of them because export stalled), %d not built within "
+                "OTEL_GPU_FLUSH_TIMEOUT=%ss at exit or failed, %d not confirmed by a destination (%d "
+                "refused or not written, e.g. a full disk; %d not within that time)",
                 lost,
                 self.dropped,
+                self.settings.queue_full,
                 self.maxsize,
+                self.stalled,
                 unexported,
                 timeout,
                 unconfirmed,
@@ -472,54 +438,21 @@ class Pipeline:
             )
 
 
-def _needs_cleaning(attrs: dict[str, Any], max_len: int | None, skip: int = 0) -> bool:
-    """Whether ``BoundedAttributes`` might change ``attrs`` after the first ``skip`` (known clean):
-    a key that is not a non-empty str, a string longer than ``max_len``, or a value other than a
-    str/bool/int/float or a list or tuple of one of them. Exact types: a subclass takes the SDK's
-    path, which knows what to do."""
-    if skip >= len(attrs):
-        return False
-    for k, v in islice(attrs.items(), skip, None) if skip else attrs.items():
-        if type(k) is not str or not k:
-            return True
-        t = type(v)
-        if t is str:
-            if max_len is not None and len(v) > max_len:
-                return True
-        elif t is int or t is float or t is bool:
-            continue
-        elif t is list or t is tuple:
-            if not v:
-                continue
-            t0 = type(v[0])  # one element type: older SDKs drop mixed sequences
-            if t0 is str:
-                for x in v:
-                    if type(x) is not str or (max_len is not None and len(x) > max_len):
-                        return True
-            elif t0 is int or t0 is float or t0 is bool:
-                for x in v:
-                    if type(x) is not t0:
-                        return True
-            else:
-                return True
-        else:
-            return True
-    return False
+def _handoffs(processor: Any, own: bool) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """How a chunk of spans reaches the processors: ``(chunk_ends, span_ends)``.
 
-
-class _HashedResource(Resource):
-    """The provider's resource, hashed once.
-
-    Exporters group spans by resource, and the SDK's ``Resource.__hash__`` serialises every
-    attribute to JSON on each call: ~30 µs a span with the GPU resource attributes.
+    otel-gpu's own local destinations (``DrainBatchProcessor``) take a chunk in one call; the
+    SDK's multi-processor dispatch and a lock per span cost ~10% of a level-1 span's export.
+    Every other processor (the OTLP batch processor, an application's) gets ``on_end`` per span.
     """
+    processors = getattr(processor, "_span_processors", None) if own else None
+    if processors is None:
+        return (), (processor.on_end,)
+    from otel_gpu.exporters.destinations import DrainBatchProcessor
 
-    def __init__(self, resource: Resource) -> None:
-        super().__init__(resource.attributes, resource.schema_url)
-        self._hash = super().__hash__()
-
-    def __hash__(self) -> int:
-        return self._hash
+    chunk = tuple(p.on_end_batch for p in processors if isinstance(p, DrainBatchProcessor))
+    single = tuple(p.on_end for p in processors if not isinstance(p, DrainBatchProcessor))
+    return chunk, single
 
 
 def _root_sampler(sampler: Any) -> Callable[[int, str], bool] | None:

@@ -45,6 +45,8 @@ _patches: dict[tuple[int, str], tuple[Any, str, Any, str]] = {}
 # pending string targets: spec -> (include, exclude, name)
 _pending: dict[str, tuple[tuple[str, ...], tuple[str, ...], str | None]] = {}
 _special: dict[str, Callable[[], None]] = {}  # targets with their own routing (flashinfer)
+# spec -> the wrapper factory of a target that patches with its own wrapper (torch.distributed)
+_wrappers: dict[str, Callable[[Any], Any]] = {}
 _matched_globs: set[str] = set()  # glob targets that matched at least one imported module
 # the process that warns at exit about targets never imported (None: none, e.g. a run helper)
 _report_pid: int | None = os.getpid()
@@ -255,6 +257,8 @@ def _owner_name(owner: Any) -> str:
 
 def _special_target(spec: str) -> list[str] | None:
     """Targets that route a library's own decorator to ours instead of patching attributes."""
+    if spec == "torch.distributed":
+        return _torch_distributed()
     if spec != "flashinfer":
         return None
     from otel_gpu.instrumentation import flashinfer
@@ -262,6 +266,30 @@ def _special_target(spec: str) -> list[str] | None:
     flashinfer.install(lambda fn, span_name: _wrap(fn, span_name, "flashinfer"))
     _special["flashinfer"] = flashinfer.uninstall
     return ["flashinfer (its @flashinfer_api decorator)"]
+
+
+def _torch_distributed() -> list[str]:
+    """The collectives, patched with their own wrapper (instrumentation/torch_distributed.py)."""
+    from otel_gpu.instrumentation import torch_distributed
+
+    specs: list[str] = []
+
+    def register(spec: str, span_name: str, make: Callable[[Any], Any]) -> list[str]:
+        _wrappers[spec] = make
+        specs.append(spec)
+        return _instrument_spec(spec, (), (), span_name)
+
+    done = torch_distributed.install(register)
+
+    def undo() -> None:
+        for spec in specs:
+            _pending.pop(spec, None)
+            _wrappers.pop(spec, None)
+
+    _special["torch.distributed"] = undo
+    if not done and any(spec in _pending for spec in specs):
+        return ["torch.distributed (on import)"]
+    return done
 
 
 # --------------------------------------------------------------------------- patching
@@ -338,6 +366,10 @@ def _patch(owner: Any, attr: str, spec: str, name: str | None) -> list[str]:
 def _wrap(fn: Any, span_name: str, spec: str) -> Any:
     from otel_gpu.calls.decorator import _decorate
 
+    make = _wrappers.get(spec)
+    if make is not None:
+        return make(fn)
+
     return _decorate(fn, span_name, instrumented=spec)
 
 
@@ -392,10 +424,36 @@ class _Loader(importlib.abc.Loader):
 
     def exec_module(self, module: types.ModuleType) -> None:
         self.loader.exec_module(module)
+        name = module.__name__
+        top = name.partition(".")[0]
+        if top != name and _initializing(top) and _wanted(top):
+            # imported by its own package's __init__ (torch imports torch.distributed): wrapping
+            # now would import otel-gpu's torch-using modules from a half-initialised torch, so
+            # it waits for the package, whose loader is wrapped too (_wanted(top)).
+            _deferred.append(name)
+            return
+        if top == name and _deferred:
+            for sub in _take_deferred(top):
+                _on_import(sub)
         _on_import(module)
 
     def __getattr__(self, name: str) -> Any:  # get_source, is_package, …
         return getattr(self.loader, name)
+
+
+_deferred: list[str] = []
+"""Modules executed while their top-level package was still initialising, in import order."""
+
+
+def _initializing(top: str) -> bool:
+    module = sys.modules.get(top)
+    return module is not None and bool(getattr(module.__spec__, "_initializing", False))
+
+
+def _take_deferred(top: str) -> list[types.ModuleType]:
+    names = [n for n in _deferred if n.partition(".")[0] == top]
+    _deferred[:] = [n for n in _deferred if n.partition(".")[0] != top]
+    return [sys.modules[n] for n in names if n in sys.modules]
 
 
 def _wanted(modname: str) -> bool:
@@ -458,5 +516,6 @@ def _ensure_hook() -> None:
 def _reset_for_tests(targets: Iterable[str] = ()) -> None:
     uninstrument()
     _matched_globs.clear()
+    _deferred.clear()
     if _finder is not None and _finder in sys.meta_path:
         sys.meta_path.remove(_finder)

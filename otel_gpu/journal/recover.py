@@ -16,16 +16,14 @@ by a new process is told apart by the process start time and the boot id.
 
 from __future__ import annotations
 
-import argparse
 import os
 import socket
-import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from otel_gpu._text import brief, printable
+from otel_gpu._text import brief
 from otel_gpu.attributes import (
     INPUT_PREFIX,
     RECOVERED,
@@ -44,7 +42,6 @@ __all__ = [
     "Outcome",
     "judge",
     "recover",
-    "register",
     "spans_of",
 ]
 
@@ -437,127 +434,3 @@ def recover(
 
 
 # --------------------------------------------------------------------------- command line
-
-
-def _line(o: Outcome, dry_run: bool) -> str:
-    """What happened to one journal, in words that claim only what was checked."""
-    calls = f"pid {o.pid} died with {o.spans} call(s) in flight"
-    kept = "journal kept" if dry_run else "journal removed"
-    if o.state == "recovered":
-        return f"{calls}: exported as ERROR spans to {o.to}"
-    if o.state == "unconfirmed":
-        return (
-            f"{calls}: handed as ERROR spans to {o.to}, but {o.detail}; journal removed all "
-            "the same (delivery is at most once)"
-        )
-    if o.state == "failed":
-        return f"{calls}: not exported ({o.detail}); journal kept for another run"
-    if o.state == "dead":
-        return f"{calls} (dry run: not exported, journal kept)"
-    if o.state == "empty":
-        return f"pid {o.pid} died with no call in flight: nothing to export, journal removed"
-    if o.state == "alive":
-        return f"pid {o.pid} is still running: left alone"
-    if o.state == "other-host":
-        return f"pid {o.pid} ran on host {o.detail}: left alone, run otel-gpu recover there"
-    if o.state == "clean":
-        if o.detail:
-            return f"pid {o.pid} exited normally, but its journal remains ({o.detail})"
-        return f"pid {o.pid} exited normally: nothing to export, {kept}"
-    if o.state == "taken":
-        return f"not recovered here: {o.detail}"
-    if o.state == "invalid":
-        return f"not a journal this otel-gpu can recover ({o.detail}): left alone"
-    if o.state == "unreadable":
-        return f"cannot list the directory ({o.detail})"
-    return f"{o.state} ({o.detail})" if o.detail else o.state
-
-
-def _summary(outcomes: list[Outcome], where: str, dry_run: bool) -> str:
-    if not outcomes:
-        missing = "" if os.path.lexists(where) else " (it does not exist)"
-        return f"no journals in {where}{missing}"
-    if [o.state for o in outcomes] == ["unreadable"]:
-        return f"nothing recovered: cannot list {where}"
-
-    def calls(*states: str) -> tuple[int, int]:
-        chosen = [o for o in outcomes if o.state in states]
-        return sum(o.spans for o in chosen), len(chosen)
-
-    if dry_run:
-        found, dead = calls("dead")
-        return (
-            f"dry run: {found} call(s) in flight in {dead} dead process(es); "
-            "nothing exported or removed"
-        )
-    dead = calls("recovered", "unconfirmed", "failed", "empty")[1]
-    text = f"{calls('recovered')[0]} call(s) recovered from {dead} dead process(es)"
-    lost, lost_in = calls("unconfirmed")
-    if lost:
-        text += f"; {lost} call(s) of {lost_in} process(es) not confirmed by the exporters"
-    kept, kept_in = calls("failed")
-    if kept:
-        text += f"; {kept} call(s) of {kept_in} process(es) not exported, journal(s) kept"
-    return text
-
-
-def _main(args: argparse.Namespace) -> int:
-    from otel_gpu import config
-
-    try:
-        settings = config.current()
-        where = args.path or _writer.journal_dir(settings)
-        timeout = args.timeout if args.timeout is not None else max(settings.flush_timeout, 10.0)
-        outcomes = recover(settings, where, timeout=timeout, dry_run=args.dry_run)
-    except config.ConfigError as exc:
-        print(f"otel-gpu recover: {exc}", file=sys.stderr)
-        return 2
-    # Paths come from a directory listing, hosts and reasons from the journals: escaped.
-    for o in outcomes:
-        print(printable(f"{o.path}: {_line(o, args.dry_run)}"), file=sys.stderr)
-    summary = _summary(outcomes, where, args.dry_run)
-    print(printable(f"otel-gpu recover: {summary}"), file=sys.stderr)
-    failures = ("unconfirmed", "failed", "unreadable")
-    return 1 if any(o.state in failures for o in outcomes) else 0
-
-
-def _seconds(raw: str) -> float:
-    # ArgumentTypeError, not ValueError: argparse would name this function in the message.
-    try:
-        value = float(raw)
-    except ValueError:
-        value = float("nan")
-    if not value >= 0:  # also refuses nan
-        raise argparse.ArgumentTypeError(f"must be a number of seconds >= 0, not {raw!r}")
-    return value
-
-
-def register(sub: Any) -> None:
-    p = sub.add_parser(
-        "recover",
-        help="export the calls that were in flight when a process died, as ERROR spans",
-        description="Turn the crash journals of dead processes into ERROR spans "
-        "('process died during call') with their original ids, start times and inputs, "
-        "exported to the destinations OTEL_GPU_LOGDEST names. Journals of running processes "
-        "are left alone; a journal is exported at most once. Exit codes: 0 every dead process's calls "
-        "were confirmed by the destinations (or there was nothing to export); 1 some calls were "
-        "not confirmed or not exported, or the directory could not be listed; 2 invalid "
-        "configuration.",
-    )
-    p.add_argument(
-        "path",
-        nargs="?",
-        default=None,
-        help="a journal directory or file (default: OTEL_GPU_JOURNAL_DIR, else "
-        "$XDG_RUNTIME_DIR/otel-gpu, else <tmp>/otel-gpu-<uid>)",
-    )
-    p.add_argument(
-        "--dry-run", action="store_true", help="list what would be recovered; export nothing"
-    )
-    p.add_argument(
-        "--timeout",
-        type=_seconds,
-        default=None,
-        help="seconds to wait for the exporters (default: OTEL_GPU_FLUSH_TIMEOUT, at least 10)",
-    )
-    p.set_defaults(func=_main)

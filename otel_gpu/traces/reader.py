@@ -52,6 +52,7 @@ __all__ = [
     "Trace",
     "TraceFileError",
     "build_traces",
+    "fill",
     "load_json",
     "read_all",
     "read_lines",
@@ -131,6 +132,8 @@ class Span:
     where: str
     """``FILE:LINE`` the span was read from."""
     service: str = ""
+    pending: bool = False
+    """Read without ``attrs`` and ``stats`` (``attributes=False``): :func:`fill` reads them."""
     cycle: bool = False
     """Its parent is in the file, but linking to it would close a cycle: shown as a root."""
     parent: Span | None = None
@@ -247,7 +250,7 @@ def too_deep(raw: bytes) -> bool:
     # Drop escaped backslashes and quotes (pairing from the left, as JSON does), then all but
     # brackets and quotes, then the strings (with any brackets in them). What is left is
     # brackets; each pass removes the innermost pairs, so passes count the depth.
-    shape = raw.replace(b"\\\\", b"").replace(b'\\"', b"").translate(_BRACKETS, _NOT_BRACKETS)
+    shape = _unescaped(raw).translate(_BRACKETS, _NOT_BRACKETS)
     shape = shape.replace(b'""', b"")  # removing two neighbouring quotes keeps the pairing
     if b'"' in shape:
         shape = b"".join(shape.split(b'"')[::2])
@@ -261,8 +264,33 @@ def too_deep(raw: bytes) -> bool:
     return b"[]" in shape
 
 
+def _unescaped(raw: bytes) -> bytes:
+    """``raw`` without its escaped quotes, escapes paired from the left as JSON pairs them.
+
+    Split at the backslashes, which are few in trace files (two ``bytes.replace`` over the
+    whole line cost more than ``too_deep``'s other passes together): a backslash either
+    escapes the next one (``\\\\``) or the first byte after it, which is dropped if a quote."""
+    if b"\\" not in raw:
+        return raw
+    parts = raw.split(b"\\")
+    out = [parts[0]]
+    pending = False  # the last backslash escapes the next one
+    for part in parts[1:]:
+        if pending:  # this backslash was escaped: what follows it is plain
+            pending = False
+            out.append(part)
+        elif not part:
+            pending = True
+        else:
+            out.append(part[1:] if part[0] == 0x22 else part)  # 0x22: an escaped quote
+    return b"".join(out)
+
+
 def read_spans(
-    path: str, trace_id: str | None = None, problem: Problem | None = None
+    path: str,
+    trace_id: str | None = None,
+    problem: Problem | None = None,
+    attributes: bool = True,
 ) -> Iterator[Span]:
     """The spans of ``path`` (gzip too), line by line; only trace ``trace_id`` (hex) if given.
 
@@ -275,7 +303,7 @@ def read_spans(
     for line in read_lines(path, report):
         try:
             payload = load_json(line.raw, line.where, line.torn)
-            spans = list(_line_spans(payload, line.where, trace_id))
+            spans = list(_line_spans(payload, line.where, trace_id, attributes))
         except TraceFileError as exc:
             report(exc)
             continue
@@ -302,7 +330,9 @@ def _list(node: Any, keys: tuple[str, ...], where: str) -> list[Any]:
     return []
 
 
-def _line_spans(payload: Any, where: str, only: str | None) -> Iterator[Span]:
+def _line_spans(
+    payload: Any, where: str, only: str | None, attributes: bool = True
+) -> Iterator[Span]:
     if not isinstance(payload, dict):
         raise TraceFileError(f"{where}: expected a JSON object (OTLP TracesData)")
     if "resourceSpans" not in payload and "resource_spans" not in payload:
@@ -316,24 +346,19 @@ def _line_spans(payload: Any, where: str, only: str | None) -> Iterator[Span]:
             for raw in _list(ss, ("spans",), where):
                 if not isinstance(raw, dict):
                     raise TraceFileError(f"{where}: a span is not a JSON object")
-                span = _span(raw, where, service)
+                span = _span(raw, where, service, attributes)
                 if only is None or span.trace_id == only:
                     yield span
 
 
-def _span(raw: dict[str, Any], where: str, service: str) -> Span:
+def _span(raw: dict[str, Any], where: str, service: str, attributes: bool = True) -> Span:
     name = str(raw.get("name", ""))
     at = f"{where}: span {brief(name)}"
     trace_id = _id(_get(raw, "traceId", "trace_id"), 16, "traceId", at)
     span_id = _id(_get(raw, "spanId", "span_id"), 8, "spanId", at)
     if trace_id is None or span_id is None:
         raise TraceFileError(f"{at}: no traceId or spanId (or an all-zero one)")
-    attrs = _attributes(raw, at, _span_key)
-    stats = [
-        _attributes(event, at, _STAT_KEYS.__contains__)
-        for event in _list(raw, ("events",), at)
-        if isinstance(event, dict) and event.get("name") == EVENT_STATS
-    ]
+    attrs, stats = _details(raw, at) if attributes else ({}, [])
     status = raw.get("status") or {}
     return Span(
         trace_id=trace_id,
@@ -348,7 +373,19 @@ def _span(raw: dict[str, Any], where: str, service: str) -> Span:
         stats=stats,
         where=where,
         service=service,
+        pending=not attributes,
     )
+
+
+def _details(raw: dict[str, Any], at: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The attributes ``show`` uses and the ``otel_gpu.stats`` events of one span."""
+    attrs = _span_attributes(raw, at)
+    stats = [
+        _attributes(event, at, _STAT_KEYS.__contains__)
+        for event in _list(raw, ("events",), at)
+        if isinstance(event, dict) and event.get("name") == EVENT_STATS
+    ]
+    return attrs, stats
 
 
 def _id(raw: Any, size: int, key: str, where: str) -> str | None:
@@ -387,6 +424,32 @@ def _attributes(node: Any, where: str, wanted: Callable[[str], bool]) -> dict[st
     return out
 
 
+_KEPT: dict[str, bool] = {}
+"""Whether :func:`_span_key` keeps a key, per distinct key (a file repeats a few hundred)."""
+_KEPT_MAX = 1 << 16  # a hostile file's distinct keys are decided one by one past this
+
+
+def _span_attributes(node: dict[str, Any], where: str) -> dict[str, Any]:
+    """:func:`_attributes` with :func:`_span_key`, inlined: this loop runs once per attribute
+    of every span of the file, and most attributes are not kept."""
+    out = {}
+    kept = _KEPT
+    for kv in _list(node, ("attributes",), where):
+        if not isinstance(kv, dict):
+            continue
+        key = kv.get("key")
+        if type(key) is not str:
+            key = str(key)
+        keep = kept.get(key)
+        if keep is None:
+            keep = _span_key(key)
+            if len(kept) < _KEPT_MAX:
+                kept[key] = keep
+        if keep:
+            out[sys.intern(key)] = _value(kv.get("value"), where)
+    return out
+
+
 def _span_key(key: str) -> bool:
     if key.startswith((INPUT_PREFIX, OUTPUT_PREFIX)):
         return not key.endswith(_UNUSED_FIELDS)
@@ -409,7 +472,14 @@ def _value(node: Any, where: str) -> Any:
         except (TypeError, ValueError, OverflowError):
             raise TraceFileError(f"{where}: doubleValue {brief(raw)} is not a number") from None
     if kind == "arrayValue":
-        return [_value(v, where) for v in _values(raw)]
+        values = _values(raw)
+        try:  # a shape or stride: whole numbers, converted without a call per element
+            ints = [int(v["intValue"]) for v in values if len(v) == 1]
+            if len(ints) == len(values):
+                return ints
+        except (KeyError, TypeError, ValueError, OverflowError):
+            pass  # the general path converts or names what is wrong
+        return [_value(v, where) for v in values]
     if kind == "kvlistValue":
         return {
             str(kv.get("key")): _value(kv.get("value"), where)
@@ -425,18 +495,64 @@ def _values(raw: Any) -> list[Any]:
 
 
 def read_all(
-    paths: Iterable[str], trace_id: str | None = None, problem: Problem | None = None
+    paths: Iterable[str],
+    trace_id: str | None = None,
+    problem: Problem | None = None,
+    attributes: bool = True,
 ) -> list[Span]:
     """The spans of every file in ``paths``, read with the cyclic garbage collector paused.
 
-    Invalid lines and unreadable files go to ``problem`` (see :func:`read_spans`)."""
+    Invalid lines and unreadable files go to ``problem`` (see :func:`read_spans`). Without
+    ``attributes`` the spans are ``pending``: a tree needs the ids, names, times and status of
+    every span, but the attributes only of those it draws, which :func:`fill` reads."""
     enabled = gc.isenabled()
     gc.disable()  # every decoded line would otherwise trigger full collections of the spans so far
     try:
-        return [span for path in paths for span in read_spans(path, trace_id, problem)]
+        return [span for path in paths for span in read_spans(path, trace_id, problem, attributes)]
     finally:
         if enabled:
             gc.enable()
+
+
+def fill(spans: Iterable[Span]) -> None:
+    """Read the ``attrs`` and ``stats`` of the ``pending`` spans among ``spans``.
+
+    Only the lines they came from are parsed again. A file that changed since the first reading
+    leaves a span it no longer holds as it was, without attributes."""
+    wanted: dict[str, dict[int, dict[str, list[Span]]]] = {}
+    for span in spans:
+        if span.pending:
+            path, _, number = span.where.rpartition(":")
+            by_id = wanted.setdefault(path, {}).setdefault(int(number), {})
+            by_id.setdefault(span.span_id, []).append(span)
+    for path, lines in wanted.items():
+        for line in read_lines(path, _ignore):
+            found = lines.pop(line.number, None)
+            if found is None:
+                continue
+            try:
+                payload = load_json(line.raw, line.where, line.torn)
+                for raw in _raw_spans(payload, line.where):
+                    span_id = _id(_get(raw, "spanId", "span_id"), 8, "spanId", line.where)
+                    for span in found.pop(span_id or "", ()):
+                        span.attrs, span.stats = _details(raw, line.where)
+                        span.pending = False
+            except TraceFileError:
+                continue  # the line changed since: its spans stay without attributes
+            if not lines:
+                break  # every line needed was read
+
+
+def _ignore(_exc: TraceFileError) -> None:
+    """Problems were reported when the file was first read."""
+
+
+def _raw_spans(payload: Any, where: str) -> Iterator[dict[str, Any]]:
+    for rs in _list(payload, ("resourceSpans", "resource_spans"), where):
+        for ss in _list(rs, _SCOPE_KEYS, where):
+            for raw in _list(ss, ("spans",), where):
+                if isinstance(raw, dict):
+                    yield raw
 
 
 # --------------------------------------------------------------------------- trees

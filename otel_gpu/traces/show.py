@@ -14,18 +14,25 @@ so a span name or attribute cannot send terminal control sequences. See ``docs/s
 
 from __future__ import annotations
 
-import argparse
 import fnmatch
-import re
+import gc
 import sys
 from collections.abc import Iterable, Sequence
 from typing import IO, Any
 
 from otel_gpu import attributes as attr
 from otel_gpu._text import printable
-from otel_gpu.traces.reader import Span, Trace, TraceFileError, build_traces, read_all, tree_path
+from otel_gpu.traces.reader import (
+    Span,
+    Trace,
+    TraceFileError,
+    build_traces,
+    fill,
+    read_all,
+    tree_path,
+)
 
-__all__ = ["register", "show"]
+__all__ = ["DEFAULT_LIMIT", "show"]
 
 EXIT_FOUND, EXIT_NONE, EXIT_USAGE = 0, 1, 2
 DEFAULT_LIMIT = 200
@@ -94,7 +101,10 @@ def show(
     out = sys.stdout if out is None else out
     err = sys.stderr if err is None else err
     problems: list[TraceFileError] = []
-    spans = read_all(paths, trace_id and trace_id.lower(), problems.append)
+    # the tree reads the attributes of the spans it draws when it draws them; the NaN/Inf
+    # report and --limit 0 read every span's
+    eager = nonfinite or not limit
+    spans = read_all(paths, trace_id and trace_id.lower(), problems.append, attributes=eager)
     for problem in problems[:_SHOWN_PROBLEMS]:
         _say(err, str(problem))
     if len(problems) > _SHOWN_PROBLEMS:
@@ -119,7 +129,7 @@ def _render(
     writer: _Writer,
     err: IO[str],
 ) -> int:
-    traces = build_traces(spans)
+    traces = _linked(spans)
     what = f"trace {trace_id.lower()}" if trace_id else "spans"
     if not traces:
         _say(err, f"no {what} in {', '.join(paths)}")
@@ -132,6 +142,18 @@ def _render(
         return EXIT_NONE
     _tree(writer, traces, matched, limit)
     return EXIT_FOUND
+
+
+def _linked(spans: list[Span]) -> list[Trace]:
+    """:func:`build_traces` with the cyclic garbage collector paused, as the reading was: the
+    links it makes would otherwise trigger full collections over every span read."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return build_traces(spans)
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _say(err: IO[str], message: str) -> None:
@@ -184,6 +206,8 @@ def _tree(w: _Writer, traces: list[Trace], matched: set[Span] | None, limit: int
     """Draw the trees; with ``matched`` (--name) only those spans and their ancestors."""
     keep = _with_ancestors(matched) if matched is not None else None
     total = len(keep) if keep is not None else sum(t.count for t in traces)
+    rows: list[tuple[Span | None, str, bool]] = []  # (span, prefix, last); None: a trace header
+    headers: list[list[Segment]] = []
     shown = 0
     for trace in traces:
         roots = [r for r in trace.roots if keep is None or r in keep]
@@ -193,16 +217,26 @@ def _tree(w: _Writer, traces: list[Trace], matched: set[Span] | None, limit: int
             break
         services = sorted({s.service for s in roots if s.service})
         header = f"trace {trace.trace_id}  {trace.count} span{'s' * (trace.count != 1)}"
-        w.line((header, "bold"), ("  service " + ", ".join(services) if services else "", "dim"))
+        headers.append(
+            [(header, "bold"), ("  service " + ", ".join(services) if services else "", "dim")]
+        )
+        rows.append((None, "", False))
         stack = [(r, "", i == len(roots) - 1) for i, r in enumerate(roots)][::-1]
         while stack and not (limit and shown >= limit):
             span, prefix, last = stack.pop()
-            context = matched is not None and span not in matched
-            w.line((prefix + ("└─ " if last else "├─ "), "dim"), *_describe(span, context))
+            rows.append((span, prefix, last))
             shown += 1
             kids = [c for c in span.children if keep is None or c in keep]
             inner = prefix + ("   " if last else "│  ")
             stack.extend((c, inner, i == len(kids) - 1) for i, c in reversed(list(enumerate(kids))))
+    fill(span for span, _, _ in rows if span is not None)  # attributes of the drawn spans only
+    next_header = iter(headers)
+    for drawn, prefix, last in rows:
+        if drawn is None:
+            w.line(*next(next_header))
+            continue
+        context = matched is not None and drawn not in matched
+        w.line((prefix + ("└─ " if last else "├─ "), "dim"), *_describe(drawn, context))
     if shown < total:
         w.line(
             (f"… {_n(total - shown, 'more span')} not shown (--limit {limit}; ", ""),
@@ -233,7 +267,7 @@ def _describe(span: Span, context: bool) -> list[Segment]:
         segments.append((f"  ring dump {span.attrs[attr.RING_DUMP_DIR]}", "cyan"))
     if span.attrs.get(attr.STUCK):
         seconds = span.attrs.get(attr.STUCK_SECONDS, "?")
-        segments.append((f"  attr.STUCK: running for {seconds} s when reported", "bold red"))
+        segments.append((f"  STUCK: running for {seconds} s when reported", "bold red"))
     if span.cycle:
         segments.append((f"  [root: parent {span.parent_id} would close a cycle]", "yellow"))
     elif span.parent is None and span.parent_id:
@@ -438,81 +472,3 @@ def _unknown_lines(w: _Writer, spans: list[Span]) -> None:
             f"tensor, so nothing can be said about them: {listed}{more}",
             "yellow",
         )
-
-
-# --------------------------------------------------------------------------- CLI
-
-
-def _trace_id(raw: str) -> str:
-    if not re.fullmatch(r"[0-9a-fA-F]{32}", raw):
-        raise argparse.ArgumentTypeError(f"{raw!r} is not a trace id: 32 hex digits, any case")
-    return raw.lower()
-
-
-def _limit(raw: str) -> int:
-    try:
-        value = int(raw)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{raw!r}: a number of spans >= 0 (0: no limit)")
-    return value
-
-
-def _main(args: argparse.Namespace) -> int:
-    from otel_gpu.config import no_color
-
-    color = not args.no_color and not no_color() and sys.stdout.isatty()
-    return show(
-        args.files,
-        nonfinite=args.nonfinite,
-        names=args.name or (),
-        trace_id=args.trace_id,
-        limit=args.limit,
-        color=color,
-        skip_invalid=args.skip_invalid,
-    )
-
-
-def register(sub: Any) -> None:
-    p = sub.add_parser(
-        "show",
-        help="render OTLP JSON Lines trace files as a tree; find the first call producing NaN/Inf",
-        description="Render the spans of OTLP JSON Lines files (as OTEL_GPU_LOGDEST=FILE.jsonl or "
-        "the OpenTelemetry Collector's file exporter writes them; .gz too) as one tree per "
-        "trace. Exit codes: 0 spans shown (--nonfinite: a producer found); 1 nothing matched "
-        "(--nonfinite: no producer found), or lines skipped (a torn last line, or invalid lines "
-        "with --skip-invalid); 2 usage errors (missing file, invalid line).",
-    )
-    p.add_argument("files", nargs="+", metavar="TRACE.jsonl", help="OTLP JSON Lines files")
-    p.add_argument(
-        "--nonfinite",
-        action="store_true",
-        help="report the first call whose outputs hold NaN/Inf while its inputs are finite "
-        "and no call below it produced them (needs level-5 statistics)",
-    )
-    p.add_argument(
-        "--name",
-        action="append",
-        metavar="GLOB",
-        help="keep spans whose name matches (fnmatch; repeatable) and their ancestors; "
-        "with --nonfinite, report only producers whose name matches",
-    )
-    p.add_argument(
-        "--trace-id", type=_trace_id, metavar="ID", help="only this trace (32 hex digits)"
-    )
-    p.add_argument(
-        "--limit",
-        type=_limit,
-        default=DEFAULT_LIMIT,
-        metavar="N",
-        help=f"show at most N spans of the tree (default {DEFAULT_LIMIT}; 0: all)",
-    )
-    p.add_argument(
-        "--skip-invalid",
-        action="store_true",
-        help="show the valid lines even if some lines are invalid or some files cannot be read "
-        "(each is reported; exit code 1). A torn last line is skipped without it",
-    )
-    p.add_argument("--no-color", action="store_true", help="plain text (also when NO_COLOR is set)")
-    p.set_defaults(func=_main, reads_settings=False)  # a trace file, never the environment

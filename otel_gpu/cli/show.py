@@ -1,0 +1,88 @@
+"""``otel-gpu show``: the command line of :mod:`otel_gpu.traces.show`."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from typing import Any
+
+from otel_gpu.cli import add_command
+from otel_gpu.traces import show as traces_show  # torch-free, as every trace tool
+
+__all__ = ["register"]
+
+
+def _trace_id(raw: str) -> str:
+    if not re.fullmatch(r"[0-9a-fA-F]{32}", raw):
+        raise argparse.ArgumentTypeError(f"{raw!r} is not a trace id: 32 hex digits, any case")
+    return raw.lower()
+
+
+def _limit(raw: str) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{raw!r}: a number of spans >= 0 (0: no limit)")
+    return value
+
+
+def _main(args: argparse.Namespace) -> int:
+    from otel_gpu.config import no_color
+
+    color = not args.no_color and not no_color() and sys.stdout.isatty()
+    return traces_show.show(
+        args.files,
+        nonfinite=args.nonfinite,
+        names=args.name or (),
+        trace_id=args.trace_id,
+        limit=args.limit,
+        color=color,
+        skip_invalid=args.skip_invalid,
+    )
+
+
+def register(sub: Any) -> None:
+    p = add_command(
+        sub,
+        "show",
+        "Render the spans of OTLP JSON Lines files (as OTEL_GPU_LOGDEST=FILE.jsonl or "
+        "the OpenTelemetry Collector's file exporter writes them; .gz too) as one tree per "
+        "trace. Exit codes: 0 spans shown (--nonfinite: a producer found); 1 nothing matched "
+        "(--nonfinite: no producer found), or lines skipped (a torn last line, or invalid lines "
+        "with --skip-invalid); 2 usage errors (missing file, invalid line).",
+    )
+    p.add_argument("files", nargs="+", metavar="TRACE.jsonl", help="OTLP JSON Lines files")
+    p.add_argument(
+        "--nonfinite",
+        action="store_true",
+        help="report the first call whose outputs hold NaN/Inf while its inputs are finite "
+        "and no call below it produced them (needs level-5 statistics)",
+    )
+    p.add_argument(
+        "--name",
+        action="append",
+        metavar="GLOB",
+        help="keep spans whose name matches (fnmatch; repeatable) and their ancestors; "
+        "with --nonfinite, report only producers whose name matches",
+    )
+    p.add_argument(
+        "--trace-id", type=_trace_id, metavar="ID", help="only this trace (32 hex digits)"
+    )
+    p.add_argument(
+        "--limit",
+        type=_limit,
+        default=traces_show.DEFAULT_LIMIT,
+        metavar="N",
+        help=f"show at most N spans of the tree (default {traces_show.DEFAULT_LIMIT}; 0: all)",
+    )
+    p.add_argument(
+        "--skip-invalid",
+        action="store_true",
+        help="show the valid lines even if some lines are invalid or some files cannot be read "
+        "(each is reported; exit code 1). A torn last line is skipped without it",
+    )
+    p.add_argument("--no-color", action="store_true", help="plain text (also when NO_COLOR is set)")
+    p.set_defaults(func=_main, reads_settings=False)  # a trace file, never the environment

@@ -1,0 +1,288 @@
+"""Building spans from call records: attributes, events, status and the provider's limits.
+
+The export thread (or a caller helping it, see :mod:`otel_gpu.export.pipeline`) turns each
+queued :class:`~otel_gpu.calls.record.Call` into a finished span: an SDK ``ReadableSpan``
+for an application's provider, or a ``SpanData`` for otel-gpu's own native encoders.
+:class:`SpanBuilder` holds that part of the pipeline; the queue, the thread, flush and exit
+stay in ``pipeline.py``.
+"""
+
+from __future__ import annotations
+
+from itertools import islice
+from typing import Any
+
+from opentelemetry.attributes import BoundedAttributes
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import Event, ReadableSpan
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
+from otel_gpu import attributes
+from otel_gpu.attributes import (
+    ATTRIBUTES_OMITTED,
+    EVENT_EXCEPTION,
+    EVENT_STATS,
+    EVENTS_OMITTED,
+    EXCEPTION_MESSAGE,
+    INPUT_PREFIX,
+    NONFINITE,
+    OUTPUT_PREFIX,
+)
+from otel_gpu.calls import metadata, stats
+from otel_gpu.calls.record import Call, exception_attributes
+from otel_gpu.config import Settings
+from otel_gpu.exporters.spandata import SpanData
+
+__all__ = ["SCOPE", "SpanBuilder"]
+
+# keys (and prefixes) whose values the export thread writes per call
+_PER_CALL_KEYS = (
+    INPUT_PREFIX,
+    OUTPUT_PREFIX,
+    NONFINITE,
+    EVENTS_OMITTED,
+    ATTRIBUTES_OMITTED,
+)
+
+try:
+    from importlib.metadata import version as _pkg_version
+
+    _VERSION = _pkg_version("otel-gpu")
+except Exception:
+    _VERSION = "0.0.0"
+
+SCOPE = InstrumentationScope(attributes.SCOPE, _VERSION)
+_UNSET = Status(StatusCode.UNSET)
+
+
+class SpanBuilder:
+    """Turns call records into spans within the provider's limits (the pipeline's span half)."""
+
+    settings: Settings
+    resource: Resource
+    max_attributes: int | None
+    max_events: int | None
+    max_value_len: int | None
+    _heads: dict[Any, int]  # plan -> leading attributes shared by its spans
+    # events to put on the next span built (drops since the last span that carried them)
+    _notes: list[Event]
+
+    def materialise(self, call: Call) -> ReadableSpan:
+        """Build the SDK span of one call record."""
+        span = call.span
+        attrs, events, status = self._contents(call)
+        return ReadableSpan(
+            name=span.name,
+            context=span.get_span_context(),
+            parent=call.parent,
+            resource=self.resource,
+            attributes=self._bounded(attrs),
+            events=events,
+            links=span.links or (),
+            kind=SpanKind.INTERNAL,
+            status=status,
+            start_time=call.start_ns,
+            end_time=call.end_ns,
+            instrumentation_scope=SCOPE,
+        )
+
+    def materialise_native(self, call: Call) -> SpanData:
+        """The same span as :meth:`materialise`, as ``SpanData`` for otel-gpu's own encoders.
+
+        ``BoundedAttributes`` validates every value through ABC ``isinstance`` checks
+        (15–40 µs a span); here one exact-type pass proves the values need no cleaning,
+        and only spans that do (long strings, unusual types, bad keys) take the SDK's path.
+        """
+        plan = call.plan
+        span = call.span
+        n = self._heads.get(plan)
+        if n is None:
+            n = self._head_of(plan)
+        if (
+            n
+            and n == len(plan.attributes)
+            and not (call.inputs or call.outputs or call.stats or span.attributes or span.events)
+            and call.exc is None
+            and not self._notes
+        ):
+            # Nothing of the call's own (level 1): its attributes are its plan's, checked once
+            # per plan (``_head_of``), shared rather than copied and checked again per span.
+            return SpanData(
+                span.name,
+                span.get_span_context(),
+                call.parent,
+                call.start_ns,
+                call.end_ns,
+                plan.attributes,
+                [],
+                span.links or (),
+                span.status or _UNSET,
+                self.resource,
+                SCOPE,
+                fixed=(plan, n),
+            )
+        attrs, events, status = self._contents(call)
+        limit = self.max_attributes
+        # The plan's attributes lead every span of the plan unchanged unless something was put
+        # before them (the events-omitted count) or a user attribute overwrote one of them.
+        head = (
+            n > 0
+            and next(iter(attrs)) == next(iter(plan.attributes))
+            and not (span.attributes and not span.attributes.keys().isdisjoint(plan.attributes))
+        )
+        if limit is not None and len(attrs) > limit:
+            attrs = self._summarised(attrs, limit)
+        dropped = 0
+        # the plan's own attributes, when they lead unchanged, were checked once per plan
+        if limit == 0 or _needs_cleaning(attrs, self.max_value_len, n if head else 0):
+            bounded = BoundedAttributes(
+                limit, attrs, immutable=True, max_value_len=self.max_value_len
+            )
+            attrs, dropped, head = bounded._dict, bounded.dropped, False
+        return SpanData(
+            span.name,
+            span.get_span_context(),
+            call.parent,
+            call.start_ns,
+            call.end_ns,
+            attrs,
+            events,
+            span.links or (),
+            status,
+            self.resource,
+            SCOPE,
+            fixed=(plan, n) if head else None,
+            dropped_attributes=dropped,
+        )
+
+    def _head_of(self, plan: Any) -> int:
+        """How many leading attributes every span of ``plan`` shares (the ``fixed`` hint), or 0.
+
+        0 when a count limit could cut them, the SDK would clean them, or a key is one the
+        pipeline writes per call (a decorator's ``attributes=`` may name any key).
+        """
+        n = len(plan.attributes)
+        limit = self.max_attributes
+        if (
+            (limit is not None and limit <= n)
+            or any(type(k) is not str or k.startswith(_PER_CALL_KEYS) for k in plan.attributes)
+            or _needs_cleaning(plan.attributes, self.max_value_len)
+        ):
+            n = 0
+        if len(self._heads) >= 4096:  # decorating in a loop must not grow this without bound
+            self._heads.clear()
+        self._heads[plan] = n
+        return n
+
+    def _contents(self, call: Call) -> tuple[dict[str, Any], list[Event], Status]:
+        """A call's attributes (before limits), events (event limit applied) and status."""
+        plan = call.plan
+        span = call.span
+        limit = self.settings.repr_limit
+        # Order matters when the attribute count limit cuts: what a query keys on comes first.
+        attrs: dict[str, Any] = dict(plan.attributes)
+        events: list[Event] = []
+        if self._notes:  # drops since the last exported span (see Pipeline._note_drops)
+            events, self._notes = self._notes, []
+        if call.stats:
+            nonfinite = False
+            for result in call.stats:
+                events.append(Event(EVENT_STATS, stats.event_attributes(result), call.end_ns))
+                nonfinite = nonfinite or result.nonfinite
+            if nonfinite:
+                attrs[NONFINITE] = True
+        if span.attributes:
+            attrs.update(span.attributes)
+        if call.inputs:
+            metadata.to_attributes(INPUT_PREFIX, call.inputs, limit, attrs)
+        if call.outputs:
+            metadata.to_attributes(OUTPUT_PREFIX, call.outputs, limit, attrs)
+        if span.events:
+            events.extend(Event(name, a, ts) for name, a, ts in span.events)
+        status = span.status or _UNSET
+        if call.exc is not None:
+            exc = call.exc
+            exc_attrs = exception_attributes(exc, call.tb, off_thread=True)
+            events.append(Event(EVENT_EXCEPTION, exc_attrs, call.end_ns))
+            status = Status(
+                StatusCode.ERROR, f"{type(exc).__name__}: {exc_attrs[EXCEPTION_MESSAGE]}"[:limit]
+            )
+        if self.max_events is not None and len(events) > self.max_events:
+            # keep the exception event (last) and count what the event limit cuts
+            tail = events[-1:] if call.exc is not None else []
+            body = events[: len(events) - len(tail)]
+            keep = self.max_events - len(tail)
+            attrs = {EVENTS_OMITTED: len(body) - keep, **attrs}
+            events = body[:keep] + tail
+        return attrs, events, status
+
+    def _bounded(self, attrs: dict[str, Any]) -> BoundedAttributes:
+        """Stay within the provider's attribute count limit: summarise, never drop silently."""
+        limit = self.max_attributes
+        if limit is not None and len(attrs) > limit:
+            attrs = self._summarised(attrs, limit)
+        return BoundedAttributes(limit, attrs, immutable=True, max_value_len=self.max_value_len)
+
+    @staticmethod
+    def _summarised(attrs: dict[str, Any], limit: int) -> dict[str, Any]:
+        """The first ``limit - 1`` attributes and one naming the keys the count limit cut."""
+        items = list(attrs.items())
+        kept = dict(items[: limit - 1])
+        omitted = [k for k, _ in items[limit - 1 :]]
+        summary = (
+            f"{len(omitted)} attributes omitted (attribute count limit {limit}): "
+            + ", ".join(omitted)
+        )
+        kept[ATTRIBUTES_OMITTED] = metadata._truncate(summary, metadata.MAX_VALUE_BYTES)
+        return kept
+
+
+def _needs_cleaning(attrs: dict[str, Any], max_len: int | None, skip: int = 0) -> bool:
+    """Whether ``BoundedAttributes`` might change ``attrs`` after the first ``skip`` (known clean):
+    a key that is not a non-empty str, a string longer than ``max_len``, or a value other than a
+    str/bool/int/float or a list or tuple of one of them. Exact types: a subclass takes the SDK's
+    path, which knows what to do."""
+    if skip >= len(attrs):
+        return False
+    for k, v in islice(attrs.items(), skip, None) if skip else attrs.items():
+        if type(k) is not str or not k:
+            return True
+        t = type(v)
+        if t is str:
+            if max_len is not None and len(v) > max_len:
+                return True
+        elif t is int or t is float or t is bool:
+            continue
+        elif t is list or t is tuple:
+            if not v:
+                continue
+            t0 = type(v[0])  # one element type: older SDKs drop mixed sequences
+            if t0 is str:
+                for x in v:
+                    if type(x) is not str or (max_len is not None and len(x) > max_len):
+                        return True
+            elif t0 is int or t0 is float or t0 is bool:
+                for x in v:
+                    if type(x) is not t0:
+                        return True
+            else:
+                return True
+        else:
+            return True
+    return False
+
+
+class _HashedResource(Resource):
+    """The provider's resource, hashed once.
+
+    Exporters group spans by resource, and the SDK's ``Resource.__hash__`` serialises every
+    attribute to JSON on each call: ~30 µs a span with the GPU resource attributes.
+    """
+
+    def __init__(self, resource: Resource) -> None:
+        super().__init__(resource.attributes, resource.schema_url)
+        self._hash = super().__hash__()
+
+    def __hash__(self) -> int:
+        return self._hash
