@@ -36,6 +36,8 @@ import pytest
 import torch
 import yaml
 
+from otel_gpu import attributes
+
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
 COMPOSE = DEPLOY / "compose"
 K8S = DEPLOY / "k8s"
@@ -479,7 +481,7 @@ def test_rbac_grants_what_the_agent_needs() -> None:
 
 def test_gateway_tail_sampling_policies() -> None:
     """The gateway keeps ERROR traces, traces with NaN/Inf (span attribute and stats events),
-    traces with a stuck call, and a percentage of the rest, after memory_limiter and before
+    traces with a stuck call or a snapshot, and a percentage of the rest, after memory_limiter and before
     batch; it exports to Tempo and Jaeger from environment-configured endpoints."""
     config = _configmap_config("otel-gpu-gateway")
     pipeline = config["service"]["pipelines"]["traces"]
@@ -498,6 +500,10 @@ def test_gateway_tail_sampling_policies() -> None:
     }
     assert policies["keep-stuck-calls"]["boolean_attribute"] == {
         "key": "otel_gpu.stuck",
+        "value": True,
+    }
+    assert policies["keep-snapshots"]["boolean_attribute"] == {
+        "key": attributes.SNAPSHOT,
         "value": True,
     }
     rest = policies["keep-some-of-the-rest"]["probabilistic"]["sampling_percentage"]
