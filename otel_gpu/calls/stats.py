@@ -20,6 +20,7 @@ the result's ``note`` says why.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -132,12 +133,26 @@ def _acc_dtype(x: torch.Tensor) -> torch.dtype:
 
 def compute(key: str, t: torch.Tensor) -> Pending:
     """Launch the reductions for ``t`` without reading them back."""
+    return _launch(key, t, _moments_vector)
+
+
+def _launch(
+    key: str, t: torch.Tensor, vector: Callable[[torch.Tensor], tuple[torch.Tensor, Any]]
+) -> Pending:
+    """What :func:`compute` and :func:`capture` share: empty and unsupported tensors, then
+    ``vector(x)`` (the device vector and the source a refine pass may read again)."""
     numel = t.numel()
     if numel == 0:
         return Pending(key, 0, None, None, "empty tensor")
     x, note, counts_apply = _prepare(t)
     if x is None:
         return Pending(key, numel, None, None, note)
+    vec, source = vector(x)
+    return Pending(key, numel, vec, source, note, integer=not counts_apply)
+
+
+def _moments_vector(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[min, max, sum, sum of squares] in float64, and ``x`` for the refine pass."""
     acc = _acc_dtype(x)
     mn, mx = torch.aminmax(x)
     total = x.sum(dtype=acc)
@@ -149,7 +164,7 @@ def compute(key: str, t: torch.Tensor) -> Pending:
     else:
         sumsq = torch.linalg.vector_norm(x, dtype=acc).square()
         vec = torch.stack([mn.to(acc), mx.to(acc), total, sumsq])
-    return Pending(key, numel, vec.to(torch.float64), x, note, integer=not counts_apply)
+    return vec.to(torch.float64), x
 
 
 def capture(key: str, t: torch.Tensor) -> Pending:
@@ -162,14 +177,8 @@ def capture(key: str, t: torch.Tensor) -> Pending:
     place. NaN/Inf counts and finite-only, float64 two-pass moments are computed on every
     replay, since no refine pass can run later: about a dozen kernels per tensor.
     """
-    numel = t.numel()
-    if numel == 0:
-        return Pending(key, 0, None, None, "empty tensor")
-    x, note, counts_apply = _prepare(t)
-    if x is None:
-        return Pending(key, numel, None, None, note)
-    pending = Pending(key, numel, _captured_vector(x), None, note, integer=not counts_apply)
-    pending.captured = True
+    pending = _launch(key, t, lambda x: (_captured_vector(x), None))
+    pending.captured = pending.vec is not None
     return pending
 
 
