@@ -302,6 +302,8 @@ class Setting:
     doc: str
 
 
+_METRICS_INTERVAL = Bounded(0.1, 86_400, integer=False, unit="seconds, a day")
+
 SETTINGS: tuple[Setting, ...] = (
     Setting(
         "level",
@@ -609,6 +611,36 @@ SETTINGS: tuple[Setting, ...] = (
         _bool,
         "At the first decorated call, export the in-flight calls of dead processes' journals.",
     ),
+    # ---- metrics and the device timeline
+    Setting(
+        "metrics",
+        "OTEL_GPU_METRICS",
+        False,
+        "true, false",
+        _bool,
+        "At level >= 1, also emit OpenTelemetry metrics where the spans go: call durations (with "
+        "exemplars naming the call's span), calls, errors and non-finite results per function, "
+        "GPU gauges read through NVML, and otel-gpu's own counters (docs/metrics.md).",
+    ),
+    Setting(
+        "metrics_interval",
+        "OTEL_GPU_METRICS_INTERVAL",
+        10.0,
+        _METRICS_INTERVAL.text,
+        _METRICS_INTERVAL,
+        "How often metrics are collected and exported; the GPU gauges read NVML at each "
+        "collection. A last collection is exported at exit.",
+    ),
+    Setting(
+        "nvtx",
+        "OTEL_GPU_NVTX",
+        False,
+        "true, false",
+        _bool,
+        "At level >= 1, push an NVTX range named like the span around each decorated call, with "
+        "the span id in its message, so an Nsight Systems timeline joins the trace. Skipped while "
+        "torch.compile traces and during CUDA-graph capture (docs/nvtx.md).",
+    ),
     Setting(
         "service_name",
         "OTEL_SERVICE_NAME",
@@ -775,6 +807,9 @@ class Settings:
     journal: bool = True
     journal_dir: str | None = None
     recover_on_start: bool = False
+    metrics: bool = False
+    metrics_interval: float = 10.0
+    nvtx: bool = False
     service_name: str | None = None
     dest_explicit: bool = False
     """True when OTEL_GPU_LOGDEST or configure(dest=...) set the destination (not the default)."""
