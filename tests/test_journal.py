@@ -8,6 +8,7 @@ processes.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import stat
 import tempfile
@@ -603,5 +604,40 @@ def test_the_encoding_cache_keeps_scalar_types_apart(tmp_path):
         assert j._encoded((("flag", metadata.VALUE, 1),)) is j._encoded(
             (("flag", metadata.VALUE, 1),)
         )
+    finally:
+        j.close()
+
+
+def test_bytes_written_counts_records_inputs_and_plan_entries(tmp_path):
+    """``bytes_written`` grows by what each call stores in the mapping: the plan's entry the first
+    time a function is seen, the record and its encoded inputs at the start, the cleared commit
+    word at the end; a call that finds every slot taken writes nothing and adds nothing."""
+    old = writer.SLOTS_LARGE
+    writer.SLOTS_LARGE = 1
+    try:
+        j = writer.Journal(str(tmp_path), config.load(env={"OTEL_GPU_LOGLEVEL": "3"}), None)
+    finally:
+        writer.SLOTS_LARGE = old
+    try:
+        assert j.bytes_written == 0
+        plan = _Plan("f")
+        first = _fake_call(plan, 1, None, None)
+        first.inputs = (("n", metadata.VALUE, 7), ("s", metadata.VALUE, "abc"))
+        j.start(first)
+        record = read(j.path).records[0]
+        assert record.inputs == [("n", metadata.VALUE, 7), ("s", metadata.VALUE, "abc")]
+        blob, _ = j._encoded(first.inputs)
+        entry = json.dumps(["f", {"code.function.name": "f"}]).encode()
+        after_start = j.bytes_written
+        assert after_start == (4 + len(entry)) + 64 + len(blob)
+        second = _fake_call(plan, 2, None, None)
+        j.start(second)  # the only slot is taken: not journaled
+        assert second.token is None and j.overflow == 1
+        assert j.bytes_written == after_start
+        j.end(first)
+        assert j.bytes_written == after_start + 8
+        again = _fake_call(plan, 3, None, None)
+        j.start(again)  # the plan is known: record only, no inputs
+        assert j.bytes_written == after_start + 8 + 64
     finally:
         j.close()

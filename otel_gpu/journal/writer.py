@@ -84,6 +84,8 @@ _BODY = struct.Struct("<QQQQQQIHH")
 _COMMIT = struct.Struct("@Q")
 _COMMITTED = 0x4C4E524A55504731  # any fixed non-zero value; 0 means free
 _INPUTS_AT = 64
+_COMMIT_SIZE = _COMMIT.size
+_RECORD = _COMMIT.size + _BODY.size  # bytes a call's start stores before its inputs
 _pack_body = _BODY.pack_into
 _pack_commit = _COMMIT.pack_into
 # thread.id is the "managed" id; get_native_id() would cost a gettid syscall per call.
@@ -290,6 +292,12 @@ class Journal:
         size = self.base + self.stride * self.count
         self.overflow = 0
         """Calls not journaled because every slot was in flight."""
+        self.bytes_written = 0
+        """Bytes stored into the mapping so far: call records (commit word, body and encoded
+        inputs at a call's start, the cleared commit word at its end), plan entries and the
+        metadata; not the header written at creation nor the export thread's heartbeat. Unlocked
+        (one add on the caller's path): with several threads calling at once, an increment may
+        rarely be lost."""
         self._plans: dict[_Plan, int] = {}
         self._cache: dict[Any, tuple[tuple[type, ...], tuple[bytes, bool]]] = {}
         self._plan_end = HEADER_SIZE
@@ -401,6 +409,7 @@ class Journal:
             size,
         )
         _pack_commit(mm, offset, _COMMITTED)  # last: the record now counts
+        self.bytes_written += _RECORD + size
         call.token = offset
         if failure is not None:
             _guard.internal_error("journal", failure)
@@ -433,6 +442,7 @@ class Journal:
         if mm is None:
             return
         _pack_commit(mm, offset, 0)  # first: the record is gone
+        self.bytes_written += _COMMIT_SIZE
         self._free.append(offset)
 
     # ------------------------------------------------------------------ rare paths
@@ -457,6 +467,7 @@ class Journal:
             else:
                 mm[at + 4 : at + 4 + len(entry)] = entry
                 _U32.pack_into(mm, at, len(entry))  # the length last: a torn entry reads as absent
+                self.bytes_written += 4 + len(entry)
                 self._plan_end = at + 4 + ((len(entry) + 7) & ~7)
                 index = self._plan_count
                 self._plan_count += 1
@@ -479,6 +490,7 @@ class Journal:
         data = data[:room]
         mm[_META_AT : _META_AT + len(data)] = data
         _U32.pack_into(mm, _HEADER.size - 4, len(data))
+        self.bytes_written += 4 + len(data)
 
     def heartbeat(self) -> None:
         """Record that the process was alive now: the end time of recovered spans (export thread)."""
