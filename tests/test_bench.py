@@ -546,3 +546,54 @@ def test_a_failing_worker_is_reported_not_fatal(monkeypatch, tmp_path):
     row = report["configs"]["broken"]
     assert row["status"] == "error" and "no-such-kind" in row["reason"]
     assert not report["ok"] and report["problems"]
+
+
+def test_metrics_budget_is_the_caller_visible_difference_with_the_total_beside():
+    """The metrics budget compares level 1 with OTEL_GPU_METRICS on against level 1 as a
+    difference in µs per call (≤ 1 µs caller-visible), and shows the total difference beside it;
+    the rendered line carries µs, not a ratio."""
+    configs = _configs()
+    configs["ours1m"] = _row(5.6, 17.0)
+    configs["ours1m"]["caller_samples_us"] = [5.5, 6.9, 5.4]
+    configs["ours1"]["caller_samples_us"] = [5.0, 5.0, 5.0]
+    budgets = {b["name"]: b for b in _report.evaluate(configs, "cpu")}
+    entry = budgets["metrics cost ≤ 1 µs caller-visible per call over level 1"]
+    assert entry["status"] == "met" and math.isclose(entry["value"], 0.6)
+    assert "(per-round difference 0.50 µs)" in entry["detail"]
+    assert "total (every span on disk) +2.00 µs per call" in entry["detail"]
+    configs["ours1m"] = _row(6.2, 15.0)
+    budgets = {b["name"]: b for b in _report.evaluate(configs, "cpu")}
+    entry = budgets["metrics cost ≤ 1 µs caller-visible per call over level 1"]
+    assert entry["status"] == "missed" and math.isclose(entry["value"], 1.2)
+    del configs["ours1m"]
+    budgets = {b["name"]: b for b in _report.evaluate(configs, "cpu")}
+    assert budgets["metrics cost ≤ 1 µs caller-visible per call over level 1"]["status"] == "n/a"
+
+
+def test_metrics_budget_renders_in_microseconds():
+    """In the text report the metrics budget reads "<value> µs (limit 1.0 µs)"."""
+    from otel_gpu.bench import Result
+
+    results = {}
+    for name, caller, total in (("ours1", 5.0, 9.0), ("ours1m", 5.4, 9.5)):
+        r = Result(bench._BY_NAME[name], status="ready", n=10)
+        r.caller, r.total = [caller * 1e3], [total * 1e3]
+        r.calls, r.spans = 10, 10
+        results[name] = r
+    text = _report.render(_report.build(results, device="cpu", rounds=1, target_s=0.2))
+    line = next(x for x in text.splitlines() if "metrics cost" in x)
+    assert "[MET   ]" in line and "0.400 µs (limit 1.0 µs)" in line
+    assert "otel-gpu level 1, metrics on" in text
+
+
+def test_worker_metrics_row_configures_level_1_with_metrics_on(tensors, tmp_path, deferred_export):
+    """The ours1m worker is level 1 with the metrics setting on (other rows leave it off, whatever
+    the environment says), and every call's span still reaches the file."""
+    q, k = tensors
+    cfg = worker.Ours({"level": 1, "dir": str(tmp_path), "metrics": True}, q, k)
+    worker._timed_round(cfg, 5, "cpu")
+    assert worker._info(cfg)["metrics"] is True
+    assert cfg.count() == 5 == cfg.calls
+    (tmp_path / "plain").mkdir()
+    plain = worker.Ours({"level": 1, "dir": str(tmp_path / "plain")}, q, k)
+    assert worker._info(plain)["metrics"] is False

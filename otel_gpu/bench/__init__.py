@@ -19,6 +19,9 @@ spans per forward), compared with the same forward at level 0. The ``gpt2att_*``
 instrument the attention modules only (``include=["*Attention"]``, 2 spans per forward).
 The ``mixtral_*`` rows are the same workload for a tiny Mixtral (mixture of experts).
 
+``ours1m`` is level 1 with ``OTEL_GPU_METRICS`` on: against ``ours1`` it gives what the call
+metrics cost per call, on the caller's thread and in total.
+
 ``ours5ring`` is level 5 with the in-memory ring on (``ring=8``): compared with level 5 it
 gives the ring's own cost per call, and with level 10 (the recorder it stands in for) the
 ratio of the two.
@@ -58,6 +61,7 @@ class ConfigSpec:
     level: int | None = None
     ring: int = 0  # OTEL_GPU_RING: the in-memory ring's size (0: off)
     include: tuple[str, ...] | None = None  # gpt2: instrument_module's include patterns
+    metrics: bool = False  # OTEL_GPU_METRICS: call metrics on (recorded on the export thread)
 
 
 CONFIGS: tuple[ConfigSpec, ...] = (
@@ -65,6 +69,7 @@ CONFIGS: tuple[ConfigSpec, ...] = (
     ConfigSpec("floor", "torch.sum floor (3 tensors)", "floor"),
     ConfigSpec("ours0", "otel-gpu level 0", "ours", 0),
     ConfigSpec("ours1", "otel-gpu level 1", "ours", 1),
+    ConfigSpec("ours1m", "otel-gpu level 1, metrics on", "ours", 1, metrics=True),
     ConfigSpec("ours3", "otel-gpu level 3", "ours", 3),
     ConfigSpec("ours5", "otel-gpu level 5", "ours", 5),
     ConfigSpec("ours10", "otel-gpu level 10", "ours", 10),
@@ -150,6 +155,7 @@ class Result:
             "dumps_written": self.dumps,
             "dump_durability": self.info.get("dump_durability"),
             "ring": self.info.get("ring"),
+            "metrics": self.info.get("metrics"),
             "identity": self.info.get("identity"),
             "observers": self.info.get("observers"),
         }
@@ -178,6 +184,7 @@ class _Worker:
             "threads": threads,
             "journal": journal,
             "ring": spec.ring,
+            "metrics": spec.metrics,
             "include": list(spec.include) if spec.include is not None else None,
         }
         self.stderr = open(os.path.join(workdir, "stderr.txt"), "w+b")
@@ -440,7 +447,8 @@ def register(sub: Any) -> None:
         help="measure each level's cost per call, side by side with FlashInfer and plain OTel",
         description=(
             "Per-call cost of a decorated function with two [32,128,128] float32 tensors and a "
-            "scalar kwarg: bare, otel-gpu levels 0/1/3/5/10 and level 5 with the ring of 8 calls, "
+            "scalar kwarg: bare, otel-gpu levels 0/1/3/5/10, level 1 with metrics on and level 5 "
+            "with the ring of 8 calls, "
             "a plain OTel SDK span and FlashInfer's @flashinfer_api (when installed); and one "
             "forward pass of a tiny GPT2 with every module instrumented "
             "(otel_gpu.instrument_module) at levels 0/1/3/5, or its attention modules only at "

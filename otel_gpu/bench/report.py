@@ -35,6 +35,7 @@ _PEER = {
     "gpt2att_3": "gpt2_0",
     "mixtral_1": "mixtral_0",
     "mixtral_3": "mixtral_0",
+    "ours1m": "ours1",  # the call metrics' own cost: level 1 with them on, against level 1
     "ours5ring": "ours5",  # the ring's own cost: level 5 with it on, against level 5
     "gloo1": "gloo0",  # an instrumented all_reduce against the bare one
     "gloo3": "gloo0",
@@ -42,6 +43,7 @@ _PEER = {
 _FLOORED = ("ours5", "ours10", "fi5")
 _SPAN_WRITERS = (
     "ours1",
+    "ours1m",
     "ours3",
     "ours5",
     "ours10",
@@ -61,14 +63,15 @@ _SPAN_WRITERS = (
 
 @dataclass(frozen=True)
 class Budget:
-    """``ours[cost] / other[cost] <= limit`` (or ``>=`` for throughput)."""
+    """``ours[cost] / other[cost] <= limit`` (or ``>=`` for throughput; ``ours[cost] -
+    other[cost] <= limit`` µs for a difference)."""
 
     name: str
     ours: str
     other: str
     cost: str  # "caller" | "total"
     limit: float
-    kind: str = "ratio"  # ratio | identity | syncs | throughput
+    kind: str = "ratio"  # ratio | identity | syncs | throughput | difference
 
 
 BUDGETS: tuple[Budget, ...] = (
@@ -77,6 +80,14 @@ BUDGETS: tuple[Budget, ...] = (
     ),
     Budget("level 1 caller-visible ≤ 0.5× FlashInfer level 1", "ours1", "fi1", "caller", 0.5),
     Budget("level 1 total ≤ 1.0× FlashInfer level 1", "ours1", "fi1", "total", 1.0),
+    Budget(
+        "metrics cost ≤ 1 µs caller-visible per call over level 1",
+        "ours1m",
+        "ours1",
+        "caller",
+        1.0,
+        "difference",
+    ),
     Budget("level 3 caller-visible ≤ 0.25× FlashInfer level 3", "ours3", "fi3", "caller", 0.25),
     Budget("level 3 total ≤ 1.0× FlashInfer level 3", "ours3", "fi3", "total", 1.0),
     Budget("level 5 ≤ 0.2× FlashInfer level 5 (caller-visible)", "ours5", "fi5", "caller", 0.2),
@@ -197,6 +208,29 @@ def evaluate(configs: dict[str, Any], device: str) -> list[dict[str, Any]]:
                     + (f"; OTEL_GPU_DUMP_DURABILITY={durability}" if durability else "")
                 ),
             )
+        elif b.kind == "difference":
+            # What a setting adds per call, in µs: a ratio would hide a fixed cost in the noise.
+            diff = ours - other
+            entry.update(
+                unit="µs",
+                value=diff,
+                status="met" if diff <= b.limit else "missed",
+                detail=f"{ours:.3g} µs vs {other:.3g} µs",
+            )
+            paired = _paired_diff(configs, b.ours, b.other, b.cost)
+            if paired is not None:
+                entry["detail"] += f" (per-round difference {paired:.2f} µs)"
+            other_cost = "total" if b.cost == "caller" else "caller"
+            t_ours, t_other = (
+                _cost(configs, b.ours, other_cost),
+                _cost(configs, b.other, other_cost),
+            )
+            if t_ours is not None and t_other is not None:
+                name = "total (every span on disk)" if other_cost == "total" else "caller-visible"
+                entry["detail"] += f"; {name} {t_ours - t_other:+.2f} µs per call"
+                paired = _paired_diff(configs, b.ours, b.other, other_cost)
+                if paired is not None:
+                    entry["detail"] += f" (per-round {paired:+.2f} µs)"
         else:
             ratio = ours / other
             entry.update(
@@ -451,7 +485,11 @@ def render(report: dict[str, Any]) -> str:
         mark = {"met": "MET   ", "missed": "MISSED", "n/a": "n/a   "}[b["status"]]
         value = ""
         if b["value"] is not None and b["limit"] is not None:
-            value = f" {_against(b['value'], b['limit'])}× (limit {b['limit']}×);"
+            unit = b.get("unit", "×")
+            gap = " " if unit == "µs" else ""
+            value = (
+                f" {_against(b['value'], b['limit'])}{gap}{unit} (limit {b['limit']}{gap}{unit});"
+            )
         lines.append(f"  [{mark}] {b['name']}:{value} {b['detail']}")
     lines += [
         "",

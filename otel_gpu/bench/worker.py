@@ -132,6 +132,7 @@ class Ours(Config):
             dump_max_size_gb=1024,
             journal=spec.get("journal", True),
             ring=spec.get("ring") or 0,
+            metrics=bool(spec.get("metrics")),
         )
         raw = self.fn
         self.fn = otel_gpu.api(raw)
@@ -559,6 +560,7 @@ def _info(cfg: Config) -> dict[str, Any]:
             info["dump_durability"] = settings.dump_durability
         if settings.ring:
             info["ring"] = settings.ring
+        info["metrics"] = settings.metrics
     if isinstance(cfg, Gpt2):
         info["transformers"] = cfg.transformers.__version__
         info["spans_per_call"] = cfg.spans_per_call
