@@ -97,3 +97,37 @@ def test_a_calls_span_context_is_the_one_the_constructor_builds():
                 True,
             )
             assert ours.trace_flags.sampled and ours.trace_state is state
+
+
+@pytest.mark.parametrize("remote", [False, True])
+def test_a_parent_read_from_its_tuple_decides_as_its_properties(otel_gpu_spans, remote):
+    """A call reads its parent's span context by unpacking the tuple: under a sampled parent it
+    joins the parent's trace with its trace state, under an unsampled one it records nothing, and
+    under an invalid one it starts a trace of its own, as the properties would decide."""
+    from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TraceState
+
+    import otel_gpu
+    from otel_gpu.calls import decorator
+
+    assert decorator._FAST_CONTEXT
+    spans = otel_gpu_spans(level=1)
+
+    @otel_gpu.api
+    def work(x):
+        return trace.get_current_span().get_span_context()
+
+    state = TraceState([("vendor", "v1")])
+    sampled = SpanContext(0xABC, 0xDEF, remote, TraceFlags(TraceFlags.SAMPLED), state)
+    unsampled = SpanContext(0xABC, 0x123, remote, TraceFlags(TraceFlags.DEFAULT), state)
+    with trace.use_span(NonRecordingSpan(sampled)):
+        inside = work(1)
+    with trace.use_span(NonRecordingSpan(unsampled)):
+        work(2)
+    with trace.use_span(NonRecordingSpan(INVALID_SPAN.get_span_context())):
+        root = work(3)
+    got = {s.context.span_id: s for s in spans.get()}
+    assert set(got) == {inside.span_id, root.span_id}
+    child = got[inside.span_id]
+    assert child.context.trace_id == 0xABC and child.parent.span_id == 0xDEF
+    assert child.parent.is_remote is remote and inside.trace_state is state
+    assert got[root.span_id].parent is None and root.trace_id != 0xABC
