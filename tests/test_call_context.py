@@ -131,3 +131,44 @@ def test_a_parent_read_from_its_tuple_decides_as_its_properties(otel_gpu_spans, 
     assert child.context.trace_id == 0xABC and child.parent.span_id == 0xDEF
     assert child.parent.is_remote is remote and inside.trace_state is state
     assert got[root.span_id].parent is None and root.trace_id != 0xABC
+
+
+def test_a_queued_leaf_call_keeps_two_gc_tracked_objects(otel_gpu_spans, monkeypatch):
+    """A level-1 call with no child builds no SpanContext on the caller's thread: while queued it
+    keeps its Call and its CallSpan alive, 2 GC-tracked objects (3 with a built context); a call
+    with a child has its context built when the child starts, and the ids agree."""
+    import gc
+
+    import otel_gpu
+    from otel_gpu.export import pipeline
+
+    monkeypatch.setattr(pipeline, "_WAKE_EVERY", 10**9)  # export waits for the flush
+    monkeypatch.setattr(pipeline, "_WAKE_AT", -1)
+    spans = otel_gpu_spans(level=1, journal=True)
+
+    @otel_gpu.api
+    def leaf(x):
+        return x
+
+    @otel_gpu.api
+    def parent(x):
+        return leaf(x)
+
+    leaf(0)  # the pipeline and the journal's plan entry exist before counting
+    assert otel_gpu.flush(10.0)
+    n = 500
+    gc.collect()
+    before = len(gc.get_objects())
+    for i in range(n):
+        leaf(i)
+    gc.collect(1)  # as the collector would: untrack what holds only atoms
+    kept = (len(gc.get_objects()) - before) / n
+    assert 1.9 <= kept <= 2.1
+    parent(1)
+    assert otel_gpu.flush(10.0)
+    got = spans.get()
+    assert len(got) == n + 3
+    outer = next(s for s in got if s.name.endswith(".parent"))
+    inner = got[-1] if got[-1].name.endswith(".leaf") else got[-2]
+    assert inner.parent.span_id == outer.context.span_id
+    assert inner.context.trace_id == outer.context.trace_id

@@ -30,7 +30,7 @@ from otel_gpu.attributes import (
     STATS_INF_COUNT,
     STATS_NAN_COUNT,
 )
-from otel_gpu.calls import _context, compiled, metadata, stats
+from otel_gpu.calls import _context, compiled, metadata, record, stats
 from otel_gpu.calls.record import Call, CallSpan
 from otel_gpu.devices import cuda
 from otel_gpu.export import pipeline
@@ -283,42 +283,15 @@ def _begin(
             return NonRecordingSpan(
                 SpanContext(trace_id, _getrandbits(64) or 1, False, _NOT_SAMPLED)
             )
-    ctx = _new_context(trace_id, _getrandbits(64) or 1, state or _NO_STATE)
-    return Call(plan, CallSpan(ctx, plan.name), parent, _time_ns())
-
-
-def _context_maker() -> tuple[Callable[[int, int, Any], SpanContext], bool]:
-    """``SpanContext(trace_id, span_id, False, SAMPLED, state)`` for ids known valid (a parent's
-    trace id, or ``getrandbits(...) or 1``): the tuple built directly, without the constructor's
-    defaults and range checks (0.5 µs a span, every module of a model a span). Checked once
-    against the constructor: any other layout of the tuple gets the constructor itself. The
-    boolean says the layout matched, so a parent's tuple may be unpacked as well."""
-    new = tuple.__new__
-
-    def fast(trace_id: int, span_id: int, state: Any) -> SpanContext:
-        return new(SpanContext, (trace_id, span_id, False, _SAMPLED, state, True))  # type: ignore[type-var]
-
-    def slow(trace_id: int, span_id: int, state: Any) -> SpanContext:
-        return SpanContext(trace_id, span_id, False, _SAMPLED, state)
-
-    try:
-        probe, real = fast(3, 5, _NO_STATE), slow(3, 5, _NO_STATE)
-        same = tuple(probe) == tuple(real) and (
-            probe.trace_id,
-            probe.span_id,
-            probe.is_remote,
-            probe.trace_flags,
-            probe.trace_state,
-            probe.is_valid,
-        ) == (3, 5, False, _SAMPLED, real.trace_state, True)
-    except Exception:
-        same = False
-    return (fast, True) if same else (slow, False)
+    # the SpanContext is built when first asked for (a child's start, the export thread): a leaf
+    # span never needs one on the caller's thread, and it is one GC-tracked object less queued
+    span = CallSpan(None, plan.name, trace_id, _getrandbits(64) or 1, state or _NO_STATE)
+    return Call(plan, span, parent, _time_ns())
 
 
 _NO_STATE = DEFAULT_TRACE_STATE
 _SAMPLED_BIT = int(TraceFlags.SAMPLED)
-_new_context, _FAST_CONTEXT = _context_maker()
+_new_context, _FAST_CONTEXT = record.new_context, record.FAST_CONTEXT
 
 
 def _run_unsampled(

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import time
 import traceback
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from opentelemetry import trace
-from opentelemetry.trace import Link, SpanContext, Status, StatusCode
+from opentelemetry.trace import Link, SpanContext, Status, StatusCode, TraceFlags
+from opentelemetry.trace.span import DEFAULT_TRACE_STATE, TraceState
 from opentelemetry.util import types
 
 from otel_gpu.attributes import (
@@ -29,16 +30,79 @@ from otel_gpu.attributes import (
 )
 from otel_gpu.calls import _describe
 
-__all__ = ["Call", "CallSpan"]
+__all__ = ["FAST_CONTEXT", "Call", "CallSpan", "new_context"]
+
+_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+_NO_STATE = DEFAULT_TRACE_STATE
+
+
+def _context_maker() -> tuple[Callable[[int, int, Any], SpanContext], bool]:
+    """``SpanContext(trace_id, span_id, False, SAMPLED, state)`` for ids known valid (a parent's
+    trace id, or ``getrandbits(...) or 1``): the tuple built directly, without the constructor's
+    defaults and range checks (0.5 µs a span, every module of a model a span). Checked once
+    against the constructor: any other layout of the tuple gets the constructor itself. The
+    boolean says the layout matched, so a parent's tuple may be unpacked as well."""
+    new = tuple.__new__
+
+    def fast(trace_id: int, span_id: int, state: Any) -> SpanContext:
+        return new(SpanContext, (trace_id, span_id, False, _SAMPLED, state, True))  # type: ignore[type-var]
+
+    def slow(trace_id: int, span_id: int, state: Any) -> SpanContext:
+        return SpanContext(trace_id, span_id, False, _SAMPLED, state)
+
+    try:
+        probe, real = fast(3, 5, _NO_STATE), slow(3, 5, _NO_STATE)
+        same = tuple(probe) == tuple(real) and (
+            probe.trace_id,
+            probe.span_id,
+            probe.is_remote,
+            probe.trace_flags,
+            probe.trace_state,
+            probe.is_valid,
+        ) == (3, 5, False, _SAMPLED, real.trace_state, True)
+    except Exception:
+        same = False
+    return (fast, True) if same else (slow, False)
+
+
+new_context, FAST_CONTEXT = _context_maker()
+"""``new_context(trace_id, span_id, state)``, and whether a SpanContext is that plain tuple."""
 
 
 class CallSpan(trace.Span):
-    """A recording span without SDK bookkeeping: costs one small object per call."""
+    """A recording span without SDK bookkeeping: costs one small object per call.
 
-    __slots__ = ("_ctx", "attributes", "events", "links", "name", "status")
+    Built with its ``SpanContext``, or (the decorator's calls) with ``ctx`` None and the ids:
+    the context is then built when first asked for, so a leaf call never builds one on the
+    caller's thread and queues one GC-tracked object less.
+    """
 
-    def __init__(self, ctx: SpanContext, name: str) -> None:
+    __slots__ = (
+        "_ctx",
+        "_state",
+        "attributes",
+        "events",
+        "links",
+        "name",
+        "span_id",
+        "status",
+        "trace_id",
+    )
+
+    def __init__(
+        self,
+        ctx: SpanContext | None,
+        name: str,
+        trace_id: int = 0,
+        span_id: int = 0,
+        state: TraceState = _NO_STATE,
+    ) -> None:
+        if ctx is not None:
+            trace_id, span_id, state = ctx.trace_id, ctx.span_id, ctx.trace_state
         self._ctx = ctx
+        self.trace_id = trace_id
+        self.span_id = span_id
+        self._state = state
         self.name = name
         self.attributes: dict[str, Any] | None = None
         self.events: list[tuple[str, Mapping[str, Any] | None, int]] | None = None
@@ -46,7 +110,10 @@ class CallSpan(trace.Span):
         self.status: Status | None = None
 
     def get_span_context(self) -> SpanContext:
-        return self._ctx
+        ctx = self._ctx
+        if ctx is None:  # sampled, local, ids known valid: see new_context
+            ctx = self._ctx = new_context(self.trace_id, self.span_id, self._state)
+        return ctx
 
     def is_recording(self) -> bool:
         return True

@@ -386,20 +386,17 @@ class Journal:
         index = self._plans.get(plan)
         if index is None:
             index = self._add_plan(plan)
-        ctx = call.span.get_span_context()
+        span = call.span
+        # the ids, not get_span_context(): that would build the context a leaf call never needs
+        trace_id, span_id = span.trace_id, span.span_id
         parent = call.parent
         flags = 0
         parent_id = 0
-        if _TUPLE_LAYOUT and type(ctx) is SpanContext:
-            # indexed, not through the properties: 0.15 µs a call (checked once at import)
-            trace_id, span_id = ctx[0], ctx[1]
-            if type(parent) is SpanContext:
-                parent_id = parent[1]
-                flags = F_PARENT | F_PARENT_REMOTE if parent[2] else F_PARENT
-                parent = None
-        else:
-            trace_id, span_id = ctx.trace_id, ctx.span_id
-        if parent is not None:
+        if _TUPLE_LAYOUT and type(parent) is SpanContext:
+            # indexed, not through the properties: 0.1 µs a call (layout checked at import)
+            parent_id = parent[1]
+            flags = F_PARENT | F_PARENT_REMOTE if parent[2] else F_PARENT
+        elif parent is not None:
             parent_id = parent.span_id
             flags = F_PARENT | F_PARENT_REMOTE if parent.is_remote else F_PARENT
         size = 0
