@@ -641,3 +641,40 @@ def test_bytes_written_counts_records_inputs_and_plan_entries(tmp_path):
         assert j.bytes_written == after_start + 8 + 64
     finally:
         j.close()
+
+
+def test_calls_differing_only_in_which_object_they_pass_share_one_encoding(tmp_path, monkeypatch):
+    """An object argument is journaled by its type name only, so a new object each call (a
+    model's KV cache) reuses the cached encoding, while a different type or value is encoded
+    again; the record read back names the object's type."""
+    settings = config.load({"level": 3, "journal_dir": str(tmp_path)})
+    j = writer.Journal(str(tmp_path), settings, None)
+    encoded = []
+    real = writer._encode
+    monkeypatch.setattr(writer, "_encode", lambda *a: encoded.append(1) or real(*a))
+
+    class Cache:
+        pass
+
+    try:
+        blobs = []
+        for _ in range(3):
+            raw: list = []
+            metadata.capture(raw, "past", Cache(), 8, None)
+            raw.append(("n", metadata.VALUE, 4))
+            blobs.append(j._encoded(tuple(raw)))
+        assert len(encoded) == 1 and blobs[0] is blobs[1] is blobs[2]
+        raw = []
+        metadata.capture(raw, "past", Cache(), 8, None)
+        raw.append(("n", metadata.VALUE, 5))
+        j._encoded(tuple(raw))
+        assert len(encoded) == 2
+        plan = _Plan("f")
+        call = _fake_call(plan, 1, None, None)
+        call.inputs = tuple(raw)
+        j.start(call)
+        (record,) = read(j.path).records
+        assert record.inputs[0][:3] == ("past", metadata.OBJECT, Cache.__qualname__)
+        assert record.inputs[1] == ("n", metadata.VALUE, 5)
+    finally:
+        j.close()

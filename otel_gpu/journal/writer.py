@@ -270,6 +270,14 @@ def _compact(raw: Any, limit: int) -> list[tuple[Any, ...]]:
     return out
 
 
+def _key_of(raw: Any) -> Any:
+    """``raw`` with each object's payload cut to its type name (all that ``_compact`` keeps of
+    it); ``raw`` itself when it holds no object."""
+    if not any(kind == _OBJECT for _, kind, _ in raw):
+        return raw
+    return tuple((k, kind, p[0]) if kind == _OBJECT else (k, kind, p) for k, kind, p in raw)
+
+
 def _encode(raw: Any, limit: int, capacity: int) -> tuple[bytes, bool]:
     """Pickled compact records, cut to ``capacity`` bytes by dropping trailing records."""
     entries = _compact(raw, limit)
@@ -446,10 +454,18 @@ class Journal:
         kinds = tuple(type(p) for _, kind, p in inputs if kind == _VALUE)
         if hit is not None and hit[0] == kinds:
             return hit[1]
+        # An object's payload carries its id (for the repr taken off the caller's thread), so a
+        # new object each call (a model's KV cache) never hit: keyed by what the journal keeps
+        # of it, its type name, such a call costs ~2 µs instead of an encoding (~20 µs).
+        key = _key_of(inputs)
+        if key is not inputs:
+            hit = self._cache.get(key)
+            if hit is not None and hit[0] == kinds:
+                return hit[1]
         encoded = _encode(inputs, self.limit, self.capacity)
         if len(self._cache) >= _CACHE_ENTRIES:
             self._cache.clear()
-        self._cache[inputs] = (kinds, encoded)
+        self._cache[key] = (kinds, encoded)
         return encoded
 
     def end(self, call: Call) -> None:
