@@ -597,3 +597,18 @@ def test_worker_metrics_row_configures_level_1_with_metrics_on(tensors, tmp_path
     (tmp_path / "plain").mkdir()
     plain = worker.Ours({"level": 1, "dir": str(tmp_path / "plain")}, q, k)
     assert worker._info(plain)["metrics"] is False
+
+
+def test_calibration_takes_the_longest_round_allowed_when_it_fits_the_target(monkeypatch):
+    """A configuration whose longest allowed round fits the target runs rounds of that length,
+    however noisy its trial rounds (a model's level-0 row must run as many forwards a round as
+    the rows compared with it); one that does not fit gets a shorter round."""
+    totals = {1: 2e6, 4: 3e6, 16: 4e6, 33: 150e6}  # ns: noise makes 16 → 33 look expensive
+
+    def fake_round(cfg, n, device):
+        return {"n": n, "caller_ns": totals[n], "total_ns": totals[n]}
+
+    monkeypatch.setattr(worker, "_timed_round", fake_round)
+    assert worker._calibrate(None, 0.2, "cpu", 33) == 33
+    totals[33] = 400e6  # 33 calls take longer than the target: fewer calls a round
+    assert worker._calibrate(None, 0.2, "cpu", 33) < 33
