@@ -610,5 +610,8 @@ def test_calibration_takes_the_longest_round_allowed_when_it_fits_the_target(mon
 
     monkeypatch.setattr(worker, "_timed_round", fake_round)
     assert worker._calibrate(None, 0.2, "cpu", 33) == 33
+    totals[16] = 60e6  # a slow trial past a quarter of the target ends the trials at 16 calls
+    assert worker._calibrate(None, 0.2, "cpu", 33) == 33
+    totals[16] = 4e6
     totals[33] = 400e6  # 33 calls take longer than the target: fewer calls a round
     assert worker._calibrate(None, 0.2, "cpu", 33) < 33

@@ -529,10 +529,11 @@ def _calibrate(cfg: Config, target_s: float, device: str, max_n: int) -> int:
             break
         prev = (n, elapsed)
         n = min(max_n, n * 4)
-    if n >= max_n and elapsed <= target_s:
-        # the longest round allowed fits the target: take it. Estimating from the last two trial
-        # rounds gave a model's level-0 row 13-16 forwards a round on a loaded machine, against
-        # the 33 of the rows compared with it.
+    if elapsed / n * max_n <= target_s:
+        # Even at this round's cost per call (its fixed cost included) the longest round allowed
+        # fits the target: take it. Estimating from the last two trial rounds gave a model's
+        # level-0 row 13 forwards a round (one slow trial), against the 33 of the rows compared
+        # with it.
         return max_n
     per_call = elapsed / n
     if prev is not None and elapsed > prev[1]:
@@ -611,7 +612,9 @@ def main(argv: list[str] | None = None) -> int:
         try:
             op = cmd["cmd"]
             if op == "calibrate":
-                n = _calibrate(cfg, cmd["target_s"], device, cmd["max_n"])
+                # twice, the longer: a worker's first trial rounds are sometimes several times
+                # slower than the rest (a model's level-0 row got 12-15 forwards a round, not 33)
+                n = max(_calibrate(cfg, cmd["target_s"], device, cmd["max_n"]) for _ in range(2))
                 reply({"n": n})
             elif op == "run":
                 reply(_timed_round(cfg, cmd["n"], device))
