@@ -39,7 +39,8 @@ REDACTED = 5  # payload: None
 MAX_DEPTH = 4
 MAX_VALUE_BYTES = 2048  # Tempo's default cut for attribute values
 
-_SCALARS = (type(None), bool, int, float, str)
+# a set: `type in tuple` compares with each of the five in turn (0.14 µs for a tensor, 0.03 here)
+_SCALARS = frozenset((type(None), bool, int, float, str))
 _Raw = list[tuple[str, int, Any]]
 
 Binder = Callable[[tuple[Any, ...], Mapping[str, Any]], list[tuple[str, Any, bool]]]
@@ -406,7 +407,9 @@ def capture_output(
     if result is None:
         return out
     tp = type(result)
-    if tp is tuple or tp is list:
+    if tp is torch.Tensor:  # the common result, without the container checks below
+        capture(out, "0", result, max_items, tensors, 0)
+    elif tp is tuple or tp is list:
         if len(result) > max_items:
             out.append(("", CONTAINER, (tp.__name__, len(result))))
         for i, item in enumerate(result[:max_items]):
