@@ -386,6 +386,54 @@ def test_coroutines_on_an_event_loop_use_process_ranges_each_ended_by_its_own_ha
     assert {nvtx_seam.span_id_hex(e[2]) for e in started} == exported
 
 
+@pytest.fixture
+def world():
+    """A one-rank gloo default group, destroyed afterwards."""
+    import datetime
+
+    import torch.distributed as dist
+
+    from otel_gpu.instrumentation import torch_distributed
+
+    torch_distributed._reset_for_tests()
+    dist.init_process_group(
+        "gloo", rank=0, world_size=1, store=dist.HashStore(), timeout=datetime.timedelta(seconds=60)
+    )
+    yield torch_distributed
+    dist.destroy_process_group()
+    torch_distributed._reset_for_tests()
+
+
+def test_an_async_collective_ended_on_another_thread_closes_its_own_process_range(
+    otel_gpu_spans, module_factory, fake, world
+):
+    """An async collective ends on the thread that completes its work, after later calls began:
+    it starts a process range and that very range is ended from the other thread, while the
+    decorated call in between pushes and pops its own thread range."""
+    spans = otel_gpu_spans(level=1, nvtx=True)
+    lib = module_factory(LIB)
+    future: torch.futures.Future = torch.futures.Future()
+
+    class Work:
+        def get_future(self):
+            return future
+
+    def all_reduce(tensor, op=None, group=None, async_op=False):
+        return Work()
+
+    wrapped = world.wrap(all_reduce, "all_reduce")
+    wrapped(torch.ones(1), async_op=True)
+    assert lib.inner(1) == 2
+    finisher = threading.Thread(target=future.set_result, args=(None,))
+    finisher.start()
+    finisher.join()
+    assert fake.kinds() == ["start", "push", "pop", "end"]
+    started, ended = fake.events[0], fake.events[3]
+    assert ended[1] == started[3]
+    (collective,) = spans.by_name("torch.distributed.all_reduce")
+    assert nvtx_seam.span_id_hex(started[2]) == _span_hex(collective)
+
+
 @pytest.mark.parametrize(
     ("span_id", "value"),
     [(1, 1), (2**63 - 1, 2**63 - 1), (2**63, -(2**63)), (2**64 - 1, -1)],

@@ -7,9 +7,11 @@ else from ``torch.cuda.nvtx`` (no payload there: the span id goes into the messa
 is used is decided once, in :func:`_load_backend`, the one function tests replace with a fake.
 
 Range kinds: a call opens a thread range (push/pop), which Nsight Systems nests per thread as
-the spans nest, and which needs no handle kept per call. On a thread running an asyncio event
-loop it opens a process range (start/end) instead: coroutines interleave on that thread, and a
-pop would close whichever range another coroutine pushed last.
+the spans nest. A pop closes the thread's latest push, so where a call may end after a later
+call began on its thread, or on another thread, it opens a process range (start/end, closed by
+its handle) instead: on a thread running an asyncio event loop (coroutines interleave there)
+and for the ``torch.distributed`` target (an async collective ends on the thread that completes
+its work).
 
 Skipped, with nothing opened and nothing closed: calls while ``torch.compile`` traces (an NVTX
 call there breaks the graph or is baked into it) and calls during CUDA-graph capture (the range
@@ -165,6 +167,8 @@ def _load_backend() -> Backend:
 
 
 _PUSHED = -1  # a range id is never negative: process range handles are uint64
+# instrumentation targets whose calls may end on another thread (instrumentation/torch_distributed)
+_ENDS_ELSEWHERE = frozenset({"torch.distributed"})
 
 
 class NvtxRanges:
@@ -178,6 +182,8 @@ class NvtxRanges:
         from otel_gpu.calls import compiled
 
         self._backend = backend
+        self._push = backend.push  # bound once: the common path's two calls
+        self._pop = backend.pop
         self._in_payload = bool(backend.payload)
         self._is_compiling = compiled.is_compiling
         self._check_capture = check_capture  # CUDA exists: capture may be in progress
@@ -189,12 +195,13 @@ class NvtxRanges:
             return
         span = call.span
         span_id = span.get_span_context().span_id
-        text = message(span.name, span_id, self._in_payload)
-        value = payload(span_id)
-        if self._running_loop() is None:
-            self._backend.push(text, value)
+        # message() and payload() inlined: two Python calls fewer per call
+        text = span.name if self._in_payload else f"{span.name} span_id={span_id:016x}"
+        value = span_id - _U64 if span_id > _I64_MAX else span_id
+        if self._running_loop() is None and call.plan.instrumented not in _ENDS_ELSEWHERE:
+            self._push(text, value)
             self._open[call] = _PUSHED
-        else:  # coroutines interleave here: a pop could close another call's range
+        else:  # this call may end out of order on this thread, or elsewhere: a pop would not do
             self._open[call] = self._backend.start(text, value)
 
     def end(self, call: Call) -> None:
@@ -202,7 +209,7 @@ class NvtxRanges:
         if opened is None:
             return
         if opened == _PUSHED:
-            self._backend.pop()
+            self._pop()
         else:
             self._backend.end(opened)
 
