@@ -264,6 +264,21 @@ def test_a_call_during_which_capture_begins_still_pops_its_range(
     assert fake.kinds() == ["push", "pop"]
 
 
+def test_calls_in_an_unsampled_trace_open_no_range(otel_gpu_spans, module_factory, fake):
+    """Under a parent the sampler dropped, a call has no span and opens no range."""
+    from opentelemetry import trace
+    from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+
+    spans = otel_gpu_spans(level=1, nvtx=True)
+    lib = module_factory(LIB)
+    dropped = NonRecordingSpan(SpanContext(7, 9, False, TraceFlags(TraceFlags.DEFAULT)))
+    with trace.use_span(dropped):
+        assert lib.outer(1) == 4
+    assert fake.events == [] and spans.get() == []
+    assert lib.inner(1) == 2  # sampled again: a range
+    assert fake.kinds() == ["push", "pop"]
+
+
 def test_no_nvtx_api_gives_one_warning_and_calls_run_unaffected(
     otel_gpu_spans, module_factory, monkeypatch, caplog
 ):
