@@ -314,9 +314,91 @@ def test_on_this_machine_the_real_loader_answers_or_says_why():
         backend = nvtx_seam._load_backend()
     except nvtx_seam.NvtxUnavailable as exc:
         assert "nvtx package" in str(exc) and "torch.cuda.nvtx" in str(exc)
-        assert not torch.cuda.is_available() or "nvtx package" in str(exc)
     else:
         assert all(callable(getattr(backend, n)) for n in ("push", "pop", "start", "end"))
+
+
+class _Recorder:
+    """Stands in for an NVTX module or domain: records each call by name."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+    def __getattr__(self, name: str):
+        def record(*args, **kwargs):
+            self.calls.append((name, args, kwargs))
+            return 7 if name in ("start_range", "rangeStartA") else None
+
+        return record
+
+
+def test_the_loader_prefers_the_nvtx_package_and_passes_the_id_as_payload(monkeypatch):
+    """An importable nvtx package is used: ranges in the otel_gpu domain, the span name as the
+    message and the payload as given; start returns the package's handle and end takes it."""
+    import sys
+    import types
+
+    domain = _Recorder()
+    module = types.ModuleType("nvtx")
+    module.get_domain = lambda name: domain if name == "otel_gpu" else None  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "nvtx", module)
+    backend = nvtx_seam._load_backend()
+    assert backend.payload is True
+    backend.push("lib.f", -5)
+    backend.pop()
+    assert backend.start("lib.g", 3) == 7
+    backend.end(7)
+    assert domain.calls[0][0] == "get_event_attributes"  # the payload probe, once
+    assert domain.calls[1:] == [
+        ("push_range", (), {"message": "lib.f", "payload": -5}),
+        ("pop_range", (), {}),
+        ("start_range", (), {"message": "lib.g", "payload": 3}),
+        ("end_range", (7,), {}),
+    ]
+
+
+def test_without_the_nvtx_package_torch_cuda_nvtx_carries_the_message(monkeypatch):
+    """No nvtx package, a torch built with NVTX: torch.cuda.nvtx is used, messages only."""
+    import sys
+
+    import torch.cuda.nvtx as torch_nvtx
+
+    bindings = _Recorder()
+    monkeypatch.setitem(sys.modules, "nvtx", None)  # import nvtx raises ImportError
+    monkeypatch.setattr(torch._C, "_nvtx", bindings, raising=False)
+    monkeypatch.setattr(torch_nvtx, "_nvtx", bindings)
+    backend = nvtx_seam._load_backend()
+    assert backend.payload is False
+    backend.push("lib.f span_id=00000000000000ff", 255)
+    backend.pop()
+    assert backend.start("lib.g span_id=0000000000000001", 1) == 7
+    backend.end(7)
+    assert bindings.calls == [
+        ("rangePushA", ("lib.f span_id=00000000000000ff",), {}),
+        ("rangePop", (), {}),
+        ("rangeStartA", ("lib.g span_id=0000000000000001",), {}),
+        ("rangeEnd", (7,), {}),
+    ]
+
+
+def test_an_nvtx_package_without_payloads_is_passed_over_with_its_reason(monkeypatch):
+    """A release of the nvtx package whose event attributes take no payload is not used; with no
+    torch NVTX either, the reason names both."""
+    import sys
+    import types
+
+    class OldDomain:
+        def get_event_attributes(self, message=None, color=None, category=None):
+            return None
+
+    module = types.ModuleType("nvtx")
+    module.get_domain = lambda name: OldDomain()  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "nvtx", module)
+    monkeypatch.delattr(torch._C, "_nvtx", raising=False)
+    with pytest.raises(nvtx_seam.NvtxUnavailable) as caught:
+        nvtx_seam._load_backend()
+    assert "the nvtx package: TypeError" in str(caught.value)
+    assert "built without NVTX" in str(caught.value)
 
 
 def test_a_failing_nvtx_call_never_breaks_the_call_and_leaves_nothing_to_pop(

@@ -29,7 +29,6 @@ from otel_gpu.devices import cuda
 
 if TYPE_CHECKING:
     from otel_gpu.calls.record import Call
-    from otel_gpu.config import Settings
 
 __all__ = [
     "Backend",
@@ -98,6 +97,8 @@ class _NvtxPackage:
 
     def __init__(self, module: Any) -> None:
         domain = module.get_domain(DOMAIN)  # a no-op domain when no tool is attached
+        # a release without payloads raises here (TypeError), not on every call
+        domain.get_event_attributes(message=DOMAIN, payload=0)
         self._push = domain.push_range
         self._pop = domain.pop_range
         self._start = domain.start_range
@@ -220,7 +221,7 @@ class NvtxRanges:
         """Nothing to release: calls still running close their ranges when they end."""
 
 
-def make_observer(settings: Settings) -> NvtxRanges | None:
+def make_observer() -> NvtxRanges | None:
     """The observer, or None (with one warning saying why) when no NVTX API works here."""
     try:
         backend = _load_backend()

@@ -106,7 +106,7 @@ def _nvtx(settings: Settings, pipeline: Pipeline) -> Observer | None:
         return None
     from otel_gpu.devices import nvtx
 
-    return nvtx.make_observer(settings)
+    return nvtx.make_observer()
 
 
 REGISTRY: tuple[Entry, ...] = (
