@@ -917,6 +917,7 @@ def metrics_pipeline_problems(config: dict[str, Any]) -> list[str]:
 
 _METRICS_ROUTES = {
     "compose/otelcol.yaml": lambda: yaml.safe_load((COMPOSE / "otelcol.yaml").read_text()),
+    "k8s/agent.yaml": lambda: _configmap_config("otel-gpu-agent"),
 }
 
 
@@ -1156,3 +1157,52 @@ def test_serving_example_env_is_what_otel_gpu_reads() -> None:
     ]
     assert "hostPath" in volumes[volume] or "persistentVolumeClaim" in volumes[volume]
     assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
+
+
+def test_agent_sends_metrics_to_remote_write_with_the_compose_labels() -> None:
+    """The agent's metrics pipeline ends in ``prometheus_remote_write`` at an endpoint the
+    DaemonSet sets in an environment variable, not in the trace-ID load balancer; resource
+    attributes stay in ``target_info`` except the ones ``transform/promote`` copies, which are
+    exactly those compose's Prometheus promotes (the same labels in both set-ups)."""
+    config = _configmap_config("otel-gpu-agent")
+    pipeline = config["service"]["pipelines"]["metrics"]
+    assert pipeline["exporters"] == ["prometheus_remote_write"]
+    assert pipeline["processors"] == [
+        "memory_limiter",
+        "k8s_attributes",
+        "transform/promote",
+        "batch",
+    ]
+    exporter = config["exporters"]["prometheus_remote_write"]
+    variable = re.fullmatch(r"\$\{env:(\w+)\}", exporter["endpoint"])
+    [container] = _k8s("DaemonSet", "otel-gpu-agent")["spec"]["template"]["spec"]["containers"]
+    assert variable and _env(container)[variable.group(1)].startswith("http")
+    assert exporter["resource_to_telemetry_conversion"] == {"enabled": False}
+    assert exporter["target_info"] == {"enabled": True}
+    [group] = config["processors"]["transform/promote"]["metric_statements"]
+    assert group["context"] == "datapoint"
+    copied = set()
+    for statement in group["statements"]:
+        match = re.fullmatch(
+            r'set\(attributes\["([\w.]+)"\], resource\.attributes\["\1"\]\) '
+            r'where resource\.attributes\["\1"\] != nil',
+            statement,
+        )
+        assert match, statement
+        copied.add(match.group(1))
+    prometheus = yaml.safe_load((COMPOSE / "prometheus.yaml").read_text())
+    assert copied == set(prometheus["otlp"]["promote_resource_attributes"])
+
+
+def test_serving_example_sends_metrics_to_its_agent() -> None:
+    """The example pod turns metrics on and sends them over gRPC, the protocol of the agent's
+    hostPort its endpoint names, as its traces."""
+    from otel_gpu import config
+
+    [container] = _k8s("Deployment", "gpu-serving-example")["spec"]["template"]["spec"][
+        "containers"
+    ]
+    env = _env(container)
+    assert config.load(env={"OTEL_GPU_METRICS": env["OTEL_GPU_METRICS"]}).metrics is True
+    assert env["OTEL_EXPORTER_OTLP_METRICS_PROTOCOL"] == "grpc"
+    assert env["OTEL_EXPORTER_OTLP_ENDPOINT"].endswith(":4317")
