@@ -787,6 +787,18 @@ def test_dashboard_panels_and_template_variables() -> None:
     assert "${service:regex}" in query["query"] and "${function:regex}" in query["query"]
 
 
+def test_prometheus_datasource_interval_is_otel_gpus_export_interval() -> None:
+    """The Prometheus data source's interval (the basis of ``$__rate_interval``, at least four of
+    them) is otel-gpu's default metrics export interval: pushed metrics have no scrape interval,
+    and a shorter setting would leave ``rate()`` windows with a single point."""
+    from otel_gpu import config
+
+    interval = _provisioned_datasources()["otel-gpu-prometheus"]["jsonData"]["timeInterval"]
+    match = re.fullmatch(r"(\d+)s", interval)
+    assert match, interval
+    assert int(match.group(1)) == config.load(env={}).metrics_interval
+
+
 def test_tempo_links_spans_to_their_metrics() -> None:
     """Tempo's data source links a span to the call rate and p99 of its API in the provisioned
     Prometheus: span ``service.name`` and ``code.function.name`` map to the labels ``job`` and
