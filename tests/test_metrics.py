@@ -433,3 +433,22 @@ def test_forked_child_does_not_export_the_parents_measurements(tmp_path):
     assert done.stdout.strip() == "1"  # the parent's reader runs
     child = (tmp_path / "child.txt").read_text()
     assert "OtelPeriodicExportingMetricReader" not in child
+
+
+def test_calls_inside_a_compiled_graph_are_counted(module_factory, tmp_path):
+    """A decorated call inside a ``torch.compile(fullgraph=True)`` graph becomes a span at
+    runtime, and so a point of the call metrics: counts equal the compiled spans."""
+    import torch
+
+    otel_gpu.configure(level=1, dest=str(tmp_path / "s.jsonl"), metrics=True)
+    lib = module_factory(LIB)
+    compiled = torch.compile(lambda x: lib.scale(x) + 1, fullgraph=True, backend="aot_eager")
+    for _ in range(3):
+        compiled(torch.ones(3))
+    assert otel_gpu.flush(timeout=10)
+    spans = read_spans(tmp_path / "s.jsonl", plain=True)
+    assert sum(1 for s in spans if s["attrs"].get("otel_gpu.compiled")) == 3
+    [point] = _points(
+        _latest(_read(tmp_path / "s.metrics.jsonl"))["otel_gpu.call.duration"]
+    ).values()
+    assert point.count == 3
