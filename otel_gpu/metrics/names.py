@@ -12,6 +12,8 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from otel_gpu.attributes import CODE_FUNCTION_NAME
+from otel_gpu.attributes import COMPONENT_TYPE as COMPONENT_TYPE  # otel_gpu_queue
+from otel_gpu.attributes import ERROR_TYPE as ERROR_TYPE  # see below
 
 __all__ = ["Metric"]
 
@@ -53,7 +55,7 @@ DURATION_BUCKETS: tuple[float, ...] = (
 
 # --- Attribute keys of call-metric points ---
 FUNCTION = CODE_FUNCTION_NAME  # <module>.<qualname>, as on the span
-ERROR_TYPE = "error.type"  # the exception's <module>.<qualname> (failed calls only)
+# ERROR_TYPE ("error.type"): the exception's <module>.<qualname> (failed calls only)
 
 # --- GPU gauges (metrics/gpu.py), read through NVML at each collection ---
 # The OTel hardware conventions' names (hw.gpu.*, status Development) where they define one; power,
@@ -104,4 +106,33 @@ HW_PARENT = "hw.parent"  # MIG devices only: the UUID of the GPU they partition
 HW_GPU_TASK = "hw.gpu.task"  # hw.gpu.utilization only: "general", "encoder", "decoder"
 GPU_MIG_INSTANCE = "otel_gpu.gpu.mig.gpu_instance_id"  # MIG devices only: DCGM's GPU_I_ID
 
-# --- otel-gpu's own metrics (metrics/own.py) ---
+# --- otel-gpu's own metrics (metrics/own.py), under the SDK's self-observability names ---
+SPANS_PROCESSED = Metric(
+    "otel.sdk.processor.span.processed",
+    "{span}",
+    "Calls otel-gpu's queue handed to the span processors as spans (no error.type), or dropped "
+    "(error.type queue_full or export_stalled).",
+)
+QUEUE_SIZE = Metric(
+    "otel.sdk.processor.span.queue.size", "{span}", "Calls waiting in otel-gpu's queue."
+)
+QUEUE_CAPACITY = Metric(
+    "otel.sdk.processor.span.queue.capacity",
+    "{span}",
+    "The most calls otel-gpu's queue holds (OTEL_GPU_QUEUE_SIZE).",
+)
+JOURNAL_WRITTEN = Metric(
+    "otel_gpu.journal.written",
+    "By",
+    "Bytes of call records the crash journal wrote into its memory-mapped file.",
+)
+RECORDER_WRITTEN = Metric(
+    "otel_gpu.recorder.written",
+    "By",
+    "Bytes of flight-recorder dumps written: tensor files and manifests (also the ring's and "
+    "CUDA-graph snapshots' dumps).",
+)
+
+# --- Attribute keys of otel-gpu's own metrics ---
+COMPONENT_NAME = "otel.component.name"  # otel_gpu_queue/0
+COMPONENT_TYPE_QUEUE = "otel_gpu_queue"  # the value of COMPONENT_TYPE, as on the drop events
