@@ -11,7 +11,9 @@ from otel_gpu.metrics import names
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "metrics.md"
 # A table row documenting a metric: | `name` | instrument | `unit` | ...
-_ROW = re.compile(r"^\| `([a-z_][a-z0-9_.]*)` \| ([a-z -]+) \| `([^`]+)` \|", re.M)
+_ROW = re.compile(
+    r"^\| `([a-z_][a-z0-9_.]*)` \| (histogram|counter|up-down counter|gauge) \| `([^`]+)` \|", re.M
+)
 
 
 def _declared() -> dict[str, str]:

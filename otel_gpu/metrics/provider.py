@@ -108,6 +108,7 @@ class Metrics:
         self.timeout = timeout
         self.meter: Meter = provider.get_meter(names.METER, _version())
         self.calls: Any = None  # metrics.calls.CallMetrics, set by build()
+        self.gpu: Any = None  # metrics.gpu.GpuGauges, or None without GPUs
         self._closed = False
 
     def flush(self, timeout: float) -> bool:
@@ -169,6 +170,9 @@ def build(settings: Settings, pipeline: Pipeline) -> Metrics:
         result = _own(settings, pipeline)
     result.calls = calls.CallMetrics(result.meter, settings)
     own.register(result.meter, pipeline)
+    from otel_gpu.metrics import gpu
+
+    result.gpu = gpu.register(result.meter, settings)
     return result
 
 
