@@ -497,3 +497,51 @@ def test_real_pynvml_without_gpus_creates_nothing(meter: Any, reader: Any) -> No
         pytest.skip("this machine has GPUs (the GPU suite covers it)")
     assert gpu.register(meter, ON) is None
     assert _collect(reader) == ({}, {})
+
+
+def test_gauges_reach_the_metrics_file_beside_the_spans(
+    fake: FakeNvml, tmp_path: Any, module_factory: Any
+) -> None:
+    """End to end through the pipeline: with ``OTEL_GPU_METRICS=true`` and a ``.jsonl``
+    destination, the GPU gauges of the faked machine (two GPUs, one in MIG mode) are in
+    ``<name>.metrics.jsonl``, read back with the official proto parser, under the same resource
+    as the spans (so a series joins the traces of its process)."""
+    import json
+
+    from google.protobuf import json_format
+    from opentelemetry.proto.metrics.v1.metrics_pb2 import MetricsData
+
+    import otel_gpu
+
+    try:
+        from jsonl_spans import read_spans
+        from otlp_receiver import attrs_of, hex_ids_to_base64
+    except ModuleNotFoundError:  # tests/ imported as a package
+        from tests.jsonl_spans import read_spans
+        from tests.otlp_receiver import attrs_of, hex_ids_to_base64
+
+    otel_gpu.configure(level=1, dest=str(tmp_path / "s.jsonl"), metrics=True)
+    lib = module_factory("import otel_gpu\n@otel_gpu.api\ndef f(x):\n    return x\n")
+    lib.f(1)
+    assert otel_gpu.flush(timeout=10)
+    [span] = read_spans(tmp_path / "s.jsonl", plain=True)
+    usage: dict[str, int] = {}
+    resources = []
+    for line in (tmp_path / "s.metrics.jsonl").read_text().splitlines():
+        data = MetricsData()
+        json_format.ParseDict(hex_ids_to_base64(json.loads(line)), data)
+        for rm in data.resource_metrics:
+            resources.append(attrs_of(rm.resource.attributes))
+            for sm in rm.scope_metrics:
+                for metric in sm.metrics:
+                    if metric.name == "hw.gpu.memory.usage":
+                        for p in metric.sum.data_points:
+                            usage[attrs_of(p.attributes)["hw.id"]] = p.as_int
+    assert usage == {
+        "GPU-aaaa": 7 * GIB,
+        "MIG-1111": 1 * GIB,
+        "MIG-2222": 6 * GIB,
+        "GPU-bbbb": 20 * GIB,
+    }
+    instance = span["resource"]["service.instance.id"]
+    assert resources and all(r["service.instance.id"] == instance for r in resources)
