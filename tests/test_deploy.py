@@ -872,9 +872,10 @@ def test_prometheus_config_keeps_exemplars_and_promotes_few_resource_attributes(
 
 
 def _metrics_file(trace_file: str) -> str:
-    """Where otel-gpu's file destination writes metrics: ``<name>.metrics.jsonl`` beside
-    ``<name>.jsonl`` (docs/metrics.md)."""
-    return trace_file.removesuffix(".jsonl") + ".metrics.jsonl"
+    """Where otel-gpu's file destination writes metrics (``<name>.metrics.jsonl``), by its code."""
+    from otel_gpu.metrics.provider import metrics_path
+
+    return metrics_path(trace_file)
 
 
 def test_spool_receivers_split_trace_and_metrics_files() -> None:
