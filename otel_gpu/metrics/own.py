@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from opentelemetry.metrics import CallbackOptions, Observation
 
@@ -64,15 +64,15 @@ def register(meter: Meter, pipeline: Pipeline) -> None:
         pipe = ref()
         return () if pipe is None else (Observation(pipe.maxsize, _COMPONENT),)
 
-    def written(attribute: str) -> Any:
-        def callback(options: CallbackOptions) -> Iterable[Observation]:
-            pipe = ref()
-            if pipe is None:
-                return ()
-            total = [getattr(o, attribute) for o in pipe.observers if hasattr(o, attribute)]
-            return (Observation(sum(total)),) if total else ()
+    def journal_written(options: CallbackOptions) -> Iterable[Observation]:
+        pipe = ref()
+        if pipe is None:
+            return ()
+        from otel_gpu.journal.writer import Journal
 
-        return callback
+        journals = [o for o in pipe.observers if isinstance(o, Journal)]
+        # no journal (OTEL_GPU_JOURNAL=false, or it could not be created): no point, not a 0
+        return (Observation(sum(j.bytes_written for j in journals)),) if journals else ()
 
     def recorder_written(options: CallbackOptions) -> Iterable[Observation]:
         return (Observation(_files.bytes_written()),)
@@ -94,7 +94,7 @@ def register(meter: Meter, pipeline: Pipeline) -> None:
     )
     meter.create_observable_counter(
         JOURNAL_WRITTEN.name,
-        callbacks=[written("journal_bytes_written")],
+        callbacks=[journal_written],
         unit=JOURNAL_WRITTEN.unit,
         description=JOURNAL_WRITTEN.description,
     )
