@@ -440,7 +440,9 @@ after the collector's/Prometheus's translation). docs/metrics.md is the full lis
 
 PROMETHEUS_METRICS = frozenset().union(*(names for _, _, names in METRICS_CONTRACT.values()))
 
-METRIC_LABELS = frozenset({"code_function_name", "error_type", "hw_id", "hw_name", "hw_vendor"})
+METRIC_LABELS = frozenset(
+    {"code_function_name", "error_type", "hw_id", "hw_name", "hw_vendor", "hw_gpu_task"}
+)
 """Point attributes of those metrics, as labels (``code.function.name`` -> ``code_function_name``)."""
 
 _UNIT_SUFFIX = {"s": "seconds", "By": "bytes", "1": "ratio"}
