@@ -232,6 +232,12 @@ class ConsoleSpanExporter(SpanExporter):
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         return _streams.flush(self._stream, self._lock)
 
+    def write_text(self, text: str) -> bool:
+        """Write a block that is not a span (the metrics table at exit), unless shut down."""
+        if self._closed:
+            return False
+        return self._write(text, None)
+
     # ----------------------------------------------------------------- rendering
 
     def write_call_start(

@@ -30,6 +30,7 @@ import secrets
 import shutil
 import stat
 import tempfile
+import threading
 from collections.abc import Callable
 from typing import BinaryIO
 
@@ -154,6 +155,21 @@ def warn_if_shared(path: str, what: str) -> None:
 # --------------------------------------------------------------------------- files
 
 
+_written = [0]  # bytes of every file written atomically (the flight recorder's dumps)
+_written_lock = threading.Lock()
+
+
+def bytes_written() -> int:
+    """Bytes this process wrote through :func:`write_atomic` and its variants: the flight
+    recorder's tensor files and manifests (also the ring's and CUDA-graph snapshots' dumps)."""
+    return _written[0]
+
+
+def _count(nbytes: int) -> None:
+    with _written_lock:
+        _written[0] += nbytes
+
+
 def write_atomic(
     directory: str,
     name: str,
@@ -177,10 +193,12 @@ def write_atomic(
             f.flush()
             if fsync:
                 os.fsync(f.fileno())
+            nbytes = f.tell()
     except BaseException:
         _discard(tmp)
         raise
     _install(tmp, directory, name, fsync if sync_dir is None else sync_dir)
+    _count(nbytes)
     return name
 
 
@@ -204,6 +222,7 @@ def write_atomic_bytes(
         _discard(tmp)
         raise
     _install(tmp, directory, name, fsync if sync_dir is None else sync_dir)
+    _count(len(data))
     return name
 
 
@@ -253,6 +272,7 @@ def write_atomic_path(
     except BaseException:
         shutil.rmtree(private, ignore_errors=True)  # never follows a link inside
         raise
+    _count(info.st_size)
     os.rmdir(private)
     if fsync if sync_dir is None else sync_dir:
         fsync_dir(directory)

@@ -638,8 +638,9 @@ SETTINGS: tuple[Setting, ...] = (
         "true, false",
         _bool,
         "At level >= 1, push an NVTX range named like the span around each decorated call, with "
-        "the span id in its message, so an Nsight Systems timeline joins the trace. Skipped while "
-        "torch.compile traces and during CUDA-graph capture (docs/nvtx.md).",
+        "the span id in its payload (the nvtx package) or its message (torch.cuda.nvtx), so an "
+        "Nsight Systems timeline joins the trace. Skipped while torch.compile traces and during "
+        "CUDA-graph capture (docs/nvtx.md).",
     ),
     Setting(
         "service_name",

@@ -1,4 +1,4 @@
-"""In-process OTLP trace receivers for tests.
+"""In-process OTLP trace (and metrics) receivers for tests.
 
 The receivers here speak the real OTLP wire protocol, built on the official
 ``opentelemetry-proto`` message and service definitions, so a test can point an
@@ -37,6 +37,9 @@ whatever the behaviour, so a fault test can also count the exporter's attempts
 (``len(rx.received.requests())``). The metadata / headers of every request are
 recorded too (keys lower-cased), for checking e.g. ``OTEL_EXPORTER_OTLP_HEADERS``.
 
+Metrics exports (``MetricsService/Export``, ``POST /v1/metrics``) are recorded apart, in
+:meth:`Received.metrics`, whatever the behaviour (they are always acknowledged).
+
 The HTTP receiver accepts ``application/x-protobuf`` and ``application/json``
 bodies on ``POST /v1/traces``, optionally compressed with ``gzip`` or
 ``deflate`` (``Content-Encoding``), and answers in the request's content type.
@@ -62,6 +65,10 @@ from typing import Any, Literal
 import grpc
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError
+from opentelemetry.proto.collector.metrics.v1 import (
+    metrics_service_pb2,
+    metrics_service_pb2_grpc,
+)
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
@@ -85,6 +92,7 @@ ExportTraceServiceRequest = trace_service_pb2.ExportTraceServiceRequest
 ExportTraceServiceResponse = trace_service_pb2.ExportTraceServiceResponse
 
 TRACES_PATH = "/v1/traces"
+METRICS_PATH = "/v1/metrics"
 
 # A hung handler gives up on its own after this long even if nobody releases
 # it, so a forgotten receiver can never pin a thread forever.
@@ -102,6 +110,18 @@ class Received:
         self._cond = threading.Condition()
         self._requests: list[trace_service_pb2.ExportTraceServiceRequest] = []
         self._headers: list[dict[str, str]] = []
+        self._metrics: list[metrics_service_pb2.ExportMetricsServiceRequest] = []
+
+    def add_metrics(self, request: metrics_service_pb2.ExportMetricsServiceRequest) -> None:
+        """Record one metrics export."""
+        with self._cond:
+            self._metrics.append(request)
+            self._cond.notify_all()
+
+    def metrics(self) -> list[metrics_service_pb2.ExportMetricsServiceRequest]:
+        """Copy of the metrics exports received so far, in arrival order."""
+        with self._cond:
+            return list(self._metrics)
 
     def add(
         self,
@@ -209,6 +229,19 @@ def _hold(release: threading.Event, still_wanted: Any = None) -> None:
 # --------------------------------------------------------------------------- gRPC
 
 
+class _MetricsServicer(metrics_service_pb2_grpc.MetricsServiceServicer):
+    def __init__(self, receiver: Receiver) -> None:
+        self._receiver = receiver
+
+    def Export(
+        self,
+        request: metrics_service_pb2.ExportMetricsServiceRequest,
+        context: grpc.ServicerContext,
+    ) -> metrics_service_pb2.ExportMetricsServiceResponse:
+        self._receiver.received.add_metrics(request)
+        return metrics_service_pb2.ExportMetricsServiceResponse()
+
+
 class _TraceServicer(trace_service_pb2_grpc.TraceServiceServicer):
     def __init__(self, receiver: Receiver) -> None:
         self._receiver = receiver
@@ -243,6 +276,9 @@ def grpc_receiver(*, behaviour: Behaviour = "ok") -> Iterator[Receiver]:
         raise RuntimeError("could not bind a loopback port for the gRPC receiver")
     receiver = Receiver(endpoint=f"http://127.0.0.1:{port}", port=port, behaviour=behaviour)
     trace_service_pb2_grpc.add_TraceServiceServicer_to_server(_TraceServicer(receiver), server)
+    metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(
+        _MetricsServicer(receiver), server
+    )
     server.start()
     try:
         yield receiver
@@ -399,10 +435,26 @@ class _OTLPHandler(http.server.BaseHTTPRequestHandler):
         except (ValueError, OSError):
             self.close_connection = True
             return
+        content_type = (self.headers.get("Content-Type") or "").split(";", 1)[0].strip().lower()
+        if path == METRICS_PATH and content_type == "application/x-protobuf":
+            metrics = metrics_service_pb2.ExportMetricsServiceRequest()
+            try:
+                metrics.ParseFromString(
+                    _decode_body(raw, self.headers.get("Content-Encoding") or "")
+                )
+            except (_HttpError, DecodeError) as err:
+                self._reply_text(400, f"cannot parse metrics: {err}")
+                return
+            receiver.received.add_metrics(metrics)
+            self._reply(
+                200,
+                metrics_service_pb2.ExportMetricsServiceResponse().SerializeToString(),
+                "application/x-protobuf",
+            )
+            return
         if path != TRACES_PATH:
             self._reply_text(404, f"no such endpoint {path!r}; traces go to {TRACES_PATH}")
             return
-        content_type = (self.headers.get("Content-Type") or "").split(";", 1)[0].strip().lower()
         try:
             body = _decode_body(raw, self.headers.get("Content-Encoding") or "")
             request = _parse_request(body, content_type)

@@ -15,7 +15,13 @@ What is checked, and against what:
   ``kubernetes-validate`` package, in strict mode (unknown fields are errors);
 - the wiring between the pieces: ports, service names, RBAC, environment variable names that
   otel-gpu reads, the span attribute and event names the tail-sampling policies rely on (taken
-  from spans otel-gpu really produces), the dump-link patterns.
+  from spans otel-gpu really produces), the dump-link patterns;
+- the metrics route and the Grafana dashboard: the dashboard's structure (what Grafana's schema
+  requires, :func:`dashboard_problems`), its data sources against the provisioned ones, every
+  metric and label name in its PromQL against the metrics contract (:data:`METRICS_CONTRACT`),
+  exemplars on the latency panel; every collector's metrics pipeline (defined components, no
+  tail sampler); where installed (both optional), ``promql-parser`` parses every panel query and
+  the schema models of ``grafana-foundation-sdk`` round-trip the dashboard without a lost key.
 
 Each checker is also run on a deliberately broken input, so the checks are known to fail.
 """
@@ -260,7 +266,7 @@ def test_compose_has_the_stack_and_mounts_files_that_exist() -> None:
     """The stack is collector (contrib image), Jaeger, Tempo and Grafana (plus the dump server);
     every relative bind-mount source exists, and each config lands where its command reads it."""
     services = yaml.safe_load((COMPOSE / "compose.yaml").read_text())["services"]
-    assert {"otelcol", "jaeger", "tempo", "grafana", "dumps"} <= set(services)
+    assert {"otelcol", "jaeger", "tempo", "grafana", "dumps", "prometheus"} <= set(services)
     assert services["otelcol"]["image"].startswith("otel/opentelemetry-collector-contrib:")
     assert services["jaeger"]["image"].startswith("jaegertracing/jaeger:2.")
     assert services["tempo"]["image"].startswith("grafana/tempo:")
@@ -281,20 +287,29 @@ def test_compose_has_the_stack_and_mounts_files_that_exist() -> None:
 def test_compose_collector_receives_otlp_and_our_jsonl_files() -> None:
     """The collector listens for OTLP/gRPC and OTLP/HTTP on published ports, and reads the spool
     directory's ``*.jsonl`` with ``start_at: beginning`` and a ``max_log_size`` far above the
-    1 MiB default (one line is one export batch); it exports to both Jaeger and Tempo."""
+    1 MiB default (one line is one export batch): trace files with ``otlp_json_file`` and the
+    ``*.metrics.jsonl`` beside them with ``otlp_json_file/metrics``; traces go to both Jaeger and
+    Tempo, metrics to Prometheus."""
     config = yaml.safe_load((COMPOSE / "otelcol.yaml").read_text())
     protocols = config["receivers"]["otlp"]["protocols"]
     assert protocols["grpc"]["endpoint"].endswith(":4317")
     assert protocols["http"]["endpoint"].endswith(":4318")
-    jsonfile = config["receivers"]["otlp_json_file"]
-    assert jsonfile["include"] == ["/spool/*.jsonl"]
-    assert jsonfile["start_at"] == "beginning"
-    assert int(jsonfile["max_log_size"]) >= 64 * 2**20
+    for name in ("otlp_json_file", "otlp_json_file/metrics"):
+        jsonfile = config["receivers"][name]
+        assert jsonfile["start_at"] == "beginning", name
+        assert int(jsonfile["max_log_size"]) >= 64 * 2**20, name
+        assert jsonfile["storage"] == "file_storage", name
+    assert config["receivers"]["otlp_json_file"]["include"] == ["/spool/*.jsonl"]
     services = yaml.safe_load((COMPOSE / "compose.yaml").read_text())["services"]
     assert ("./spool", "/spool") in {_volume(v) for v in services["otelcol"]["volumes"]}
     assert {"127.0.0.1:4317:4317", "127.0.0.1:4318:4318"} <= set(services["otelcol"]["ports"])
-    endpoints = {e["endpoint"] for e in config["exporters"].values() if "endpoint" in e}
-    assert endpoints == {"jaeger:4317", "tempo:4317"}
+    pipelines = config["service"]["pipelines"]
+    endpoints = {
+        signal: {config["exporters"][e].get("endpoint") for e in pipelines[signal]["exporters"]}
+        for signal in ("traces", "metrics")
+    }
+    assert endpoints["traces"] == {"jaeger:4317", "tempo:4317", None}  # None: debug
+    assert endpoints["metrics"] == {"http://prometheus:9090/api/v1/otlp", None}
 
 
 # --------------------------------------------------------------------------- collector configurations
@@ -319,7 +334,8 @@ def test_collector_checker_fails_on_broken_configs() -> None:
     undefined["service"]["pipelines"]["traces"]["exporters"].append("otlp_grpc/nowhere")
     typo = copy.deepcopy(base)
     typo["processors"]["memory_limitter"] = typo["processors"].pop("memory_limiter")
-    typo["service"]["pipelines"]["traces"]["processors"][0] = "memory_limitter"
+    for pipeline in typo["service"]["pipelines"].values():
+        pipeline["processors"][0] = "memory_limitter"
     alias = copy.deepcopy(base)
     alias["exporters"]["otlp/jaeger"] = alias["exporters"].pop("otlp_grpc/jaeger")
     alias["service"]["pipelines"]["traces"]["exporters"][0] = "otlp/jaeger"
@@ -368,6 +384,7 @@ def test_grafana_datasources_and_dump_correlations() -> None:
     sources = {
         d["type"]: d
         for d in yaml.safe_load((COMPOSE / "grafana/datasources.yaml").read_text())["datasources"]
+        if d["type"] in ("tempo", "jaeger")
     }
     assert sources["tempo"]["url"] == "http://tempo:3200"
     assert sources["jaeger"]["url"] == "http://jaeger:16686"
@@ -392,6 +409,563 @@ def test_grafana_datasources_and_dump_correlations() -> None:
         )
         url = correlation["config"]["target"]["url"]
         assert url == "http://localhost:8099/$${" + transformation["mapValue"] + "}"
+
+
+# --------------------------------------------------------------------------- metrics and the dashboard
+
+DASHBOARD = COMPOSE / "grafana/dashboards/otel-gpu.json"
+
+METRICS_CONTRACT: dict[str, tuple[str, str, frozenset[str]]] = {
+    "otel_gpu.call.duration": (
+        "histogram",
+        "s",
+        frozenset(
+            {
+                "otel_gpu_call_duration_seconds_bucket",
+                "otel_gpu_call_duration_seconds_sum",
+                "otel_gpu_call_duration_seconds_count",
+            }
+        ),
+    ),
+    "otel_gpu.calls": ("counter", "{call}", frozenset({"otel_gpu_calls_total"})),
+    "otel_gpu.call.errors": ("counter", "{call}", frozenset({"otel_gpu_call_errors_total"})),
+    "otel_gpu.call.nonfinite": ("counter", "{call}", frozenset({"otel_gpu_call_nonfinite_total"})),
+    "hw.gpu.utilization": ("gauge", "1", frozenset({"hw_gpu_utilization_ratio"})),
+    "hw.gpu.memory.usage": ("gauge", "By", frozenset({"hw_gpu_memory_usage_bytes"})),
+    "hw.gpu.memory.limit": ("gauge", "By", frozenset({"hw_gpu_memory_limit_bytes"})),
+    "hw.gpu.memory.utilization": ("gauge", "1", frozenset({"hw_gpu_memory_utilization_ratio"})),
+}
+"""The metrics the dashboard is built on: OTel name -> (instrument, unit, Prometheus series names
+after the collector's/Prometheus's translation). docs/metrics.md is the full list."""
+
+PROMETHEUS_METRICS = frozenset().union(*(names for _, _, names in METRICS_CONTRACT.values()))
+
+METRIC_LABELS = frozenset(
+    {"code_function_name", "error_type", "hw_id", "hw_name", "hw_vendor", "hw_gpu_task"}
+)
+"""Point attributes of those metrics, as labels (``code.function.name`` -> ``code_function_name``)."""
+
+_UNIT_SUFFIX = {"s": "seconds", "By": "bytes", "1": "ratio"}
+
+
+def prometheus_series(name: str, instrument: str, unit: str) -> frozenset[str]:
+    """The series names Prometheus's OTLP translation (``UnderscoreEscapingWithSuffixes``, the
+    collector's ``prometheus_remote_write`` too) gives an OTel metric: dots to underscores, the
+    unit as a suffix (``{...}`` annotations dropped), ``_total`` for counters, and the three
+    series of a classic histogram."""
+    base = name.replace(".", "_")
+    suffix = _UNIT_SUFFIX.get(unit, "")
+    if suffix and not base.endswith("_" + suffix):
+        base += "_" + suffix
+    if instrument == "counter":
+        return frozenset({base + "_total"})
+    if instrument == "histogram":
+        return frozenset({base + "_bucket", base + "_sum", base + "_count"})
+    return frozenset({base})
+
+
+_PROMQL_WORDS = frozenset(
+    "by without on ignoring group_left group_right bool and or unless offset".split()
+)
+
+
+def promql_metric_names(expr: str) -> set[str]:
+    """Metric names in a PromQL expression: identifiers that are not functions, keywords, label
+    names (inside ``{}`` or a ``by (...)`` clause), strings, durations or numbers."""
+    text = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)
+    text = re.sub(r"\{[^}]*\}", " ", text)
+    text = re.sub(r"\[[^\]]*\]", " ", text)
+    text = re.sub(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", " ", text)
+    names = set()
+    for match in re.finditer(r"(?<![\w.$])[a-zA-Z_:][a-zA-Z0-9_:]*", text):
+        if text[match.end() :].lstrip().startswith("(") or match.group() in _PROMQL_WORDS:
+            continue
+        names.add(match.group())
+    return names
+
+
+def promql_label_names(expr: str) -> set[str]:
+    """Label names a PromQL expression matches on (``{name=~...}``) or groups by (``by (...)``)."""
+    text = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)
+    labels = set()
+    for selector in re.findall(r"\{([^}]*)\}", text):
+        labels.update(re.findall(r"([a-zA-Z_]\w*)\s*(?:=~|!~|!=|=)", selector))
+    for group in re.findall(r"\b(?:by|without)\s*\(([^)]*)\)", text):
+        labels.update(label.strip() for label in group.split(",") if label.strip())
+    return labels
+
+
+def dashboard_problems(dashboard: dict[str, Any]) -> list[str]:
+    """What Grafana's dashboard schema requires and a file could get wrong (``[]``: sound):
+    ``schemaVersion``, ``uid`` and ``title``; per panel an integer ``id`` unique in the
+    dashboard, ``type``, a ``gridPos`` inside the 24-column grid, a ``datasource`` and at least
+    one target with a ``refId`` unique in the panel; and no two panels overlapping."""
+    problems: list[str] = []
+    for key, kind in (("schemaVersion", int), ("uid", str), ("title", str)):
+        if not isinstance(dashboard.get(key), kind):
+            problems.append(f"dashboard: {key} missing or not {kind.__name__}")
+    panels = dashboard.get("panels") or []
+    if not panels:
+        problems.append("dashboard: no panels")
+    ids: set[int] = set()
+    boxes: list[tuple[int, tuple[int, int, int, int]]] = []
+    for index, panel in enumerate(panels):
+        pid = panel.get("id")
+        label = f"panel {pid if isinstance(pid, int) else '#' + str(index)}"
+        if not isinstance(pid, int):
+            problems.append(f"{label}: id missing or not an integer")
+        elif pid in ids:
+            problems.append(f"{label}: id is not unique")
+        else:
+            ids.add(pid)
+        if not isinstance(panel.get("type"), str):
+            problems.append(f"{label}: type missing")
+        datasource = panel.get("datasource")
+        if not (isinstance(datasource, dict) and datasource.get("uid") and datasource.get("type")):
+            problems.append(f"{label}: datasource needs a type and a uid")
+        targets = panel.get("targets") or []
+        if not targets:
+            problems.append(f"{label}: no targets")
+        ref_ids = [t.get("refId") for t in targets]
+        if None in ref_ids or len(set(ref_ids)) != len(ref_ids):
+            problems.append(f"{label}: every target needs a refId unique in the panel")
+        grid = panel.get("gridPos") or {}
+        if not all(isinstance(grid.get(k), int) for k in "xywh"):
+            problems.append(f"{label}: gridPos needs integer x, y, w, h")
+            continue
+        x, y, w, h = (grid[k] for k in "xywh")
+        if x < 0 or y < 0 or w < 1 or h < 1 or x + w > 24:
+            problems.append(f"{label}: gridPos {grid} is outside the 24-column grid")
+        for other, (ox, oy, ow, oh) in boxes:
+            if x < ox + ow and ox < x + w and y < oy + oh and oy < y + h:
+                problems.append(f"{label}: gridPos overlaps panel {other}")
+        boxes.append((pid if isinstance(pid, int) else -1, (x, y, w, h)))
+    return problems
+
+
+def _dashboard() -> dict[str, Any]:
+    return json.loads(DASHBOARD.read_text())
+
+
+def _prometheus_targets(dashboard: dict[str, Any]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    return [
+        (panel, target)
+        for panel in dashboard["panels"]
+        for target in panel["targets"]
+        if (target.get("datasource") or panel["datasource"])["type"] == "prometheus"
+    ]
+
+
+def _provisioned_datasources() -> dict[str, dict[str, Any]]:
+    text = (COMPOSE / "grafana/datasources.yaml").read_text()
+    return {d["uid"]: d for d in yaml.safe_load(text)["datasources"]}
+
+
+def test_metric_names_follow_the_contract_and_prometheus_translation() -> None:
+    """The Prometheus names the dashboard queries are the translation of the OTel names and
+    units, and the call metrics' names and units are the ones otel-gpu declares
+    (``otel_gpu.metrics.names``)."""
+    from otel_gpu.metrics import names
+
+    for name, (instrument, unit, series) in METRICS_CONTRACT.items():
+        assert prometheus_series(name, instrument, unit) == series, name
+    declared = {m.name: m.unit for m in vars(names).values() if isinstance(m, names.Metric)}
+    for name, (_, unit, _) in METRICS_CONTRACT.items():
+        if name.startswith("otel_gpu.") or name in declared:
+            assert declared.get(name) == unit, f"{name}: otel-gpu declares {declared.get(name)!r}"
+    assert names.FUNCTION.replace(".", "_") in METRIC_LABELS
+    assert names.ERROR_TYPE.replace(".", "_") in METRIC_LABELS
+
+
+def test_dashboard_is_structurally_sound() -> None:
+    """The dashboard has what Grafana's schema requires (see :func:`dashboard_problems`)."""
+    assert dashboard_problems(_dashboard()) == []
+
+
+def test_dashboard_checker_fails_on_broken_dashboards() -> None:
+    """The checker catches a duplicate panel id, overlapping panels, a panel off the grid, a
+    panel without a datasource, a duplicate refId and a missing schemaVersion."""
+    base = _dashboard()
+    duplicate = copy.deepcopy(base)
+    duplicate["panels"][1]["id"] = duplicate["panels"][0]["id"]
+    overlap = copy.deepcopy(base)
+    overlap["panels"][1]["gridPos"] = dict(overlap["panels"][0]["gridPos"], x=6)
+    off_grid = copy.deepcopy(base)
+    off_grid["panels"][0]["gridPos"]["w"] = 30
+    no_source = copy.deepcopy(base)
+    del no_source["panels"][0]["datasource"]
+    refs = copy.deepcopy(base)
+    refs["panels"][1]["targets"][1]["refId"] = refs["panels"][1]["targets"][0]["refId"]
+    no_version = copy.deepcopy(base)
+    del no_version["schemaVersion"]
+    first, second = base["panels"][0]["id"], base["panels"][1]["id"]
+    assert dashboard_problems(duplicate) == [f"panel {first}: id is not unique"]
+    assert dashboard_problems(overlap) == [f"panel {second}: gridPos overlaps panel {first}"]
+    assert dashboard_problems(off_grid) == [
+        f"panel {first}: gridPos {off_grid['panels'][0]['gridPos']} is outside the 24-column grid",
+        f"panel {second}: gridPos overlaps panel {first}",
+    ]
+    assert dashboard_problems(no_source) == [f"panel {first}: datasource needs a type and a uid"]
+    assert dashboard_problems(refs) == [
+        f"panel {second}: every target needs a refId unique in the panel"
+    ]
+    assert dashboard_problems(no_version) == ["dashboard: schemaVersion missing or not int"]
+
+
+def test_dashboard_uses_only_provisioned_datasources() -> None:
+    """Every data source a panel, a target or a template variable names is provisioned in
+    ``grafana/datasources.yaml``, under the same uid and type."""
+    provisioned = _provisioned_datasources()
+    dashboard = _dashboard()
+    used = [p["datasource"] for p in dashboard["panels"]]
+    used += [
+        t["datasource"] for p in dashboard["panels"] for t in p["targets"] if "datasource" in t
+    ]
+    used += [v["datasource"] for v in dashboard["templating"]["list"] if "datasource" in v]
+    assert {u["uid"] for u in used} == {"otel-gpu-prometheus", "otel-gpu-tempo"}
+    for source in used:
+        assert source["uid"] in provisioned, source
+        assert provisioned[source["uid"]]["type"] == source["type"], source
+
+
+def test_dashboard_queries_only_the_contract_metrics_and_labels() -> None:
+    """Every PromQL expression of the dashboard (panels and template variables) names metrics of
+    the contract only, matches or groups on their labels, ``le``, ``job`` and ``instance`` only,
+    and together the panels show every metric of the contract. The extractor itself finds a
+    misspelt metric and label."""
+    dashboard = _dashboard()
+    allowed_labels = METRIC_LABELS | {"le", "job", "instance"}
+    exprs = [t["expr"] for _, t in _prometheus_targets(dashboard)]
+    for variable in dashboard["templating"]["list"]:
+        # label_values(<series selector>, <label>): Grafana's, not PromQL
+        match = re.fullmatch(r"label_values\((.+), (\w+)\)", variable["query"]["query"])
+        assert match, variable["query"]["query"]
+        assert match.group(2) in allowed_labels
+        exprs.append(match.group(1))
+    used: set[str] = set()
+    for expr in exprs:
+        names_in_expr = promql_metric_names(expr)
+        assert names_in_expr, expr
+        assert names_in_expr <= PROMETHEUS_METRICS, (expr, names_in_expr - PROMETHEUS_METRICS)
+        assert promql_label_names(expr) <= allowed_labels, expr
+        used |= names_in_expr
+    shown = PROMETHEUS_METRICS - {
+        "otel_gpu_call_duration_seconds_sum",
+        "otel_gpu_call_duration_seconds_count",
+    }
+    assert used >= shown, shown - used
+    typo = 'sum by (code_function_nme) (rate(otel_gpu_calls_totl{job=~"$service"}[5m]))'
+    assert promql_metric_names(typo) == {"otel_gpu_calls_totl"}
+    assert promql_label_names(typo) == {"code_function_nme", "job"}
+
+
+def _grafana_interpolated(expr: str) -> str:
+    """An expression as Grafana sends it: ``$__rate_interval`` a duration, variables a regex."""
+    expr = expr.replace("$__rate_interval", "1m")
+    return re.sub(r"\$\{?\w+(?::\w+)?\}?", ".*", expr)
+
+
+def test_dashboard_promql_parses() -> None:
+    """Every panel expression, interpolated as Grafana would, parses with a PromQL parser
+    (``promql-parser``, a Python binding of a Rust port of Prometheus's grammar), and its
+    vector selectors name contract metrics only; an unbalanced expression is rejected."""
+    promql_parser = pytest.importorskip("promql_parser")
+    seen: set[str] = set()
+
+    def visit(node: Any) -> None:
+        if isinstance(node, promql_parser.VectorSelector):
+            seen.add(node.name)
+
+    for _, target in _prometheus_targets(_dashboard()):
+        promql_parser.walk(promql_parser.parse(_grafana_interpolated(target["expr"])), visit)
+    assert seen and seen <= PROMETHEUS_METRICS, seen
+    with pytest.raises(ValueError):
+        promql_parser.parse("sum(rate(otel_gpu_calls_total[1m])")
+
+
+def test_dashboard_round_trips_through_grafana_schema_models() -> None:
+    """Decoded into the typed models of ``grafana-foundation-sdk`` (generated from Grafana's
+    dashboard, panel and query schemas) and encoded again, the dashboard loses no key and
+    changes no value: every key is one the schemas know. A misspelt key is lost."""
+    pytest.importorskip("grafana_foundation_sdk")
+    from grafana_foundation_sdk.cog import plugins
+    from grafana_foundation_sdk.cog.encoder import JSONEncoder
+    from grafana_foundation_sdk.models.dashboard import Dashboard
+
+    plugins.register_default_plugins()
+
+    def lost(original: Any, encoded: Any, path: str = "") -> list[str]:
+        if isinstance(original, dict):
+            if not isinstance(encoded, dict):
+                return [path]
+            return [
+                p
+                for key, value in original.items()
+                for p in (
+                    [f"{path}.{key}"]
+                    if key not in encoded
+                    else lost(value, encoded[key], f"{path}.{key}")
+                )
+            ]
+        if isinstance(original, list):
+            if not isinstance(encoded, list) or len(original) != len(encoded):
+                return [path]
+            return [
+                p
+                for i, (a, b) in enumerate(zip(original, encoded))
+                for p in lost(a, b, f"{path}[{i}]")
+            ]
+        return [] if original == encoded else [path]
+
+    def round_trip(document: dict[str, Any]) -> Any:
+        return json.loads(JSONEncoder().encode(Dashboard.from_json(document)))
+
+    dashboard = _dashboard()
+    assert lost(dashboard, round_trip(dashboard)) == []
+    misspelt = copy.deepcopy(dashboard)
+    misspelt["panels"][0]["gridpos"] = misspelt["panels"][0].pop("gridPos")
+    assert lost(misspelt, round_trip(misspelt)) == [".panels[0].gridpos"]
+
+
+def test_latency_panel_shows_p50_p99_with_exemplars_linked_to_tempo() -> None:
+    """The latency panel is a time series (the panel type that draws exemplars) with p99 and p50
+    by ``histogram_quantile`` over the duration buckets per API, exemplars on the p99 query; the
+    Prometheus data source turns the exemplar label ``trace_id`` (the name Prometheus's OTLP
+    translation gives the trace id) into a link to the provisioned Tempo data source."""
+    [panel] = [
+        p
+        for p in _dashboard()["panels"]
+        if any("otel_gpu_call_duration_seconds_bucket" in t.get("expr", "") for t in p["targets"])
+    ]
+    assert panel["type"] == "timeseries"
+    assert panel["fieldConfig"]["defaults"]["unit"] == "s"
+    quantiles = {}
+    for target in panel["targets"]:
+        match = re.match(r"histogram_quantile\((0\.\d+), sum by \(([^)]*)\)", target["expr"])
+        assert match, target["expr"]
+        assert {s.strip() for s in match.group(2).split(",")} == {"le", "code_function_name"}
+        quantiles[match.group(1)] = target
+    assert set(quantiles) == {"0.5", "0.99"}
+    assert quantiles["0.99"]["exemplar"] is True
+    sources = _provisioned_datasources()
+    prometheus = sources[panel["datasource"]["uid"]]
+    [destination] = prometheus["jsonData"]["exemplarTraceIdDestinations"]
+    assert destination["name"] == "trace_id"
+    assert sources[destination["datasourceUid"]]["type"] == "tempo"
+
+
+def test_dashboard_panels_and_template_variables() -> None:
+    """There are panels for calls/s, errors/s per API and ``error_type``, NaN/Inf calls per API,
+    GPU memory (usage and limit) and utilisation per GPU UUID, and a Tempo panel of failed calls;
+    every call-metric query is filtered by the ``service`` (job) and ``function`` variables, and
+    every GPU query by ``service``, which are multi-valued with an ``All`` regex."""
+    dashboard = _dashboard()
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    assert set(variables) == {"service", "function"}
+    for variable in variables.values():
+        assert variable["multi"] and variable["includeAll"] and variable["allValue"] == ".*"
+    assert "job)" in variables["service"]["query"]["query"]
+    assert variables["function"]["query"]["query"].endswith(", code_function_name)")
+    by_metric: dict[str, set[str]] = {}
+    for _, target in _prometheus_targets(dashboard):
+        expr = target["expr"]
+        assert 'job=~"$service"' in expr, expr
+        metrics = promql_metric_names(expr)
+        if any(m.startswith("otel_gpu_") for m in metrics):
+            assert 'code_function_name=~"$function"' in expr, expr
+        for metric in metrics:
+            by_metric.setdefault(metric, set()).update(re.findall(r"\bby \(([^)]*)\)", expr))
+    assert by_metric["otel_gpu_calls_total"] == {"code_function_name"}
+    assert by_metric["otel_gpu_call_errors_total"] == {"code_function_name, error_type"}
+    assert by_metric["otel_gpu_call_nonfinite_total"] == {"code_function_name"}
+    for gauge in ("hw_gpu_memory_usage_bytes", "hw_gpu_memory_limit_bytes"):
+        assert by_metric[gauge] == {"hw_id, hw_name"}, gauge
+    for gauge in ("hw_gpu_utilization_ratio", "hw_gpu_memory_utilization_ratio"):
+        assert by_metric[gauge] == {"hw_id, hw_name"}, gauge
+    [tempo] = [p for p in dashboard["panels"] if p["datasource"]["type"] == "tempo"]
+    [query] = tempo["targets"]
+    assert query["queryType"] == "traceql"
+    assert "status = error" in query["query"]
+    assert "${service:regex}" in query["query"] and "${function:regex}" in query["query"]
+
+
+def test_prometheus_datasource_interval_is_otel_gpus_export_interval() -> None:
+    """The Prometheus data source's interval (the basis of ``$__rate_interval``, at least four of
+    them) is otel-gpu's default metrics export interval: pushed metrics have no scrape interval,
+    and a shorter setting would leave ``rate()`` windows with a single point."""
+    from otel_gpu import config
+
+    interval = _provisioned_datasources()["otel-gpu-prometheus"]["jsonData"]["timeInterval"]
+    match = re.fullmatch(r"(\d+)s", interval)
+    assert match, interval
+    assert int(match.group(1)) == config.load(env={}).metrics_interval
+
+
+def test_tempo_links_spans_to_their_metrics() -> None:
+    """Tempo's data source links a span to the call rate and p99 of its API in the provisioned
+    Prometheus: span ``service.name`` and ``code.function.name`` map to the labels ``job`` and
+    ``code_function_name``, and the queries use contract metrics with ``$$__tags`` (a literal
+    ``$__tags`` after Grafana's environment expansion)."""
+    sources = _provisioned_datasources()
+    links = sources["otel-gpu-tempo"]["jsonData"]["tracesToMetrics"]
+    assert sources[links["datasourceUid"]]["type"] == "prometheus"
+    assert {t["key"]: t["value"] for t in links["tags"]} == {
+        "service.name": "job",
+        attributes.CODE_FUNCTION_NAME: "code_function_name",
+    }
+    for query in links["queries"]:
+        assert "{$$__tags}" in query["query"]
+        assert promql_metric_names(query["query"].replace("$$__tags", "")) <= PROMETHEUS_METRICS
+
+
+def test_compose_prometheus_and_grafana_provisioning_are_wired() -> None:
+    """Prometheus runs with its OTLP receiver and exemplar storage, reads the mounted config, and
+    listens on the port the collector pushes to; Grafana mounts the data sources, the dashboard
+    provider and the dashboards folder where the provider reads; every port of the stack is
+    published on 127.0.0.1 only; every config file in deploy/compose is mounted."""
+    services = yaml.safe_load((COMPOSE / "compose.yaml").read_text())["services"]
+    prometheus = services["prometheus"]
+    assert re.fullmatch(r"prom/prometheus:v3\.\d+\.\d+", prometheus["image"])
+    flags = prometheus["command"]
+    assert {"--web.enable-otlp-receiver", "--enable-feature=exemplar-storage"} <= set(flags)
+    [config_flag] = [f for f in flags if f.startswith("--config.file=")]
+    mounts = {_volume(v)[1]: _volume(v)[0] for v in prometheus["volumes"]}
+    assert mounts[config_flag.split("=", 1)[1]] == "./prometheus.yaml"
+    assert "127.0.0.1:9090:9090" in prometheus["ports"]
+    assert "prometheus" in services["otelcol"]["depends_on"]
+    collector = yaml.safe_load((COMPOSE / "otelcol.yaml").read_text())
+    pushed = collector["exporters"]["otlp_http/prometheus"]["endpoint"]
+    assert pushed == "http://prometheus:9090/api/v1/otlp"  # + /v1/metrics: Prometheus's route
+    grafana = {_volume(v)[1]: _volume(v)[0] for v in services["grafana"]["volumes"]}
+    provider_target = "/etc/grafana/provisioning/dashboards/otel-gpu.yaml"
+    assert grafana[provider_target] == "./grafana/dashboards.yaml"
+    [provider] = yaml.safe_load((COMPOSE / "grafana/dashboards.yaml").read_text())["providers"]
+    assert provider["type"] == "file"
+    assert grafana[provider["options"]["path"]] == "./grafana/dashboards"
+    assert (COMPOSE / "grafana/dashboards" / DASHBOARD.name).is_file()
+    for name, service in services.items():
+        for port in service.get("ports", []):
+            assert port.startswith("127.0.0.1:"), f"{name}: {port}"
+    mounted = {
+        (COMPOSE / _volume(v)[0]).resolve()
+        for s in services.values()
+        for v in s.get("volumes", [])
+        if _volume(v)[0].startswith("./")
+    }
+    for path in COMPOSE.rglob("*"):
+        if path.suffix in (".yaml", ".json") and path.name != "compose.yaml":
+            assert path.resolve() in mounted or path.parent.resolve() in mounted, path
+
+
+def test_prometheus_config_keeps_exemplars_and_promotes_few_resource_attributes() -> None:
+    """prometheus.yaml stores exemplars, keeps the translation whose names the dashboard uses,
+    accepts late OTLP samples, and promotes only resource attributes otel-gpu's resource sets
+    (host and the Kubernetes placement it reads from the downward API)."""
+    from otel_gpu import resource
+
+    config = yaml.safe_load((COMPOSE / "prometheus.yaml").read_text())
+    assert config["storage"]["exemplars"]["max_exemplars"] > 0
+    assert config["otlp"]["translation_strategy"] == "UnderscoreEscapingWithSuffixes"
+    assert config["storage"]["tsdb"]["out_of_order_time_window"]
+    promoted = set(config["otlp"]["promote_resource_attributes"])
+    emitted = set(resource.detect_attributes()) | set(resource.K8S_ENV.values())
+    assert promoted <= emitted, promoted - emitted
+    assert {"host.name", "k8s.pod.name"} <= promoted
+
+
+def _metrics_file(trace_file: str) -> str:
+    """Where otel-gpu's file destination writes metrics (``<name>.metrics.jsonl``), by its code."""
+    from otel_gpu.metrics.provider import metrics_path
+
+    return metrics_path(trace_file)
+
+
+def test_spool_receivers_split_trace_and_metrics_files() -> None:
+    """Each spool file is read by exactly one receiver, the one of its signal: trace files by
+    ``otlp_json_file`` (traces pipeline), the ``.metrics.jsonl`` beside each by
+    ``otlp_json_file/metrics`` (metrics pipeline); together their globs match both."""
+    import fnmatch
+
+    config = yaml.safe_load((COMPOSE / "otelcol.yaml").read_text())
+    pipelines = config["service"]["pipelines"]
+    readers = {
+        "traces": config["receivers"]["otlp_json_file"],
+        "metrics": config["receivers"]["otlp_json_file/metrics"],
+    }
+    assert "otlp_json_file" in pipelines["traces"]["receivers"]
+    assert "otlp_json_file" not in pipelines["metrics"]["receivers"]
+    assert "otlp_json_file/metrics" in pipelines["metrics"]["receivers"]
+    assert "otlp_json_file/metrics" not in pipelines["traces"]["receivers"]
+
+    def reads(receiver: dict[str, Any], path: str) -> bool:
+        included = any(fnmatch.fnmatch(path, g) for g in receiver["include"])
+        return included and not any(fnmatch.fnmatch(path, g) for g in receiver.get("exclude", []))
+
+    for trace_file in ("/spool/spans-4711.jsonl", "/spool/demo-0-12.jsonl", "/spool/x.y.jsonl"):
+        metrics_file = _metrics_file(trace_file)
+        assert [s for s, r in readers.items() if reads(r, trace_file)] == ["traces"], trace_file
+        assert [s for s, r in readers.items() if reads(r, metrics_file)] == ["metrics"]
+    assert not any(reads(r, "/spool/README.md") for r in readers.values())
+
+
+def metrics_pipeline_problems(config: dict[str, Any]) -> list[str]:
+    """What is wrong with a collector's metrics routing (``[]``: sound): a ``metrics`` pipeline
+    exists, it starts with memory_limiter and batches, and no metrics pipeline goes through a
+    tail sampler (which decides per trace and would hold or drop metrics with it)."""
+    pipelines = config["service"]["pipelines"]
+    problems = []
+    if "metrics" not in pipelines:
+        problems.append("no metrics pipeline")
+    for name, pipeline in pipelines.items():
+        if name.split("/", 1)[0] != "metrics":
+            continue
+        processors = pipeline.get("processors") or []
+        if not processors or processors[0] != "memory_limiter":
+            problems.append(f"{name}: memory_limiter must come first")
+        if "batch" not in processors:
+            problems.append(f"{name}: no batch processor")
+        for processor in processors:
+            if processor.split("/", 1)[0] == "tail_sampling":
+                problems.append(f"{name}: goes through the tail sampler {processor!r}")
+    return problems
+
+
+_METRICS_ROUTES = {
+    "compose/otelcol.yaml": lambda: yaml.safe_load((COMPOSE / "otelcol.yaml").read_text()),
+    "k8s/agent.yaml": lambda: _configmap_config("otel-gpu-agent"),
+}
+
+
+@pytest.mark.parametrize("label", sorted(_METRICS_ROUTES))
+def test_collectors_route_metrics_without_tail_sampling(label: str) -> None:
+    """The compose collector and the node agent each have a metrics pipeline, defined components
+    only (:func:`collector_problems`), memory_limiter first, batch, and no tail sampler."""
+    config = _METRICS_ROUTES[label]()
+    assert metrics_pipeline_problems(config) == []
+    assert collector_problems(config, CONTRIB_COMPONENTS) == []
+    assert "debug" in config["service"]["pipelines"]["metrics"]["exporters"] or label.startswith(
+        "k8s/"
+    )
+
+
+def test_no_collector_sends_metrics_through_the_tail_sampler() -> None:
+    """No pipeline other than traces holds the gateway's tail sampler, in any collector config;
+    the checker fails on a metrics pipeline that does, and on a config without one."""
+    for label, config, _ in _collector_configs():
+        for name, pipeline in config["service"]["pipelines"].items():
+            if any(p.split("/", 1)[0] == "tail_sampling" for p in pipeline.get("processors") or []):
+                assert name.split("/", 1)[0] == "traces", f"{label}: {name}"
+    gateway = _configmap_config("otel-gpu-gateway")
+    sampled = copy.deepcopy(gateway)
+    sampled["service"]["pipelines"]["metrics"] = {
+        "receivers": ["otlp"],
+        "processors": ["memory_limiter", "tail_sampling", "batch"],
+        "exporters": ["otlp_grpc/tempo"],
+    }
+    assert metrics_pipeline_problems(sampled) == [
+        "metrics: goes through the tail sampler 'tail_sampling'"
+    ]
+    assert metrics_pipeline_problems(gateway) == ["no metrics pipeline"]
 
 
 # --------------------------------------------------------------------------- Kubernetes
@@ -598,3 +1172,52 @@ def test_serving_example_env_is_what_otel_gpu_reads() -> None:
     ]
     assert "hostPath" in volumes[volume] or "persistentVolumeClaim" in volumes[volume]
     assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
+
+
+def test_agent_sends_metrics_to_remote_write_with_the_compose_labels() -> None:
+    """The agent's metrics pipeline ends in ``prometheus_remote_write`` at an endpoint the
+    DaemonSet sets in an environment variable, not in the trace-ID load balancer; resource
+    attributes stay in ``target_info`` except the ones ``transform/promote`` copies, which are
+    exactly those compose's Prometheus promotes (the same labels in both set-ups)."""
+    config = _configmap_config("otel-gpu-agent")
+    pipeline = config["service"]["pipelines"]["metrics"]
+    assert pipeline["exporters"] == ["prometheus_remote_write"]
+    assert pipeline["processors"] == [
+        "memory_limiter",
+        "k8s_attributes",
+        "transform/promote",
+        "batch",
+    ]
+    exporter = config["exporters"]["prometheus_remote_write"]
+    variable = re.fullmatch(r"\$\{env:(\w+)\}", exporter["endpoint"])
+    [container] = _k8s("DaemonSet", "otel-gpu-agent")["spec"]["template"]["spec"]["containers"]
+    assert variable and _env(container)[variable.group(1)].startswith("http")
+    assert exporter["resource_to_telemetry_conversion"] == {"enabled": False}
+    assert exporter["target_info"] == {"enabled": True}
+    [group] = config["processors"]["transform/promote"]["metric_statements"]
+    assert group["context"] == "datapoint"
+    copied = set()
+    for statement in group["statements"]:
+        match = re.fullmatch(
+            r'set\(attributes\["([\w.]+)"\], resource\.attributes\["\1"\]\) '
+            r'where resource\.attributes\["\1"\] != nil',
+            statement,
+        )
+        assert match, statement
+        copied.add(match.group(1))
+    prometheus = yaml.safe_load((COMPOSE / "prometheus.yaml").read_text())
+    assert copied == set(prometheus["otlp"]["promote_resource_attributes"])
+
+
+def test_serving_example_sends_metrics_to_its_agent() -> None:
+    """The example pod turns metrics on and sends them over gRPC, the protocol of the agent's
+    hostPort its endpoint names, as its traces."""
+    from otel_gpu import config
+
+    [container] = _k8s("Deployment", "gpu-serving-example")["spec"]["template"]["spec"][
+        "containers"
+    ]
+    env = _env(container)
+    assert config.load(env={"OTEL_GPU_METRICS": env["OTEL_GPU_METRICS"]}).metrics is True
+    assert env["OTEL_EXPORTER_OTLP_METRICS_PROTOCOL"] == "grpc"
+    assert env["OTEL_EXPORTER_OTLP_ENDPOINT"].endswith(":4317")

@@ -359,13 +359,13 @@ def test_http_receiver_accepts_otlp_json_with_hex_ids() -> None:
 
 
 def test_http_receiver_rejects_bad_requests_without_recording() -> None:
-    """Wrong path -> 404, unsupported content type -> 415, garbage protobuf or gzip -> 400;
+    """Wrong path (``/v1/logs``) -> 404, unsupported content type -> 415, garbage protobuf or gzip -> 400;
     none of them is recorded. A gzip'd protobuf body posted by hand gets a protobuf reply."""
     good = trace_service_pb2.ExportTraceServiceRequest()
     good.resource_spans.add().scope_spans.add().spans.add(name="manual")
     protobuf = {"Content-Type": "application/x-protobuf"}
     with http_receiver() as rx:
-        assert _post(rx.endpoint + "/v1/metrics", b"", protobuf)[0] == 404
+        assert _post(rx.endpoint + "/v1/logs", b"", protobuf)[0] == 404
         assert _post(rx.traces_url, b"hello", {"Content-Type": "text/plain"})[0] == 415
         assert _post(rx.traces_url, b"\xff\xff\xff", protobuf)[0] == 400
         bad_gzip = {**protobuf, "Content-Encoding": "gzip"}

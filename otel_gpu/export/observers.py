@@ -101,6 +101,14 @@ def _recorder(settings: Settings, pipeline: Pipeline) -> Observer | None:
     return recorder.make_observer(settings, pipeline)
 
 
+def _nvtx(settings: Settings, pipeline: Pipeline) -> Observer | None:
+    if not settings.nvtx:
+        return None
+    from otel_gpu.devices import nvtx
+
+    return nvtx.make_observer()
+
+
 REGISTRY: tuple[Entry, ...] = (
     Entry("console", 3, _console),  # level 1 prints only the end-of-call line
     Entry("journal", 1, _journal),
@@ -108,6 +116,7 @@ REGISTRY: tuple[Entry, ...] = (
     Entry("snapshot", 1, _snapshot),  # answers otel-gpu snapshot; never on the caller's path
     Entry("ring", 3, _ring),  # the bound arguments exist from level 3
     Entry("dump", 10, _recorder),  # the flight recorder
+    Entry("nvtx", 1, _nvtx),  # last: its range opens after the others' start work
 )
 
 

@@ -41,7 +41,7 @@ from otel_gpu.attributes import (
     SPANS_DROPPED_TOTAL,
 )
 from otel_gpu.calls.record import Call
-from otel_gpu.config import Settings
+from otel_gpu.config import ConfigError, Settings
 from otel_gpu.export import observers as _observers
 from otel_gpu.export.spans import SCOPE as SCOPE
 from otel_gpu.export.spans import SpanBuilder, _HashedResource
@@ -49,6 +49,7 @@ from otel_gpu.export.spans import SpanBuilder, _HashedResource
 if TYPE_CHECKING:
     from otel_gpu.export.observers import Observer
     from otel_gpu.exporters.console import ConsoleSpanExporter
+    from otel_gpu.metrics.provider import Metrics
     from otel_gpu.recorder.ring import Ring
 
 __all__ = ["Pipeline", "get", "reset", "shutdown"]
@@ -97,7 +98,10 @@ class Pipeline(SpanBuilder):
         self._counters: list[Any] = []  # own destinations' exporters, counting confirmed spans
         self.native = False  # the processors take SpanData (own provider, native encoders)
         self._heads: dict[Any, int] = {}  # plan -> leading attributes shared by its spans
+        self.metrics: Metrics | None = None  # OTEL_GPU_METRICS: fed each chunk's calls
         self._resolve(tracer_provider)
+        if settings.metrics:
+            self._build_metrics()
         self._thread = threading.Thread(target=self._run, name="otel-gpu-export", daemon=True)
         self._thread.start()
         if settings.journal and settings.recover_on_start:
@@ -165,6 +169,18 @@ class Pipeline(SpanBuilder):
         # never above Tempo's 2048 default cut, also for attributes users set on the call's span
         self.max_value_len = min(limits.max_span_attribute_length or 2048, 2048)
         self.root_sampler = _root_sampler(getattr(provider, "sampler", None))
+
+    def _build_metrics(self) -> None:
+        try:
+            from otel_gpu.metrics import provider
+
+            self.metrics = provider.build(self.settings, self)
+        except ConfigError as exc:  # e.g. the metrics' OTLP protocol: spans go on without them
+            if _guard.is_strict():
+                raise
+            _guard.logger.warning("otel-gpu records no metrics in this process: %s", exc)
+        except Exception as exc:
+            self._internal("metrics", exc)
 
     def add_after_drain(self, hook: Callable[[], Any]) -> None:
         """Run ``hook`` on the export thread after each drain (every ~100 ms), e.g. a heartbeat."""
@@ -292,6 +308,8 @@ class Pipeline(SpanBuilder):
             self._note_drops()
         spans: list[Any] = []
         append = spans.append
+        metrics = self.metrics
+        calls: list[Call] | None = [] if metrics is not None else None
         # Spans and the SDK encoders' objects (~100 GC-tracked per span) live only for a
         # chunk; with the collector on they get promoted and trigger full collections,
         # which in a torch process walk ~200k objects (100-300 ms each). Pause it per chunk
@@ -313,6 +331,9 @@ class Pipeline(SpanBuilder):
                     append(build(call))
                 except Exception as exc:
                     self._internal("export", exc)
+                    continue
+                if calls is not None:
+                    calls.append(call)
             failed = 0
             if self._span_ends:
                 for span in spans:
@@ -328,6 +349,11 @@ class Pipeline(SpanBuilder):
                 except Exception as exc:
                     self._internal("export", exc)
             self.exported += len(spans) - failed
+            if calls:
+                try:
+                    metrics.calls.record(calls)  # type: ignore[union-attr]
+                except Exception as exc:
+                    self._internal("metrics", exc)
             for hook in (*self._after_drain, *hooks):
                 try:
                     hook()
@@ -381,6 +407,18 @@ class Pipeline(SpanBuilder):
             lambda: self.processor.force_flush(int(max(deadline - time.monotonic(), 0) * 1000)),
             max(deadline - time.monotonic(), 0.0),
         )
+        metrics = self.metrics
+        if metrics is not None:
+            try:
+                ok = (
+                    _bounded_call(
+                        lambda: metrics.flush(max(deadline - time.monotonic(), 0.0)),
+                        max(deadline - time.monotonic(), 0.0),
+                    )
+                    and ok
+                )
+            except Exception as exc:
+                self._internal("metrics", exc)
         if self.errors and _guard.is_strict():
             errors, self.errors = self.errors, []
             raise errors[0]
@@ -401,6 +439,11 @@ class Pipeline(SpanBuilder):
                 observer.close()
             except Exception as exc:
                 self._internal("observer", exc)
+        if self.metrics is not None:  # before the console destinations close: its table
+            try:
+                self.metrics.shutdown(max(deadline - time.monotonic(), 0.0))
+            except Exception as exc:
+                self._internal("metrics", exc)
         if self._own_provider is not None:
             provider = self._own_provider
             _bounded_call(provider.shutdown, max(deadline - time.monotonic(), 0.0))

@@ -12,6 +12,8 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from otel_gpu.attributes import CODE_FUNCTION_NAME
+from otel_gpu.attributes import COMPONENT_TYPE as COMPONENT_TYPE  # otel_gpu_queue
+from otel_gpu.attributes import ERROR_TYPE as ERROR_TYPE  # see below
 
 __all__ = ["Metric"]
 
@@ -53,8 +55,84 @@ DURATION_BUCKETS: tuple[float, ...] = (
 
 # --- Attribute keys of call-metric points ---
 FUNCTION = CODE_FUNCTION_NAME  # <module>.<qualname>, as on the span
-ERROR_TYPE = "error.type"  # the exception's <module>.<qualname> (failed calls only)
+# ERROR_TYPE ("error.type"): the exception's <module>.<qualname> (failed calls only)
 
 # --- GPU gauges (metrics/gpu.py), read through NVML at each collection ---
+# The OTel hardware conventions' names (hw.gpu.*, status Development) where they define one; power,
+# temperature and clocks under the names OpenLIT's GPU collector documents (extensions). The
+# conventions make hw.gpu.memory.usage and .limit UpDownCounters: they are asynchronous
+# up-down counters here, the other GPU metrics asynchronous gauges.
+GPU_UTILIZATION = Metric(
+    "hw.gpu.utilization",
+    "1",
+    "Fraction of time the GPU spent on a task (hw.gpu.task) over NVML's last sample period.",
+)
+GPU_MEMORY_USAGE = Metric("hw.gpu.memory.usage", "By", "GPU memory used.")
+GPU_MEMORY_LIMIT = Metric("hw.gpu.memory.limit", "By", "Size of the GPU memory.")
+GPU_MEMORY_UTILIZATION = Metric(
+    "hw.gpu.memory.utilization", "1", "Fraction of GPU memory used (usage / limit)."
+)
+GPU_MEMORY_CONTROLLER_UTILIZATION = Metric(
+    "hw.gpu.memory.controller.utilization",
+    "1",
+    "Fraction of time the GPU memory was read or written (NVML's memory utilization).",
+)  # extension (OpenLIT)
+GPU_POWER_DRAW = Metric("hw.gpu.power.draw", "W", "GPU power draw.")  # extension (OpenLIT)
+GPU_POWER_LIMIT = Metric(
+    "hw.gpu.power.limit", "W", "GPU power limit the driver enforces."
+)  # extension (OpenLIT)
+GPU_TEMPERATURE = Metric("hw.gpu.temperature", "Cel", "GPU die temperature.")  # ext. (OpenLIT)
+GPU_CLOCK_GRAPHICS = Metric(
+    "hw.gpu.clock.graphics", "MHz", "GPU graphics clock frequency."
+)  # extension (OpenLIT)
+GPU_CLOCK_SM = Metric(
+    "hw.gpu.clock.sm", "MHz", "GPU SM clock frequency."
+)  # extension (otel-gpu, beside OpenLIT's clocks)
+GPU_CLOCK_MEMORY = Metric(
+    "hw.gpu.clock.memory", "MHz", "GPU memory clock frequency."
+)  # extension (OpenLIT)
+PROCESS_GPU_MEMORY_USAGE = Metric(
+    "process.gpu.memory.usage",
+    "By",
+    "GPU memory used by this process, as NVML lists its compute processes.",
+)  # extension: process.memory.usage's pattern on the GPU; OpenLIT's collector uses the name
 
-# --- otel-gpu's own metrics (metrics/own.py) ---
+# --- Attribute keys of GPU points ---
+HW_ID = "hw.id"  # the GPU's UUID ("GPU-..."), a MIG device's UUID ("MIG-...")
+HW_NAME = "hw.name"  # NVML's product name
+HW_VENDOR = "hw.vendor"  # "NVIDIA"
+HW_TYPE = "hw.type"  # always "gpu", as the conventions require for hw.* metrics of a GPU
+HW_PARENT = "hw.parent"  # MIG devices only: the UUID of the GPU they partition
+HW_GPU_TASK = "hw.gpu.task"  # hw.gpu.utilization only: "general", "encoder", "decoder"
+GPU_MIG_INSTANCE = "otel_gpu.gpu.mig.gpu_instance_id"  # MIG devices only: DCGM's GPU_I_ID
+
+# --- otel-gpu's own metrics (metrics/own.py), under the SDK's self-observability names ---
+SPANS_PROCESSED = Metric(
+    "otel.sdk.processor.span.processed",
+    "{span}",
+    "Calls otel-gpu's queue handed to the span processors as spans (no error.type), or dropped "
+    "(error.type queue_full or export_stalled).",
+)
+QUEUE_SIZE = Metric(
+    "otel.sdk.processor.span.queue.size", "{span}", "Calls waiting in otel-gpu's queue."
+)
+QUEUE_CAPACITY = Metric(
+    "otel.sdk.processor.span.queue.capacity",
+    "{span}",
+    "The most calls otel-gpu's queue holds (OTEL_GPU_QUEUE_SIZE).",
+)
+JOURNAL_WRITTEN = Metric(
+    "otel_gpu.journal.written",
+    "By",
+    "Bytes of call records the crash journal wrote into its memory-mapped file.",
+)
+RECORDER_WRITTEN = Metric(
+    "otel_gpu.recorder.written",
+    "By",
+    "Bytes of flight-recorder dumps written: tensor files and manifests (also the ring's and "
+    "CUDA-graph snapshots' dumps).",
+)
+
+# --- Attribute keys of otel-gpu's own metrics ---
+COMPONENT_NAME = "otel.component.name"  # otel_gpu_queue/0
+COMPONENT_TYPE_QUEUE = "otel_gpu_queue"  # the value of COMPONENT_TYPE, as on the drop events

@@ -21,6 +21,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -30,7 +31,8 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from otel_gpu import attributes
+from otel_gpu import _guard, attributes
+from otel_gpu._text import printable
 from otel_gpu.recorder import manifest as _manifest
 from otel_gpu.replay.call import child_env, prepare_call
 from otel_gpu.replay.trust import Allow, Refused, Skip
@@ -121,19 +123,42 @@ class Result:
 
 
 def find_calls(path: str) -> list[str]:
-    """Call directories at ``path``: the path itself if it is one, else those below it (2 levels), in call order."""
-    path = os.path.abspath(path)
+    """Call directories at ``path``: the path itself if it is one, else those below it (2 levels), in call order.
+
+    ``path`` itself may be a link (the user named it); a directory below it that is a symbolic
+    link is listed but never entered (:func:`replay_one` judges it an ``error``): a crafted dump
+    must not make replay read a call recorded somewhere else.
+    """
+    path = os.path.realpath(path)
     if os.path.isfile(os.path.join(path, _manifest.MANIFEST)):
         return [path]
     found: list[str] = []
-    for root in [path] + [os.path.join(path, d) for d in _listdir(path)]:
+    roots = [path]
+    for d in _listdir(path):
+        folder = os.path.join(path, d)
+        if not os.path.islink(folder):
+            roots.append(folder)
+        elif not _LINKED_CALL.match(d):
+            _guard.logger.warning(
+                "otel-gpu replay: not entering %s: a symbolic link (replay reads only calls inside "
+                "the dump; name the folder itself to replay its calls)",
+                printable(folder),
+            )
+    for root in roots:
         for name in _listdir(root):
             full = os.path.join(root, name)
-            if os.path.isfile(os.path.join(full, _manifest.MANIFEST)) or _looks_like_call(
+            if os.path.islink(full):
+                if _LINKED_CALL.match(name):
+                    found.append(full)  # reported, not followed
+            elif os.path.isfile(os.path.join(full, _manifest.MANIFEST)) or _looks_like_call(
                 name, full
             ):
                 found.append(full)
     return sorted(found, key=lambda d: (os.path.basename(d), d))
+
+
+# a call directory's name (recorder/manifest.py call_dir_name): <seq>-<UTC time>-<span id>-<name>
+_LINKED_CALL = re.compile(r"^\d+-[0-9T.]+-[0-9a-f]{16}-.")
 
 
 def _listdir(path: str) -> list[str]:
@@ -159,6 +184,13 @@ def _looks_like_call(name: str, full: str) -> bool:
 
 def replay_one(directory: str, opts: Options, tracer: Any = None) -> Result:
     """Replay the call recorded in ``directory`` (in this process, or in a child for crashed calls)."""
+    if os.path.islink(directory):
+        return Result(
+            directory,
+            _name_from_dir(directory),
+            "error",
+            "refusing the call directory: it is a symlink (replay reads only calls inside the dump)",
+        )
     try:
         manifest = _manifest.read_manifest(directory)
     except FileNotFoundError:

@@ -419,3 +419,34 @@ def test_a_function_in_main_is_reported_once_at_record_time(tmp_path):
     assert proc.stderr.count("is defined in __main__") == 1, proc.stderr
     assert "`otel-gpu replay` imports functions from modules by name" in proc.stderr
     assert "A layout that replays" in proc.stderr
+
+
+@pytest.mark.parametrize("where", ["call", "folder"])
+def test_a_call_directory_that_is_a_symlink_out_of_the_dump_is_not_entered(
+    dump, tmp_path, where, caplog
+):
+    """Attack: a call directory of the dump (or a folder of calls one level down) is a symlink
+    to a valid call recorded elsewhere, so following it would replay that call and pass. A linked
+    call is reported as an error naming the link, and nothing behind a linked folder is read; the
+    other calls replay."""
+    m, root, call = dump
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    moved = elsewhere / call.name
+    shutil.move(str(call), moved)
+    if where == "call":
+        os.symlink(moved, call)
+    else:
+        os.symlink(elsewhere, root / "more")
+    results = _replay(m, root)
+    verdicts = {os.path.basename(r.dir): (r.verdict, r.detail) for r in results}
+    assert [v for v, _ in verdicts.values()].count("pass") == 2
+    if where == "call":
+        assert verdicts[call.name] == (
+            "error",
+            "refusing the call directory: it is a symlink (replay reads only calls inside the dump)",
+        )
+        assert len(results) == 3
+    else:
+        assert len(results) == 2  # the call behind the linked folder is never read
+        assert f"not entering {root / 'more'}: a symbolic link" in caplog.text

@@ -1,0 +1,135 @@
+"""The call metrics, recorded from call records on the export thread.
+
+The caller's thread does nothing for them: the export thread, which turns each queued call into
+a span, hands the same chunk of calls to :meth:`CallMetrics.record` after the spans. So a call is
+in the metrics exactly when its span was built: the histogram's count equals the spans of the
+function. Each duration is recorded with the call's span as its context, so the SDK's exemplar
+filter (``trace_based`` by default: sampled spans) keeps the trace and span ids on the bucket's
+exemplar, and a latency spike on a dashboard links to the span that caused it.
+
+The counters are summed per chunk (one ``add`` per function and chunk, not per call); the
+histogram takes one ``record`` per call, which the exemplars need.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from opentelemetry.context import Context
+from opentelemetry.trace import NonRecordingSpan, set_span_in_context
+
+from otel_gpu.metrics.names import (
+    CALL_DURATION,
+    CALL_ERRORS,
+    CALL_NONFINITE,
+    CALLS,
+    DURATION_BUCKETS,
+    ERROR_TYPE,
+    FUNCTION,
+)
+
+if TYPE_CHECKING:
+    from opentelemetry.metrics import Meter
+
+    from otel_gpu.calls.record import Call
+    from otel_gpu.config import Settings
+
+__all__ = ["CallMetrics", "error_type"]
+
+_MAX_KEYS = 4096  # plans and error types remembered; decorating in a loop must not grow them
+
+
+def error_type(cls: type) -> str:
+    """``error.type`` of an exception class: its ``<module>.<qualname>``, as ``exception.type``
+    on the span (builtins and ``__main__`` by the qualname alone)."""
+    module = cls.__module__
+    return (
+        cls.__qualname__ if module in ("builtins", "__main__") else f"{module}.{cls.__qualname__}"
+    )
+
+
+class CallMetrics:
+    """The instruments of the call metrics, and the per-function attribute sets they reuse."""
+
+    def __init__(self, meter: Meter, settings: Settings) -> None:
+        self.meter = meter
+        self.duration = meter.create_histogram(
+            CALL_DURATION.name,
+            unit=CALL_DURATION.unit,
+            description=CALL_DURATION.description,
+            explicit_bucket_boundaries_advisory=list(DURATION_BUCKETS),
+        )
+        self.calls = meter.create_counter(
+            CALLS.name, unit=CALLS.unit, description=CALLS.description
+        )
+        self.errors = meter.create_counter(
+            CALL_ERRORS.name, unit=CALL_ERRORS.unit, description=CALL_ERRORS.description
+        )
+        # Created with the first function decorated at level >= 5: below it NaN/Inf is not
+        # checked, and a zero would claim it was.
+        self.nonfinite: Any = None
+        self._function: dict[Any, tuple[dict[str, str], bool]] = {}  # plan -> (attrs, checks)
+        self._failed: dict[tuple[str, type], dict[str, str]] = {}  # (function, class) -> attrs
+
+    def _plan(self, plan: Any) -> tuple[dict[str, str], bool]:
+        if len(self._function) >= _MAX_KEYS:
+            self._function.clear()
+        name = plan.attributes.get(FUNCTION)
+        attrs = {FUNCTION: name if isinstance(name, str) else str(plan.name)}
+        checks = getattr(plan, "level", 0) >= 5
+        if checks and self.nonfinite is None:
+            self.nonfinite = self.meter.create_counter(
+                CALL_NONFINITE.name,
+                unit=CALL_NONFINITE.unit,
+                description=CALL_NONFINITE.description,
+            )
+        self._function[plan] = entry = (attrs, checks)
+        return entry
+
+    def _error(self, function: str, cls: type) -> dict[str, str]:
+        if len(self._failed) >= _MAX_KEYS:
+            self._failed.clear()
+        self._failed[(function, cls)] = attrs = {FUNCTION: function, ERROR_TYPE: error_type(cls)}
+        return attrs
+
+    def record(self, calls: Sequence[Call]) -> None:
+        """Record a chunk of calls whose spans were just built (export thread)."""
+        record = self.duration.record
+        functions = self._function
+        counts: dict[str, list[Any]] = {}  # function -> [attrs, calls, nonfinite or None]
+        failed: dict[int, list[Any]] = {}  # id(attrs) -> [attrs, calls]
+        for call in calls:
+            plan = call.plan
+            entry = functions.get(plan) or self._plan(plan)
+            attrs = entry[0]
+            function = attrs[FUNCTION]
+            row = counts.get(function)
+            if row is None:
+                counts[function] = row = [attrs, 0, 0 if entry[1] else None]
+            row[1] += 1
+            point = attrs
+            exc = call.exc
+            if exc is not None:
+                cls = type(exc)
+                point = self._failed.get((function, cls)) or self._error(function, cls)
+                slot = failed.get(id(point))
+                if slot is None:
+                    failed[id(point)] = slot = [point, 0]
+                slot[1] += 1
+            if entry[1] and call.stats and any(r.nonfinite for r in call.stats):
+                row[2] += 1
+            record(
+                (call.end_ns - call.start_ns) / 1e9,
+                point,
+                context=set_span_in_context(NonRecordingSpan(call.span.get_span_context()), _EMPTY),
+            )
+        for attrs, n, nonfinite in counts.values():
+            self.calls.add(n, attrs)
+            if nonfinite is not None:
+                self.nonfinite.add(nonfinite, attrs)
+        for attrs, n in failed.values():
+            self.errors.add(n, attrs)
+
+
+_EMPTY = Context()
