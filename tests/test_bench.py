@@ -109,7 +109,10 @@ def test_benchmark_otel_sdk_span(benchmark, tensors, tmp_path) -> None:
     q, k = tensors
     path = str(tmp_path / "otel.jsonl")
     provider = TracerProvider(shutdown_on_exit=False)
-    provider.add_span_processor(BatchSpanProcessor(FileSpanExporter(path)))
+    # a queue that holds every span of the run, as in otel-gpu bench: the SDK's default 2048
+    # drops spans when its export thread falls behind on a loaded machine, and the count below
+    # would then fail for the baseline, not for otel-gpu
+    provider.add_span_processor(BatchSpanProcessor(FileSpanExporter(path), max_queue_size=2**24))
     tracer = provider.get_tracer("bench")
     calls, fn = _counted()
 

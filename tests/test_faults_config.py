@@ -25,6 +25,7 @@ BAD_BY_PARSER = {
     "_bool": ["maybe", "2", "yes please"],
     "_positive_int": ["0", "-3", "x", "1.5"],
     "_non_negative_float": ["-1", "nan", "soon"],
+    "_positive_float": ["0", "0.05", "-1", "nan", "soon"],
     "_non_negative_int": ["-1", "x", "2.5"],
     "_dest": [","],
 }
