@@ -452,3 +452,28 @@ def test_calls_inside_a_compiled_graph_are_counted(module_factory, tmp_path):
         _latest(_read(tmp_path / "s.metrics.jsonl"))["otel_gpu.call.duration"]
     ).values()
     assert point.count == 3
+
+
+def test_journal_bytes_written_is_the_journals_count(module_factory, tmp_path):
+    """``otel_gpu.journal.written`` is the crash journal's own count of the bytes it stored (it
+    grows with calls); with the journal off there is no point at all, not a zero."""
+    otel_gpu.configure(level=3, dest=str(tmp_path / "s.jsonl"), metrics=True)
+    lib = module_factory(LIB)
+    import torch
+
+    for _ in range(5):
+        lib.scale(torch.ones(4))
+    assert otel_gpu.flush(timeout=10)
+    pipe = pipeline.get()
+    assert pipe is not None
+    [journal] = [o for o in pipe.observers if type(o).__name__ == "Journal"]
+    [point] = _points(
+        _latest(_read(tmp_path / "s.metrics.jsonl"))["otel_gpu.journal.written"]
+    ).values()
+    assert point.as_int == journal.bytes_written > 5 * 64
+
+    otel_gpu.configure(level=3, dest=str(tmp_path / "t.jsonl"), metrics=True, journal=False)
+    lib = module_factory(LIB)
+    lib.scale(torch.ones(4))
+    assert otel_gpu.flush(timeout=10)
+    assert "otel_gpu.journal.written" not in _latest(_read(tmp_path / "t.metrics.jsonl"))
