@@ -477,3 +477,32 @@ def test_journal_bytes_written_is_the_journals_count(module_factory, tmp_path):
     lib.scale(torch.ones(4))
     assert otel_gpu.flush(timeout=10)
     assert "otel_gpu.journal.written" not in _latest(_read(tmp_path / "t.metrics.jsonl"))
+
+
+def test_calls_the_head_sampler_drops_are_still_counted(module_factory, tmp_path, monkeypatch):
+    """With head sampling (``OTEL_TRACES_SAMPLER=traceidratio``) only some calls become spans,
+    but the call metrics count every call: the histogram's count is all of them, failed
+    unsampled calls carry ``error.type``, and exemplars name only spans that exist. The user's
+    exception passes through an unsampled call unchanged."""
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "traceidratio")
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", "0.25")
+    otel_gpu.configure(level=1, dest=str(tmp_path / "s.jsonl"), metrics=True)
+    lib = module_factory(LIB)
+    for _ in range(200):
+        lib.scale(1.0)
+    raised = []
+    for _ in range(40):
+        try:
+            lib.fail(1)
+        except ValueError as exc:
+            raised.append(exc)
+    assert len({id(e) for e in raised}) == 40
+    assert otel_gpu.flush(timeout=10)
+    spans = read_spans(tmp_path / "s.jsonl")
+    assert 0 < len(spans) < 240  # the sampler kept some, not all
+    points = _points(_latest(_read(tmp_path / "s.metrics.jsonl"))["otel_gpu.call.duration"])
+    scale = (("code.function.name", f"{lib.__name__}.scale"),)
+    fail = (("code.function.name", f"{lib.__name__}.fail"), ("error.type", "ValueError"))
+    assert {k: p.count for k, p in points.items()} == {scale: 200, fail: 40}
+    ids = {s["spanId"] for s in spans}
+    assert all(e.span_id.hex() in ids for p in points.values() for e in p.exemplars)

@@ -295,14 +295,34 @@ _new_context, _FAST_CONTEXT = record.new_context, record.FAST_CONTEXT
 
 
 def _run_unsampled(
-    span: NonRecordingSpan, fn: Callable[..., Any], args: tuple, kwargs: dict
+    span: NonRecordingSpan,
+    fn: Callable[..., Any],
+    args: tuple,
+    kwargs: dict,
+    plan: _Plan,
+    pipe: pipeline.Pipeline,
 ) -> Any:
-    """Run a call the sampler dropped, with its unsampled context current so children agree."""
+    """Run a call the sampler dropped, with its unsampled context current so children agree.
+
+    With ``OTEL_GPU_METRICS`` it is still timed and counted: the call metrics count every call,
+    not only the sampled ones (no span, so no exemplar and no NaN check)."""
     token = _attach_span(span)
+    if pipe.metrics is None:
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _detach(token)
+    failed: type | None = None
+    start = _time_ns()
     try:
         return fn(*args, **kwargs)
+    except BaseException as exc:
+        failed = type(exc)
+        raise
     finally:
+        end = _time_ns()
         _detach(token)
+        pipe.note_unsampled(plan, end - start, failed)
 
 
 def _tell_end(call: Call, observers: tuple[Any, ...], result: Any) -> None:
@@ -442,7 +462,7 @@ def _make_wrapper(
             if call is None or pipe is None:
                 return fn(*args, **kwargs)
             if not isinstance(call, Call):
-                return _run_unsampled(call, fn, args, kwargs)
+                return _run_unsampled(call, fn, args, kwargs, plan, pipe)
             observers = pipe.observers_at[level]
             if observers:
                 call.args = args
@@ -491,7 +511,7 @@ def _make_wrapper(
         if call is None or pipe is None:
             return fn(*args, **kwargs)
         if not isinstance(call, Call):
-            return _run_unsampled(call, fn, args, kwargs)
+            return _run_unsampled(call, fn, args, kwargs, plan, pipe)
         # Level 1 with no observer skips before()/after(): ids, clocks and one append.
         busy = heavy or pipe.observers_at[level]
         pending = before(call, pipe, args, kwargs) if busy else None

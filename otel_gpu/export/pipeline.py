@@ -99,6 +99,9 @@ class Pipeline(SpanBuilder):
         self.native = False  # the processors take SpanData (own provider, native encoders)
         self._heads: dict[Any, int] = {}  # plan -> leading attributes shared by its spans
         self.metrics: Metrics | None = None  # OTEL_GPU_METRICS: fed each chunk's calls
+        # calls the head sampler dropped, for the call metrics: (plan, duration ns, raised class)
+        self.unsampled: collections.deque[tuple[Any, int, Any]] = collections.deque()
+        self.unsampled_dropped = 0  # not counted in the metrics: the export fell far behind
         self._resolve(tracer_provider)
         if settings.metrics:
             self._build_metrics()
@@ -181,6 +184,14 @@ class Pipeline(SpanBuilder):
             _guard.logger.warning("otel-gpu records no metrics in this process: %s", exc)
         except Exception as exc:
             self._internal("metrics", exc)
+
+    def note_unsampled(self, plan: Any, duration_ns: int, failed: Any) -> None:
+        """A call the head sampler dropped, for the call metrics (caller's thread: one append).
+        Bounded by ``OTEL_GPU_QUEUE_SIZE``; beyond it the call is counted as not recorded."""
+        if len(self.unsampled) < self.maxsize:
+            self.unsampled.append((plan, duration_ns, failed))
+        else:
+            self.unsampled_dropped += 1
 
     def add_after_drain(self, hook: Callable[[], Any]) -> None:
         """Run ``hook`` on the export thread after each drain (every ~100 ms), e.g. a heartbeat."""
@@ -354,6 +365,11 @@ class Pipeline(SpanBuilder):
                     metrics.calls.record(calls)  # type: ignore[union-attr]
                 except Exception as exc:
                     self._internal("metrics", exc)
+            if metrics is not None and self.unsampled:
+                try:
+                    metrics.calls.record_unsampled(self.unsampled)
+                except Exception as exc:
+                    self._internal("metrics", exc)
             for hook in (*self._after_drain, *hooks):
                 try:
                     hook()
@@ -439,6 +455,13 @@ class Pipeline(SpanBuilder):
                 observer.close()
             except Exception as exc:
                 self._internal("observer", exc)
+        if self.unsampled_dropped:
+            _guard.logger.warning(
+                "otel-gpu call metrics: %d call(s) the head sampler dropped were not counted: the "
+                "export thread fell OTEL_GPU_QUEUE_SIZE=%d such calls behind",
+                self.unsampled_dropped,
+                self.maxsize,
+            )
         if self.metrics is not None:  # before the console destinations close: its table
             try:
                 self.metrics.shutdown(max(deadline - time.monotonic(), 0.0))

@@ -221,7 +221,7 @@ def _run_async(
     if call is None or pipe is None:
         return original(*args, **kwargs)
     if not isinstance(call, Call):
-        return decorator._run_unsampled(call, original, args, kwargs)
+        return decorator._run_unsampled(call, original, args, kwargs, plan, pipe)
     call.args = args
     if plan.level >= 3:
         try:

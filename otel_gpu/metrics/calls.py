@@ -13,6 +13,7 @@ histogram takes one ``record`` per call, which the exemplars need.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -128,6 +129,34 @@ class CallMetrics:
             self.calls.add(n, attrs)
             if nonfinite is not None:
                 self.nonfinite.add(nonfinite, attrs)
+        for attrs, n in failed.values():
+            self.errors.add(n, attrs)
+
+    def record_unsampled(self, queue: deque[tuple[Any, int, Any]]) -> None:
+        """Record the calls the head sampler dropped, taken off ``queue`` (export thread): the
+        histogram and counters only, as these calls have no span (no exemplar, no NaN check)."""
+        record = self.duration.record
+        functions = self._function
+        counts: dict[int, list[Any]] = {}  # id(attrs) -> [attrs, calls]
+        failed: dict[int, list[Any]] = {}
+        for _ in range(len(queue)):
+            plan, duration_ns, cls = queue.popleft()
+            attrs = (functions.get(plan) or self._plan(plan))[0]
+            row = counts.get(id(attrs))
+            if row is None:
+                counts[id(attrs)] = row = [attrs, 0]
+            row[1] += 1
+            point = attrs
+            if cls is not None:
+                function = attrs[FUNCTION]
+                point = self._failed.get((function, cls)) or self._error(function, cls)
+                slot = failed.get(id(point))
+                if slot is None:
+                    failed[id(point)] = slot = [point, 0]
+                slot[1] += 1
+            record(duration_ns / 1e9, point, context=_EMPTY)
+        for attrs, n in counts.values():
+            self.calls.add(n, attrs)
         for attrs, n in failed.values():
             self.errors.add(n, attrs)
 
