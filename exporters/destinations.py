@@ -278,15 +278,18 @@ class ConsolePrecall:
         pass
 
 
-def otlp_protocol(env: Mapping[str, str] | None = None) -> str:
-    """The OTLP protocol the standard variables choose; ConfigError naming the variable if unsupported."""
+def otlp_protocol(env: Mapping[str, str] | None = None, signal: str = "TRACES") -> str:
+    """The OTLP protocol the standard variables choose for ``signal`` (``TRACES`` or ``METRICS``):
+    ``OTEL_EXPORTER_OTLP_<signal>_PROTOCOL``, then ``OTEL_EXPORTER_OTLP_PROTOCOL``, then gRPC, as
+    the OTel SDK reads them; ConfigError naming the variable if unsupported."""
     env = otel_standard_variables() if env is None else env
-    for name in ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"):
+    what = "OTEL_GPU_LOGDEST=otlp" + (" with OTEL_GPU_METRICS" if signal == "METRICS" else "")
+    for name in (f"OTEL_EXPORTER_OTLP_{signal}_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"):
         value = env.get(name, "").strip()
         if value:
             if value not in _PROTOCOLS:
                 raise ConfigError(
-                    f"{name}={value!r} is not supported by OTEL_GPU_LOGDEST=otlp. "
+                    f"{name}={value!r} is not supported by {what}. "
                     f"Allowed: {', '.join(_PROTOCOLS)}."
                 )
             return value

@@ -26,7 +26,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
 
 from otel_gpu import _guard
-from otel_gpu.config import ConfigError, Settings, expand_path, otel_standard_variables
+from otel_gpu.config import Settings, expand_path
 from otel_gpu.metrics import names
 
 if TYPE_CHECKING:
@@ -37,7 +37,6 @@ if TYPE_CHECKING:
 
 __all__ = ["Metrics", "build", "metrics_path", "metrics_protocol"]
 
-_PROTOCOLS = ("grpc", "http/protobuf")
 # Readers of otel-gpu's own providers in this process: a forked child must not export the
 # parent's measurements again from the copies it inherited (the SDK restarts their threads).
 _OWN_READERS: weakref.WeakSet[PeriodicExportingMetricReader] = weakref.WeakSet()
@@ -54,18 +53,10 @@ def metrics_path(trace_path: str) -> str:
 
 def metrics_protocol(env: dict[str, str] | None = None) -> str:
     """The OTLP protocol for metrics: ``OTEL_EXPORTER_OTLP_METRICS_PROTOCOL``, then
-    ``OTEL_EXPORTER_OTLP_PROTOCOL``, then gRPC, as the OTel SDK reads them."""
-    env = otel_standard_variables() if env is None else env
-    for name in ("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"):
-        value = env.get(name, "").strip()
-        if value:
-            if value not in _PROTOCOLS:
-                raise ConfigError(
-                    f"{name}={value!r} is not supported by OTEL_GPU_METRICS with "
-                    f"OTEL_GPU_LOGDEST=otlp. Allowed: {', '.join(_PROTOCOLS)}."
-                )
-            return value
-    return "grpc"
+    ``OTEL_EXPORTER_OTLP_PROTOCOL``, then gRPC."""
+    from otel_gpu.exporters.destinations import otlp_protocol
+
+    return otlp_protocol(env, "METRICS")
 
 
 def _otlp_exporter() -> Any:
