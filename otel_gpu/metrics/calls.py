@@ -88,77 +88,89 @@ class CallMetrics:
         self._function[plan] = entry = (attrs, checks)
         return entry
 
-    def _error(self, function: str, cls: type) -> dict[str, str]:
-        if len(self._failed) >= _MAX_KEYS:
-            self._failed.clear()
-        self._failed[(function, cls)] = attrs = {FUNCTION: function, ERROR_TYPE: error_type(cls)}
-        return attrs
+    def _error(self, attrs: dict[str, str], cls: type) -> dict[str, str]:
+        """The point attributes of a call of ``attrs``'s function that raised ``cls``."""
+        function = attrs[FUNCTION]
+        point = self._failed.get((function, cls))
+        if point is None:
+            if len(self._failed) >= _MAX_KEYS:
+                self._failed.clear()
+            point = {FUNCTION: function, ERROR_TYPE: error_type(cls)}
+            self._failed[(function, cls)] = point
+        return point
 
     def record(self, calls: Sequence[Call]) -> None:
         """Record a chunk of calls whose spans were just built (export thread)."""
         record = self.duration.record
         functions = self._function
-        counts: dict[str, list[Any]] = {}  # function -> [attrs, calls, nonfinite or None]
-        failed: dict[int, list[Any]] = {}  # id(attrs) -> [attrs, calls]
+        tally = _Tally()
         for call in calls:
             plan = call.plan
-            entry = functions.get(plan) or self._plan(plan)
-            attrs = entry[0]
-            function = attrs[FUNCTION]
-            row = counts.get(function)
-            if row is None:
-                counts[function] = row = [attrs, 0, 0 if entry[1] else None]
-            row[1] += 1
-            point = attrs
+            attrs, checks = functions.get(plan) or self._plan(plan)
             exc = call.exc
-            if exc is not None:
-                cls = type(exc)
-                point = self._failed.get((function, cls)) or self._error(function, cls)
-                slot = failed.get(id(point))
-                if slot is None:
-                    failed[id(point)] = slot = [point, 0]
-                slot[1] += 1
-            if entry[1] and call.stats and any(r.nonfinite for r in call.stats):
-                row[2] += 1
+            point = attrs if exc is None else self._error(attrs, type(exc))
+            tally.add(attrs, point)
+            if checks:
+                nonfinite = bool(call.stats) and any(r.nonfinite for r in call.stats)
+                tally.checked(attrs, nonfinite)
             record(
                 (call.end_ns - call.start_ns) / 1e9,
                 point,
                 context=set_span_in_context(NonRecordingSpan(call.span.get_span_context()), _EMPTY),
             )
-        for attrs, n, nonfinite in counts.values():
-            self.calls.add(n, attrs)
-            if nonfinite is not None:
-                self.nonfinite.add(nonfinite, attrs)
-        for attrs, n in failed.values():
-            self.errors.add(n, attrs)
+        tally.flush(self)
 
     def record_unsampled(self, queue: deque[tuple[Any, int, Any]]) -> None:
         """Record the calls the head sampler dropped, taken off ``queue`` (export thread): the
         histogram and counters only, as these calls have no span (no exemplar, no NaN check)."""
         record = self.duration.record
         functions = self._function
-        counts: dict[int, list[Any]] = {}  # id(attrs) -> [attrs, calls]
-        failed: dict[int, list[Any]] = {}
+        tally = _Tally()
         for _ in range(len(queue)):
             plan, duration_ns, cls = queue.popleft()
             attrs = (functions.get(plan) or self._plan(plan))[0]
-            row = counts.get(id(attrs))
-            if row is None:
-                counts[id(attrs)] = row = [attrs, 0]
-            row[1] += 1
-            point = attrs
-            if cls is not None:
-                function = attrs[FUNCTION]
-                point = self._failed.get((function, cls)) or self._error(function, cls)
-                slot = failed.get(id(point))
-                if slot is None:
-                    failed[id(point)] = slot = [point, 0]
-                slot[1] += 1
+            point = attrs if cls is None else self._error(attrs, cls)
+            tally.add(attrs, point)
             record(duration_ns / 1e9, point, context=_EMPTY)
-        for attrs, n in counts.values():
-            self.calls.add(n, attrs)
-        for attrs, n in failed.values():
-            self.errors.add(n, attrs)
+        tally.flush(self)
+
+
+class _Tally:
+    """One chunk's counter increments, summed per attribute set: one ``add`` each at the end."""
+
+    __slots__ = ("calls", "failed", "nonfinite")
+
+    def __init__(self) -> None:
+        # id(attrs) -> [attrs, n]: attribute dicts are cached per function, so ids are stable
+        self.calls: dict[int, list[Any]] = {}
+        self.failed: dict[int, list[Any]] = {}
+        self.nonfinite: dict[int, list[Any]] = {}
+
+    @staticmethod
+    def _bump(rows: dict[int, list[Any]], attrs: dict[str, str], n: int) -> None:
+        row = rows.get(id(attrs))
+        if row is None:
+            rows[id(attrs)] = [attrs, n]
+        else:
+            row[1] += n
+
+    def add(self, attrs: dict[str, str], point: dict[str, str]) -> None:
+        """A call of ``attrs``'s function; ``point`` differs from ``attrs`` when it raised."""
+        self._bump(self.calls, attrs, 1)
+        if point is not attrs:
+            self._bump(self.failed, point, 1)
+
+    def checked(self, attrs: dict[str, str], nonfinite: bool) -> None:
+        """A call checked for NaN/Inf (level >= 5): a zero is a point too."""
+        self._bump(self.nonfinite, attrs, int(nonfinite))
+
+    def flush(self, metrics: CallMetrics) -> None:
+        for attrs, n in self.calls.values():
+            metrics.calls.add(n, attrs)
+        for attrs, n in self.failed.values():
+            metrics.errors.add(n, attrs)
+        for attrs, n in self.nonfinite.values():
+            metrics.nonfinite.add(n, attrs)
 
 
 _EMPTY = Context()
