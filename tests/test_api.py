@@ -466,6 +466,65 @@ def test_secret_named_string_arguments_are_redacted(otel_gpu_spans):
     assert a["otel_gpu.input.key.shape"] == (1,)  # a tensor named key is data, not a secret
 
 
+def test_secrets_nested_or_in_str_enums_are_redacted(otel_gpu_spans):
+    """A secret-named string inside a dict argument, and a secret-named parameter holding a
+    str-based enum member, are redacted too; other values of the same call are kept."""
+    import enum
+
+    class Mode(str, enum.Enum):
+        FAST = "fast"
+
+    spans = otel_gpu_spans(level=3)
+
+    @otel_gpu.api
+    def call(x, options, auth_mode, scale=1.0):
+        return x
+
+    call(torch.ones(2), {"token": "abc", "depth": 3}, Mode.FAST, scale=0.5)
+    a = _attrs(spans.get()[0])
+    assert a["otel_gpu.input.options.token.value"] == "<redacted>"
+    assert a["otel_gpu.input.auth_mode.value"] == "<redacted>"
+    assert a["otel_gpu.input.options.depth.value"] == 3
+    assert a["otel_gpu.input.scale.value"] == 0.5
+
+
+def test_every_kind_of_tensor_keeps_its_metadata(otel_gpu_spans):
+    """Plain tensors and parameters, sparse and nested tensors are described alike by the
+    capture's fast path for plain tensors and its checked path: shapes and strides as ints
+    (as text for a jagged tensor's symbolic sizes), no strides for a layout without them."""
+    import warnings
+
+    spans = otel_gpu_spans(level=3)
+
+    @otel_gpu.api
+    def take(t):
+        return None
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the prototype and beta layouts' warnings
+        strided = torch.nested.nested_tensor([torch.ones(2, 3), torch.ones(4, 3)])
+        csr = torch.ones(4, 4).to_sparse_csr()
+    jagged = torch.nested.nested_tensor([torch.ones(2, 3), torch.ones(4, 3)], layout=torch.jagged)
+    tensors = [
+        torch.ones(2, 3),
+        torch.nn.Parameter(torch.ones(2, 3)),
+        csr,
+        strided,
+        jagged,
+    ]
+    for t in tensors:
+        take(t)
+    plain, param, sparse, nested, ragged = (_attrs(s) for s in spans.get())
+    assert plain["otel_gpu.input.t.shape"] == (2, 3) and plain["otel_gpu.input.t.stride"] == (3, 1)
+    assert param["otel_gpu.input.t.requires_grad"] is True
+    assert param["otel_gpu.input.t.shape"] == (2, 3)
+    assert sparse["otel_gpu.input.t.shape"] == (4, 4)
+    assert "otel_gpu.input.t.stride" not in sparse
+    assert nested["otel_gpu.input.t.type"].startswith("Tensor (metadata unavailable")
+    assert ragged["otel_gpu.input.t.shape"][1] == "j1"
+    assert all(type(d) is str for d in ragged["otel_gpu.input.t.stride"])
+
+
 def test_redaction_is_configurable(otel_gpu_spans):
     """OTEL_GPU_REDACT replaces the list of secret-looking names; empty disables redaction."""
     spans = otel_gpu_spans(level=3, redact=["session"])

@@ -18,6 +18,7 @@ import enum
 import fractions
 import inspect
 import itertools
+import operator
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -106,14 +107,37 @@ def is_secret(name: str, words: tuple[str, ...]) -> bool:
 
 def redact(raw: _Raw, words: tuple[str, ...]) -> None:
     """Replace string values whose key (parameter, dict key or kwarg name) looks like a secret."""
+    if _NO_TEXT.issuperset(map(type, map(_payload, raw))):
+        return  # no string among the payloads (one C-level pass): nothing to redact
     for i, (key, kind, payload) in enumerate(raw):
         if kind == VALUE and isinstance(payload, str) and is_secret(key.rsplit(".", 1)[-1], words):
             raw[i] = (key, REDACTED, None)
 
 
+_payload = operator.itemgetter(2)
+# payload types that are never a string nor a str-based enum: a tensor's or a container's
+# tuple, an object's description tuple, and the atoms other than str
+_NO_TEXT = frozenset((tuple, type(None), bool, int, float, torch.dtype, torch.device))
+
+
 def _tensor_meta(t: torch.Tensor) -> Any:
     # A plain tuple, not torch.Size: records wait for export, and the GC untracks tuples of
     # atoms but keeps tracking (and promoting) tuple subclasses and whatever holds them.
+    if type(t) in _PLAIN_TENSORS:
+        # A plain dense tensor's sizes and strides are ints: no symbolic-size check (0.4 µs a
+        # tensor). Subclasses (fake, functional, jagged) take the checked path below; a plain
+        # tensor without strides (sparse, strided nested) raises here and takes it too.
+        try:
+            return (
+                tuple(t.shape),
+                t.dtype,
+                t.device,
+                t.stride(),
+                t.requires_grad,
+                t.is_contiguous(),
+            )
+        except Exception:
+            pass
     try:
         shape = _dims(t.shape)
         return (shape, t.dtype, t.device, _dims(t.stride()), t.requires_grad, t.is_contiguous())
@@ -139,6 +163,7 @@ def _dims(dims: Any) -> tuple[int, ...] | tuple[str, ...]:
 
 
 _INT_ONLY = frozenset((int,))
+_PLAIN_TENSORS = frozenset((torch.Tensor, torch.nn.Parameter))
 
 
 def capture(
@@ -154,7 +179,23 @@ def capture(
     # __class__, which a property can fake. Containers are read through the builtin methods
     # (list.__len__, dict.items): a subclass's __len__/__iter__ is user code, never run here.
     tp = type(value)
-    if tp in _SCALARS:
+    if tp in _PLAIN_TENSORS:
+        # the commonest value, its metadata inline: _tensor_meta's fast path without the call
+        try:
+            meta: Any = (
+                tuple(value.shape),
+                value.dtype,
+                value.device,
+                value.stride(),
+                value.requires_grad,
+                value.is_contiguous(),
+            )
+        except Exception:  # sparse, strided nested: the checked path
+            meta = _tensor_meta(value)
+        out.append((key, TENSOR, meta))
+        if tensors is not None:
+            tensors.append((key, value))
+    elif tp in _SCALARS:
         out.append((key, VALUE, value))
     elif issubclass(tp, torch.Tensor):
         out.append((key, TENSOR, _tensor_meta(value)))
