@@ -170,8 +170,14 @@ def test_native_spans_decode_to_the_official_paths_message(level, tmp_path, defe
     native = _compare_records(pipe, calls)
 
     by_name = {s.name.rsplit(".", 1)[1]: s for s in native}
-    # the constant code.* head is hinted, except where the user overwrote one of its keys
-    assert by_name["attention"].fixed == (calls[0].plan, 3)
+    # the constant code.* head is hinted, except where the user overwrote one of its keys; at
+    # level 3 a call without statistics, exception or attributes of its own is hinted whole
+    attention = by_name["attention"]
+    if level == 3:
+        assert attention.fixed is not None
+        assert attention.fixed[1] == len(attention.attributes) > 3
+    else:
+        assert attention.fixed == (calls[0].plan, 3)
     assert by_name["rename"].fixed is None
     annotate = by_name["annotate"]
     assert annotate.attributes["user.tag"] == "hello"
@@ -248,7 +254,8 @@ def test_module_spans_keep_the_hint_and_the_official_message(tmp_path, deferred)
 def test_plan_attributes_the_pipeline_rewrites_or_the_sdk_cleans_are_not_hinted(tmp_path, deferred):
     """Constant attributes given at decoration that a call overwrites (an otel_gpu.input.* key)
     or that BoundedAttributes may change (a mixed list, which older SDKs drop) are not
-    hinted, and both paths agree."""
+    hinted as the plan's constant head, and both paths agree. (The layout cache may hint a
+    call's whole attributes, as built and cleaned for that layout.)"""
     from otel_gpu.calls.decorator import _decorate
 
     otel_gpu.configure(level=3, dest=str(tmp_path / "t.jsonl"), provider="own")
@@ -263,9 +270,67 @@ def test_plan_attributes_the_pipeline_rewrites_or_the_sdk_cleans_are_not_hinted(
     _decorate(mixed, None, {"lib.tags": ["a", 1]})(torch.ones(2))
     pipe = pipeline.current()
     assert pipe is not None
-    first, second = _compare_records(pipe, list(pipe.queue))
+    calls = list(pipe.queue)
+    first, second = _compare_records(pipe, calls)
     assert first.attributes["otel_gpu.input.x.dtype"] == "torch.float32"
-    assert first.fixed is None and second.fixed is None
+    for span, call in zip((first, second), calls):
+        assert span.fixed is None or span.fixed[0] is not call.plan
+
+
+def test_repeated_layouts_share_their_attributes_and_keep_each_calls_own_values(tmp_path, deferred):
+    """Calls of one function whose captured inputs and outputs repeat share one attribute dict
+    (built, checked and encoded once), yet what differs between calls that compare equal as
+    tuples still differs in their spans: 1, True and 1.0; 0.0 and -0.0; two objects' ids. Every
+    span decodes to the message the official path builds without that cache."""
+    otel_gpu.configure(level=3, dest=str(tmp_path / "t.jsonl"), provider="own")
+
+    class Handle:  # no tensor inside: recorded as its type and id
+        pass
+
+    def step(x, n, handle=None):
+        return x
+
+    step = otel_gpu.api(step)
+    x = torch.ones(2, 3)
+    a, b = Handle(), Handle()
+    for n in (1, True, 1.0, 0.0, -0.0, 2, 2):
+        step(x, n)
+    step(x, 2, a)
+    step(x, 2, b)
+    step(x, 2, a)
+    pipe = pipeline.current()
+    assert pipe is not None
+    native = _compare_records(pipe, list(pipe.queue))
+    values = [s.attributes["otel_gpu.input.n.value"] for s in native[:7]]
+    assert [type(v) for v in values] == [int, bool, float, float, float, int, int]
+    assert str(values[3]) == "0.0" and str(values[4]) == "-0.0"
+    assert native[6].attributes is native[5].attributes  # the repeated layout, shared
+    assert native[5].fixed is not None and native[5].fixed[1] == len(native[5].attributes)
+    ids = [s.attributes["otel_gpu.input.handle.id"] for s in native[7:]]
+    assert ids == [f"0x{id(a):x}", f"0x{id(b):x}", f"0x{id(a):x}"]
+    # the attributes before the id are hinted constant, the id is written per span
+    keys = list(native[7].attributes)
+    assert native[7].fixed is not None
+    assert native[7].fixed[1] == keys.index("otel_gpu.input.handle.id")
+    assert native[8].fixed == native[7].fixed
+
+
+def test_the_layout_cache_stays_bounded(tmp_path, deferred):
+    """A function called with ever new shapes does not grow the layout cache without bound."""
+    from otel_gpu.export import spans
+
+    otel_gpu.configure(level=3, dest=str(tmp_path / "t.jsonl"), provider="own")
+    fn = otel_gpu.api(lambda x: None)
+    for n in range(spans._LAYOUTS_MAX + 100):
+        fn(torch.empty(n))
+    pipe = pipeline.current()
+    assert pipe is not None
+    built = [pipe.materialise_native(call) for call in list(pipe.queue)]
+    assert [s.attributes["otel_gpu.input.x.shape"] for s in built[-2:]] == [
+        [spans._LAYOUTS_MAX + 98],
+        [spans._LAYOUTS_MAX + 99],
+    ]
+    assert 0 < len(pipe._layouts) <= spans._LAYOUTS_MAX
 
 
 # --------------------------------------------------------------------------- real destinations

@@ -98,6 +98,7 @@ class Pipeline(SpanBuilder):
         self._counters: list[Any] = []  # own destinations' exporters, counting confirmed spans
         self.native = False  # the processors take SpanData (own provider, native encoders)
         self._heads: dict[Any, int] = {}  # plan -> leading attributes shared by its spans
+        self._layouts: dict[Any, Any] = {}  # a call's layout -> its attributes (spans.py)
         self.metrics: Metrics | None = None  # OTEL_GPU_METRICS: fed each chunk's calls
         # calls the head sampler dropped, for the call metrics: (plan, duration ns, raised class)
         self.unsampled: collections.deque[tuple[Any, int, Any]] = collections.deque()

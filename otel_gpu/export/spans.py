@@ -9,7 +9,8 @@ stay in ``pipeline.py``.
 
 from __future__ import annotations
 
-from itertools import islice
+import operator
+from itertools import chain, islice
 from typing import Any
 
 from opentelemetry.attributes import BoundedAttributes
@@ -54,6 +55,18 @@ except Exception:
 
 SCOPE = InstrumentationScope(attributes.SCOPE, _VERSION)
 _UNSET = Status(StatusCode.UNSET)
+_payload = metadata._payload
+_kind = operator.itemgetter(1)
+_OBJECT = metadata.OBJECT
+
+
+def _without_ids(raw: Any) -> Any:
+    """``raw`` with each object's id left out (an ``.id`` attribute is written per call; an
+    object with a repr has none)."""
+    return tuple((k, kind, p[:2]) if kind == _OBJECT else (k, kind, p) for k, kind, p in raw)
+
+
+_LAYOUTS_MAX = 1024  # layouts whose attributes are kept (a model has a few per module)
 
 
 class SpanBuilder:
@@ -65,6 +78,9 @@ class SpanBuilder:
     max_events: int | None
     max_value_len: int | None
     _heads: dict[Any, int]  # plan -> leading attributes shared by its spans
+    # (plan, inputs, outputs, their payload types) -> (attributes, encoder key, dropped count,
+    # where each object's id goes)
+    _layouts: dict[Any, tuple[dict[str, Any], object, int, tuple[tuple[str, int, int, int], ...]]]
     # events to put on the next span built (drops since the last span that carried them)
     _notes: list[Event]
 
@@ -122,6 +138,27 @@ class SpanBuilder:
                 SCOPE,
                 fixed=(plan, n),
             )
+        if not (call.stats or span.attributes or span.events or self._notes) and call.exc is None:
+            # Level 3 and 4: the attributes are a function of the plan and the captured layout,
+            # which a serving loop or a model repeats: built, checked and encoded once per layout.
+            layout = self._layout(call)
+            if layout is not None:
+                attrs, fixed, dropped = layout
+                return SpanData(
+                    span.name,
+                    span.get_span_context(),
+                    call.parent,
+                    call.start_ns,
+                    call.end_ns,
+                    attrs,
+                    [],
+                    span.links or (),
+                    span.status or _UNSET,
+                    self.resource,
+                    SCOPE,
+                    fixed=fixed,
+                    dropped_attributes=dropped,
+                )
         attrs, events, status = self._contents(call)
         limit = self.max_attributes
         # The plan's attributes lead every span of the plan unchanged unless something was put
@@ -155,6 +192,80 @@ class SpanBuilder:
             fixed=(plan, n) if head else None,
             dropped_attributes=dropped,
         )
+
+    def _layout(self, call: Call) -> tuple[dict[str, Any], tuple[object, int], int] | None:
+        """The attributes of a call with no statistics, exception or span attributes of its own,
+        shared by every such call of its plan with the same captured inputs and outputs.
+
+        Keyed by the raw records and their payloads' types (``1 == 1.0 == True`` as tuples, but
+        not as attributes); an object is keyed by its type and repr, and its ``.id`` attribute
+        written per call (a model passes a new cache object to each block). A layout holding a
+        float zero is never cached: ``-0.0 == 0.0``. Returns None when the records are
+        unhashable. The token is the encoders' ``fixed`` key: the attributes before the first
+        ``.id`` are the same in each span of the layout.
+        """
+        inputs, outputs = call.inputs or (), call.outputs or ()
+        kinds = tuple(map(type, map(_payload, inputs))), tuple(map(type, map(_payload, outputs)))
+        objects = _OBJECT in map(_kind, inputs) or _OBJECT in map(_kind, outputs)
+        if objects:
+            key: Any = (call.plan, _without_ids(inputs), _without_ids(outputs), kinds)
+        else:
+            key = (call.plan, inputs, outputs, kinds)
+        try:
+            hit = self._layouts.get(key)
+        except TypeError:  # an unhashable payload
+            return None
+        if hit is None:
+            hit = self._new_layout(call, key, kinds, objects)
+            if hit is None:
+                return None
+        attrs, token, dropped, ids = hit
+        if not ids:
+            return attrs, (token, len(attrs)), dropped
+        attrs = dict(attrs)
+        for attr, raw, index, _ in ids:
+            attrs[attr] = f"0x{(inputs if raw == 0 else outputs)[index][2][2]:x}"
+        return attrs, (token, ids[0][3]), dropped
+
+    def _new_layout(self, call: Call, key: Any, kinds: Any, objects: bool) -> Any:
+        inputs, outputs = call.inputs or (), call.outputs or ()
+        if (float in kinds[0] or float in kinds[1]) and any(
+            type(p) is float and p == 0.0 for p in map(_payload, chain(inputs, outputs))
+        ):
+            return None
+        attrs, _, _ = self._contents(call)
+        limit = self.max_attributes
+        changed = False
+        if limit is not None and len(attrs) > limit:
+            attrs = self._summarised(attrs, limit)
+            changed = True
+        dropped = 0
+        if limit == 0 or _needs_cleaning(attrs, self.max_value_len, 0):
+            bounded = BoundedAttributes(
+                limit, attrs, immutable=True, max_value_len=self.max_value_len
+            )
+            attrs, dropped = bounded._dict, bounded.dropped
+            changed = True
+        ids: list[tuple[str, int, int, int]] = []
+        if objects:
+            if changed:
+                return None  # limits cut or cleaned: where each id lands is not known
+            order = {k: i for i, k in enumerate(attrs)}
+            for side, (prefix, raw) in enumerate(
+                ((INPUT_PREFIX, inputs), (OUTPUT_PREFIX, outputs))
+            ):
+                for index, (k, kind, payload) in enumerate(raw):
+                    if kind == _OBJECT and payload[1] is None:
+                        attr = (prefix + k if k else prefix.rstrip(".")) + ".id"
+                        if attr not in order:
+                            return None
+                        ids.append((attr, side, index, order[attr]))
+            ids.sort(key=lambda entry: entry[3])
+        layout = (attrs, object(), dropped, tuple(ids))
+        if len(self._layouts) >= _LAYOUTS_MAX:
+            self._layouts.clear()
+        self._layouts[key] = layout
+        return layout
 
     def _head_of(self, plan: Any) -> int:
         """How many leading attributes every span of ``plan`` shares (the ``fixed`` hint), or 0.
