@@ -185,3 +185,57 @@ def test_an_enum_whose_value_is_not_a_scalar_has_no_enum_value(otel_gpu_spans):
     op(Shape.SQUARE)
     a = spans.get()[0].attributes
     assert a["otel_gpu.input.s.value"] == "Shape.SQUARE" and "otel_gpu.input.s.enum_value" not in a
+
+
+def test_each_type_is_treated_by_what_it_is_however_many_types_a_program_makes():
+    """How a value is recorded is decided once per type: subclasses of list, tuple, dict, a
+    namedtuple, an enum, a user mapping and a plain object each keep their treatment, and a
+    program making classes in a loop does not grow that memo without bound."""
+    import collections
+    import collections.abc
+
+    from otel_gpu.calls import metadata
+
+    class Items(list):
+        pass
+
+    class Pair(tuple):
+        pass
+
+    class Table(dict):
+        pass
+
+    Point = collections.namedtuple("Point", "x y")
+
+    class Store(collections.abc.Mapping):
+        def __getitem__(self, k):
+            raise KeyError(k)
+
+        def __iter__(self):
+            return iter(())
+
+        def __len__(self):
+            return 0
+
+    values = {
+        "items": Items([torch.ones(1)]),
+        "pair": Pair((1, 2)),
+        "table": Table(a=1),
+        "point": Point(1, 2),
+        "mode": Mode.OPTION_A,
+        "store": Store(),
+        "counter": Counter(),
+    }
+    for _ in range(2):  # the second pass reads the memo
+        out: list = []
+        for key, value in values.items():
+            metadata.capture(out, key, value, 8, None)
+        kinds = {k: kind for k, kind, _ in out}
+        assert kinds["items"] == kinds["pair"] == kinds["table"] == metadata.CONTAINER
+        assert kinds["items.0"] == metadata.TENSOR
+        assert kinds["point.x"] == kinds["table.a"] == kinds["pair.1"] == metadata.VALUE
+        assert kinds["mode"] == metadata.VALUE
+        assert kinds["store"] == kinds["counter"] == metadata.OBJECT
+    for i in range(3000):
+        metadata.capture([], "x", type(f"Made{i}", (), {})(), 8, None)
+    assert len(metadata._BRANCHES) <= 1024

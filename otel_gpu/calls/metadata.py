@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
+from torch.utils import _pytree  # torch imports it itself; its registry is read per structure
 
 __all__ = ["Binder", "capture", "capture_output", "make_binder", "to_attributes"]
 
@@ -115,6 +116,7 @@ def redact(raw: _Raw, words: tuple[str, ...]) -> None:
 
 
 _payload = operator.itemgetter(2)
+_kind = operator.itemgetter(1)
 # payload types that are never a string nor a str-based enum: a tensor's or a container's
 # tuple, an object's description tuple, and the atoms other than str
 _NO_TEXT = frozenset((tuple, type(None), bool, int, float, torch.dtype, torch.device))
@@ -197,33 +199,64 @@ def capture(
             tensors.append((key, value))
     elif tp in _SCALARS:
         out.append((key, VALUE, value))
-    elif issubclass(tp, torch.Tensor):
-        out.append((key, TENSOR, _tensor_meta(value)))
-        if tensors is not None:
-            tensors.append((key, value))
+    else:
+        branch = _BRANCHES.get(tp)
+        if branch is None:
+            branch = _branch_of(tp)
+        if branch == _B_TENSOR:
+            out.append((key, TENSOR, _tensor_meta(value)))
+            if tensors is not None:
+                tensors.append((key, value))
+        elif branch == _B_VALUE:
+            out.append((key, VALUE, value))
+        elif branch == _B_LIST or branch == _B_TUPLE:
+            base: Any = list if branch == _B_LIST else tuple
+            out.append((key, CONTAINER, (tp.__name__, base.__len__(value))))
+            if depth < MAX_DEPTH:
+                for i, item in enumerate(itertools.islice(base.__iter__(value), max_items)):
+                    capture(out, f"{key}.{i}", item, max_items, tensors, depth + 1)
+        elif branch == _B_NAMEDTUPLE:  # field names are better keys than indices
+            out.append((key, CONTAINER, (tp.__name__, tuple.__len__(value))))
+            if depth < MAX_DEPTH:
+                pairs = zip(_field_names(tp), tuple.__iter__(value))
+                for name, item in itertools.islice(pairs, max_items):
+                    capture(out, f"{key}.{name}", item, max_items, tensors, depth + 1)
+        elif branch == _B_DICT:
+            out.append((key, CONTAINER, (tp.__name__, dict.__len__(value))))
+            if depth < MAX_DEPTH:
+                for i, (k, item) in enumerate(itertools.islice(dict.items(value), max_items)):
+                    capture(out, f"{key}.{_key_part(k, i)}", item, max_items, tensors, depth + 1)
+        elif branch == _B_MAPPING:  # a user-defined mapping: its length and items are user code
+            out.append((key, OBJECT, _describe_object(value)))
+        elif not _capture_structure(out, key, value, max_items, tensors, depth):
+            out.append((key, OBJECT, _describe_object(value)))
+
+
+# How capture() treats a type, decided once per type: a KV cache's walk met ~40 issubclass
+# checks a call (the Mapping one through the ABC machinery). A class's bases do not change.
+_B_TENSOR, _B_VALUE, _B_LIST, _B_TUPLE, _B_NAMEDTUPLE, _B_DICT, _B_MAPPING, _B_OTHER = range(8)
+_BRANCHES: dict[type, int] = {}
+
+
+def _branch_of(tp: type) -> int:
+    if issubclass(tp, torch.Tensor):
+        branch = _B_TENSOR
     elif issubclass(tp, (enum.Enum, torch.dtype, torch.device)):
-        out.append((key, VALUE, value))
-    elif issubclass(tp, list) or (issubclass(tp, tuple) and not _is_namedtuple(tp)):
-        base: Any = list if issubclass(tp, list) else tuple
-        out.append((key, CONTAINER, (tp.__name__, base.__len__(value))))
-        if depth < MAX_DEPTH:
-            for i, item in enumerate(itertools.islice(base.__iter__(value), max_items)):
-                capture(out, f"{key}.{i}", item, max_items, tensors, depth + 1)
-    elif issubclass(tp, tuple):  # namedtuple: field names are better keys than indices
-        out.append((key, CONTAINER, (tp.__name__, tuple.__len__(value))))
-        if depth < MAX_DEPTH:
-            pairs = zip(_field_names(tp), tuple.__iter__(value))
-            for name, item in itertools.islice(pairs, max_items):
-                capture(out, f"{key}.{name}", item, max_items, tensors, depth + 1)
+        branch = _B_VALUE
+    elif issubclass(tp, list):
+        branch = _B_LIST
+    elif issubclass(tp, tuple):
+        branch = _B_NAMEDTUPLE if _is_namedtuple(tp) else _B_TUPLE
     elif issubclass(tp, dict):
-        out.append((key, CONTAINER, (tp.__name__, dict.__len__(value))))
-        if depth < MAX_DEPTH:
-            for i, (k, item) in enumerate(itertools.islice(dict.items(value), max_items)):
-                capture(out, f"{key}.{_key_part(k, i)}", item, max_items, tensors, depth + 1)
-    elif issubclass(tp, Mapping):  # a user-defined mapping: its length and items are user code
-        out.append((key, OBJECT, _describe_object(value)))
-    elif not _capture_structure(out, key, value, max_items, tensors, depth):
-        out.append((key, OBJECT, _describe_object(value)))
+        branch = _B_DICT
+    elif issubclass(tp, Mapping):
+        branch = _B_MAPPING
+    else:
+        branch = _B_OTHER
+    if len(_BRANCHES) >= 1024:  # types made in a loop must not grow this without bound
+        _BRANCHES.clear()
+    _BRANCHES[tp] = branch
+    return branch
 
 
 def _is_namedtuple(tp: type) -> bool:
@@ -276,7 +309,7 @@ def _capture_structure(
         if walked > max_items:
             break
         capture(out, f"{key}.{name}", item, max_items, tensors, depth + 1)
-    if not any(kind == TENSOR for _, kind, _ in out[mark:]):
+    if TENSOR not in map(_kind, out[mark:]):  # one C-level pass
         del out[mark:]
         return False
     return True
@@ -286,7 +319,7 @@ _NOT_WALKED = (torch.nn.Module, type, enum.Enum)
 
 
 def _pytree_children(value: Any, tp: type) -> list[tuple[str, Any]] | None:
-    node = _pytree_nodes().get(tp)
+    node = _pytree.SUPPORTED_NODES.get(tp)
     if node is None:
         return None
     try:  # registered code: whatever it raises, SystemExit included, costs only this structure
@@ -305,12 +338,6 @@ def _pytree_key(entry: Any, index: int) -> str:
         if part is not None:
             return _key_part(part, index)
     return str(index)
-
-
-def _pytree_nodes() -> dict[type, Any]:
-    from torch.utils import _pytree
-
-    return _pytree.SUPPORTED_NODES
 
 
 # Types whose instances cannot change after the call, so a repr taken now stays true, and whose

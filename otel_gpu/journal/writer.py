@@ -52,6 +52,7 @@ from otel_gpu.calls import metadata
 from otel_gpu.config import Settings, runtime_dir
 
 _payload = metadata._payload
+_kind = metadata._kind
 
 if TYPE_CHECKING:
     from otel_gpu.calls.decorator import _Plan
@@ -275,9 +276,9 @@ def _compact(raw: Any, limit: int) -> list[tuple[Any, ...]]:
 def _key_of(raw: Any) -> Any:
     """``raw`` with each object's payload cut to its type name (all that ``_compact`` keeps of
     it); ``raw`` itself when it holds no object."""
-    if not any(kind == _OBJECT for _, kind, _ in raw):
+    if _OBJECT not in map(_kind, raw):  # one C-level pass
         return raw
-    return tuple((k, kind, p[0]) if kind == _OBJECT else (k, kind, p) for k, kind, p in raw)
+    return tuple([(k, kind, p[0]) if kind == _OBJECT else (k, kind, p) for k, kind, p in raw])
 
 
 def _encode(raw: Any, limit: int, capacity: int) -> tuple[bytes, bool]:
