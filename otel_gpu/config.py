@@ -22,6 +22,8 @@ from typing import Any
 
 __all__ = [
     "LEVELS",
+    "SAMPLERS",
+    "SAMPLER_ENTRY_POINTS",
     "SETTINGS",
     "STANDARD",
     "Bounded",
@@ -662,14 +664,17 @@ class StandardSetting:
     OpenTelemetry specification, and otel-gpu only bounds it where it uses it.
 
     ``applies``: ``otlp`` is checked at configuration when ``OTEL_GPU_LOGDEST`` includes ``otlp``;
-    ``provider`` when otel-gpu builds its own TracerProvider. ``only_if`` names another variable
-    and the values of it under which this one is a number (the sampler's argument).
+    ``provider`` (read by the SDK's TracerProvider; the span limits also when
+    ``opentelemetry.sdk.trace`` is imported) at configuration, at every level, as an
+    ``OTEL_GPU_*`` variable is, and by ``otel_gpu.export.pipeline`` before it imports the SDK.
+    ``only_if`` names another variable and the values of it under which this one is checked
+    (the sampler's argument).
     """
 
     env: str
     applies: str
     allowed: str
-    parse: Bounded
+    parse: Callable[[str], Any]
     doc: str
     only_if: tuple[str, tuple[str, ...]] | None = None
 
@@ -678,6 +683,43 @@ _OTLP_TIMEOUT = Bounded(0.001, _MAX_SECONDS, integer=False, unit="seconds")
 _SPAN_LIMIT = Bounded(0, _MAX_COUNT, integer=True)
 _SPAN_LIMIT_ALLOWED = f"{_SPAN_LIMIT.text}, or unset"
 _RATIO_SAMPLERS = ("traceidratio", "parentbased_traceidratio")
+SAMPLERS = (
+    "always_on",
+    "always_off",
+    "traceidratio",
+    "parentbased_always_on",
+    "parentbased_always_off",
+    "parentbased_traceidratio",
+)
+"""The SDK's built-in values of ``OTEL_TRACES_SAMPLER`` (``sampling._KNOWN_SAMPLERS``)."""
+SAMPLER_ENTRY_POINTS = "opentelemetry_traces_sampler"
+"""The entry-point group under which packages register more samplers."""
+
+
+def _sampler_entry_points() -> tuple[str, ...]:
+    """The names of the installed :data:`SAMPLER_ENTRY_POINTS`, sorted (the SDK registers its
+    built-ins there too)."""
+    from importlib.metadata import entry_points
+
+    return tuple(sorted({ep.name for ep in entry_points(group=SAMPLER_ENTRY_POINTS)}))
+
+
+def _sampler(raw: str) -> str:
+    """``OTEL_TRACES_SAMPLER``: a built-in name (any case, as the SDK's TracerProvider reads it) or
+    the exact name of an installed entry point (as the SDK's auto-configuration loads it)."""
+    if raw.lower() in SAMPLERS:
+        return raw.lower()
+    if raw != raw.strip():
+        raise ValueError(f"{raw!r} has spaces around the name, which the SDK does not strip")
+    installed = _sampler_entry_points()
+    if raw in installed:
+        return raw
+    others = [n for n in installed if n not in SAMPLERS]
+    listed = ", ".join(others) if others else "none besides the built-ins"
+    raise ValueError(
+        f"not a known sampler (installed {SAMPLER_ENTRY_POINTS} entry points: {listed})"
+    )
+
 
 STANDARD: tuple[StandardSetting, ...] = (
     StandardSetting(
@@ -718,6 +760,14 @@ STANDARD: tuple[StandardSetting, ...] = (
         "bounds an export.",
     ),
     StandardSetting(
+        "OTEL_TRACES_SAMPLER",
+        "provider",
+        f"{', '.join(SAMPLERS)}, or the name of an installed {SAMPLER_ENTRY_POINTS} entry point",
+        _sampler,
+        "The head sampler of otel-gpu's own provider (on an unknown name the SDK logs one warning "
+        "and samples everything).",
+    ),
+    StandardSetting(
         "OTEL_TRACES_SAMPLER_ARG",
         "provider",
         "number >= 0 and <= 1",
@@ -755,7 +805,8 @@ def check_standard(applies: str, env: Mapping[str, str] | None = None) -> None:
     for setting in STANDARD:
         if setting.applies != applies:
             continue
-        raw = env.get(setting.env, "").strip()
+        value = env.get(setting.env, "")
+        raw = value.strip()
         if not raw or (setting.parse is _SPAN_LIMIT and raw.lower() == "unset"):
             continue
         if setting.only_if is not None:
@@ -763,7 +814,7 @@ def check_standard(applies: str, env: Mapping[str, str] | None = None) -> None:
             if env.get(other, "").strip().lower() not in values:
                 continue
         try:
-            setting.parse(raw)
+            setting.parse(value)  # unstripped: a sampler name with spaces is unknown to the SDK
         except ValueError as exc:
             raise ConfigError(
                 f"{setting.env}={raw!r} (environment) is invalid: {exc}. "
@@ -898,6 +949,7 @@ def load(
             values[setting.field] = _parse(setting, overrides[setting.field], "configure()")
         elif setting.env in env and (env[setting.env].strip() or setting.field == "redact"):
             values[setting.field] = _parse(setting, env[setting.env], "environment")
+    check_standard("provider", env)  # the SDK's own failure would come later, or not at all
     return Settings(**values, dest_explicit="dest" in values)
 
 

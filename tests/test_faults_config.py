@@ -10,15 +10,23 @@
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import pytest
 import torch
+from jsonl_spans import read_spans
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SpanProcessor
 
 import otel_gpu
 from otel_gpu import _guard, config
 from otel_gpu.calls import metadata
+
+REPO = Path(__file__).resolve().parent.parent
 
 # Bad values per parser; every setting whose parser can reject something is covered.
 BAD_BY_PARSER = {
@@ -229,3 +237,99 @@ def test_strict_mode_turns_an_internal_error_into_a_failure(otel_gpu_spans, monk
     with pytest.raises(RuntimeError, match="metadata is broken"):
         f(1)
     assert math.isfinite(config.current().flush_timeout)
+
+
+# --------------------------------------------------------------------------- standard variables
+
+_DECORATE = textwrap.dedent(
+    """
+    import otel_gpu
+
+    f = otel_gpu.api(lambda x: x)
+    print("decorated", flush=True)
+    print("result", f(3), flush=True)
+    """
+)
+
+
+def _run(program: str, tmp_path: Path, **environment: str) -> subprocess.CompletedProcess[str]:
+    """``program`` in a fresh interpreter (which has not imported the SDK yet), with only these
+    OTEL_* variables set."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")} | environment
+    env["PYTHONPATH"] = str(REPO)  # the checkout under test, whatever the working directory
+    return subprocess.run(
+        [sys.executable, "-c", program],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "level"),
+    [
+        ("OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT", "abc", "1"),  # read by the SDK when it is imported
+        ("OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT", "1e21", "0"),  # level 0 imports it as well
+        ("OTEL_SPAN_EVENT_COUNT_LIMIT", "-1", "1"),  # read by its TracerProvider (first call)
+    ],
+)
+def test_a_bad_span_limit_is_a_config_error_before_the_sdk_reads_it(tmp_path, name, value, level):
+    """A span-limit variable out of range fails as a bad OTEL_GPU_* variable does: exit 1 with
+    otel-gpu's one-line ConfigError naming the variable, the value and the range, raised at
+    decoration (nothing after it runs), and never the SDK's own ValueError."""
+    proc = _run(_DECORATE, tmp_path, OTEL_GPU_LOGLEVEL=level, **{name: value})
+    assert proc.returncode == 1
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("otel_gpu.config.ConfigError: ")
+    assert f"{name}={value!r} (environment) is invalid" in last
+    assert "Allowed: integer >= 0 and <= 1000000, or unset." in last
+    assert "ValueError" not in proc.stderr and "non-negative integer" not in proc.stderr
+    assert "decorated" not in proc.stdout
+
+
+def test_an_unknown_sampler_is_a_config_error_naming_the_allowed_ones(monkeypatch):
+    """OTEL_TRACES_SAMPLER=bogus (which the SDK's TracerProvider replaces by always-on with a
+    warning) is a ConfigError at decoration, listing every built-in sampler."""
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "bogus")
+    monkeypatch.setenv("OTEL_GPU_LOGLEVEL", "1")
+    with pytest.raises(config.ConfigError) as info:
+        otel_gpu.api(lambda x: x)
+    message = str(info.value)
+    assert message.startswith("OTEL_TRACES_SAMPLER='bogus' (environment) is invalid")
+    assert "\n" not in message and "Allowed: " in message
+    allowed = message.partition("Allowed: ")[2]
+    assert all(name in allowed for name in config.SAMPLERS)
+    assert config.SAMPLER_ENTRY_POINTS in allowed
+
+
+@pytest.mark.parametrize("value", ["Bogus", " traceidratio", "traceidratio,always_on"])
+def test_sampler_names_the_sdk_would_not_recognise_are_refused(value):
+    """A name with spaces around it, or a list, is unknown to the SDK's TracerProvider: refused."""
+    with pytest.raises(config.ConfigError, match="OTEL_TRACES_SAMPLER="):
+        config.load(env={"OTEL_TRACES_SAMPLER": value})
+
+
+@pytest.mark.parametrize("value", [*config.SAMPLERS, "ParentBased_TraceIdRatio", ""])
+def test_the_sdk_sampler_names_are_accepted_in_any_case(value):
+    """Every built-in name loads, in any case, as the SDK reads it; empty means unset."""
+    config.load(env={"OTEL_TRACES_SAMPLER": value, "OTEL_TRACES_SAMPLER_ARG": "0.5"})
+
+
+def test_a_valid_ratio_sampler_still_samples_own_provider_spans(tmp_path, monkeypatch):
+    """parentbased_traceidratio with OTEL_TRACES_SAMPLER_ARG=0.5 is accepted and applied: of 400
+    root calls some, not all, become spans (all or none has a chance of 2 * 2**-400)."""
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "parentbased_traceidratio")
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", "0.5")
+    out = tmp_path / "t.jsonl"
+    otel_gpu.configure(level=1, dest=str(out), provider="own")
+
+    @otel_gpu.api
+    def double(x):
+        return 2 * x
+
+    assert [double(i) for i in range(400)] == [2 * i for i in range(400)]
+    otel_gpu.flush()
+    spans = read_spans(out)
+    assert 0 < len(spans) < 400

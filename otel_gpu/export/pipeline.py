@@ -28,9 +28,6 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import trace
-from opentelemetry.sdk.trace import Event, SpanLimits
-from opentelemetry.sdk.trace import TracerProvider as SdkTracerProvider
-from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, ParentBased
 
 from otel_gpu import _guard
 from otel_gpu.attributes import (
@@ -41,10 +38,20 @@ from otel_gpu.attributes import (
     SPANS_DROPPED_TOTAL,
 )
 from otel_gpu.calls.record import Call
-from otel_gpu.config import ConfigError, Settings
+from otel_gpu.config import ConfigError, Settings, check_standard
 from otel_gpu.export import observers as _observers
-from otel_gpu.export.spans import SCOPE as SCOPE
-from otel_gpu.export.spans import SpanBuilder, _HashedResource
+
+# opentelemetry.sdk.trace reads the span limits when it is imported and raises its own ValueError
+# on a bad one. This is the first SDK import on the way to @otel_gpu.api: check them here, so the
+# program gets the one-line ConfigError a bad OTEL_GPU_* variable gives.
+check_standard("provider")
+
+from opentelemetry.sdk.trace import Event, SpanLimits  # noqa: E402
+from opentelemetry.sdk.trace import TracerProvider as SdkTracerProvider  # noqa: E402
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, ParentBased  # noqa: E402
+
+from otel_gpu.export.spans import SCOPE as SCOPE  # noqa: E402
+from otel_gpu.export.spans import SpanBuilder, _HashedResource  # noqa: E402
 
 if TYPE_CHECKING:
     from otel_gpu.export.observers import Observer

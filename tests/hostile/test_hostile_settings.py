@@ -35,13 +35,17 @@ def _bounded_settings() -> list[config.Setting]:
     return [s for s in config.SETTINGS if isinstance(s.parse, Bounded)]
 
 
+def _bounded_standard() -> list[config.StandardSetting]:
+    return [s for s in STANDARD if isinstance(s.parse, Bounded)]  # not the sampler's name
+
+
 def _cases() -> list[tuple[str, str, str]]:
     """(table, variable, hostile value) for every numeric setting of both tables."""
     cases = []
     rows: list[tuple[str, str, Bounded]] = [
         ("otel-gpu", s.env, s.parse) for s in _bounded_settings()
     ]
-    rows += [(s.applies, s.env, s.parse) for s in STANDARD]
+    rows += [(s.applies, s.env, s.parse) for s in _bounded_standard()]
     for table, env, bounds in rows:
         values = [v for v in HOSTILE if v]  # empty means unset: the default applies
         values.append(_just_above(bounds))
@@ -64,9 +68,8 @@ def _load_with(monkeypatch: pytest.MonkeyPatch, table: str, env: str, value: str
     elif table == "otlp":  # checked when OTEL_GPU_LOGDEST includes otlp
         monkeypatch.setenv(env, value)
         config.load(env={"OTEL_GPU_LOGDEST": "otlp"})
-    else:  # read by the SDK for otel-gpu's own provider: checked when it is built
-        environment = {env: value, "OTEL_TRACES_SAMPLER": "traceidratio"}
-        config.check_standard(table, environment)
+    else:  # read by the SDK (the span limits when imported): checked at configuration
+        config.load(env={env: value, "OTEL_TRACES_SAMPLER": "traceidratio"})
 
 
 @pytest.mark.parametrize(("table", "env", "value"), _cases())
@@ -107,7 +110,7 @@ def test_every_numeric_setting_has_a_documented_range():
             assert isinstance(s.parse, Bounded), s.env
         if isinstance(s.parse, Bounded):
             assert s.parse.text in s.allowed, s.env
-    for standard in STANDARD:
+    for standard in _bounded_standard():
         assert standard.parse.text in standard.allowed, standard.env
 
 
@@ -153,24 +156,16 @@ def test_cli_exits_2_with_one_line_on_a_hostile_number(tmp_path, environment):
     assert name in proc.stderr and repr(environment[name]) in proc.stderr
 
 
-def test_sdk_variable_out_of_range_turns_otel_gpu_off_with_one_line(tmp_path, monkeypatch, caplog):
-    """Attack: OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT=1e21, which the SDK's TracerProvider raises on.
-    Outcome: otel-gpu's own provider is not built, one warning names the variable, and the
-    program's calls run and return their results."""
-    _guard.set_strict(False)
-    monkeypatch.setenv("OTEL_GPU_STRICT", "false")
+def test_sdk_variable_out_of_range_fails_at_configuration_with_one_line(tmp_path, monkeypatch):
+    """Attack: OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT=1e21, which the SDK raises its own ValueError on
+    (when imported, and in its TracerProvider). Outcome: configure() raises the one-line
+    ConfigError a bad OTEL_GPU_* variable gives, naming the variable, the value and the range."""
     monkeypatch.setenv("OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT", "1e21")
-    otel_gpu.configure(level=1, dest=str(tmp_path / "t.jsonl"), provider="own", strict=False)
-
-    @otel_gpu.api
-    def double(x):
-        return 2 * x
-
-    with caplog.at_level(logging.WARNING, logger="otel_gpu"):
-        assert [double(i) for i in range(5)] == [0, 2, 4, 6, 8]
-    lines = [r.getMessage() for r in caplog.records if r.name == "otel_gpu"]
-    assert len(lines) == 1 and "OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT='1e21'" in lines[0]
-    assert all(r.exc_info is None for r in caplog.records)
+    with pytest.raises(ConfigError) as info:
+        otel_gpu.configure(level=1, dest=str(tmp_path / "t.jsonl"), provider="own")
+    message = str(info.value)
+    assert "\n" not in message and "OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT='1e21'" in message
+    assert "Allowed: integer >= 0 and <= 1000000, or unset." in message
 
 
 def test_batch_size_above_a_small_queue_is_lowered_not_fatal():
