@@ -337,6 +337,35 @@ def _batch_size(settings: Settings) -> int | None:
     return min(size, settings.queue_size)
 
 
+def _registered_sampler() -> Any:
+    """The sampler an installed package registers under ``OTEL_TRACES_SAMPLER``'s name (entry-point
+    group ``opentelemetry_traces_sampler``), built as the SDK's auto-configuration builds it, with
+    ``OTEL_TRACES_SAMPLER_ARG`` as its argument. None for the SDK's built-in names, which its
+    TracerProvider reads itself (it ignores the entry points)."""
+    from importlib.metadata import entry_points
+
+    from opentelemetry.sdk.trace.sampling import Sampler
+
+    from otel_gpu.config import SAMPLER_ENTRY_POINTS, SAMPLERS
+
+    env = otel_standard_variables()
+    name = env.get("OTEL_TRACES_SAMPLER", "")
+    if not name.strip() or name.lower() in SAMPLERS:
+        return None
+    found = entry_points(group=SAMPLER_ENTRY_POINTS, name=name)  # checked at configuration
+    try:
+        sampler = next(iter(found)).load()(env.get("OTEL_TRACES_SAMPLER_ARG"))
+    except Exception as exc:
+        raise ConfigError(
+            f"OTEL_TRACES_SAMPLER={name!r} (environment) is invalid: its entry point failed: {exc!r}"
+        ) from None
+    if not isinstance(sampler, Sampler):
+        raise ConfigError(
+            f"OTEL_TRACES_SAMPLER={name!r} (environment) is invalid: its entry point made {sampler!r}, not a Sampler"
+        )
+    return sampler
+
+
 def build_provider(settings: Settings) -> OwnProvider:
     """otel-gpu's own provider for ``settings.dest``, one span processor per destination."""
     from otel_gpu.resource import build_resource
@@ -345,7 +374,9 @@ def build_provider(settings: Settings) -> OwnProvider:
     resource = build_resource()
     if settings.service_name:  # configure(service_name=...) wins, as OTEL_SERVICE_NAME does
         resource = resource.merge(Resource({"service.name": settings.service_name}))
-    provider = TracerProvider(resource=resource, shutdown_on_exit=False)
+    provider = TracerProvider(
+        resource=resource, sampler=_registered_sampler(), shutdown_on_exit=False
+    )
     hooks: list[Callable[[], Any]] = []
     consoles: list[ConsoleSpanExporter] = []
     counters: list[CountingExporter] = []

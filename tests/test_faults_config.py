@@ -9,11 +9,14 @@
 
 from __future__ import annotations
 
+import importlib.metadata
+import logging
 import math
 import os
 import subprocess
 import sys
 import textwrap
+from importlib.metadata import EntryPoint, EntryPoints
 from pathlib import Path
 
 import pytest
@@ -333,3 +336,66 @@ def test_a_valid_ratio_sampler_still_samples_own_provider_spans(tmp_path, monkey
     otel_gpu.flush()
     spans = read_spans(out)
     assert 0 < len(spans) < 400
+
+
+def _register_sampler(monkeypatch: pytest.MonkeyPatch, name: str, target: str) -> None:
+    """Make ``name`` an installed sampler entry point (``module:factory``), as a package would."""
+    registered = EntryPoint(name, target, config.SAMPLER_ENTRY_POINTS)
+    real = importlib.metadata.entry_points
+
+    def entry_points(**select):
+        if select.get("group") == config.SAMPLER_ENTRY_POINTS:
+            found = [*real(group=config.SAMPLER_ENTRY_POINTS), registered]
+            return EntryPoints(ep for ep in found if select.get("name", ep.name) == ep.name)
+        return real(**select)
+
+    monkeypatch.setattr(importlib.metadata, "entry_points", entry_points)
+
+
+def test_a_registered_sampler_is_accepted_and_used_by_otel_gpus_provider(tmp_path, monkeypatch):
+    """A sampler an installed package registers under the opentelemetry_traces_sampler entry
+    points is accepted by name and used by otel-gpu's own provider (the SDK's TracerProvider
+    alone would ignore it and sample everything): here one that drops every call."""
+    _register_sampler(monkeypatch, "test_drop_all", "opentelemetry.sdk.trace.sampling:_AlwaysOff")
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "test_drop_all")
+    out = tmp_path / "t.jsonl"
+    otel_gpu.configure(level=1, dest=str(out), provider="own")
+
+    @otel_gpu.api
+    def double(x):
+        return 2 * x
+
+    assert [double(i) for i in range(20)] == [2 * i for i in range(20)]
+    otel_gpu.flush()
+    assert not out.exists() or read_spans(out) == []
+    with pytest.raises(config.ConfigError, match=r"entry points: test_drop_all\)"):
+        config.load(env={"OTEL_TRACES_SAMPLER": "test_drop_al"})
+
+
+@pytest.mark.parametrize(
+    "target",
+    [
+        "opentelemetry.sdk.trace.sampling:TraceIdRatioBased",  # raises on its argument, None
+        "builtins:str",  # returns a string, not a Sampler
+    ],
+)
+def test_a_registered_sampler_that_fails_turns_otel_gpu_off_with_one_line(
+    tmp_path, monkeypatch, caplog, target
+):
+    """A registered sampler whose factory raises or returns no Sampler: otel-gpu's provider is
+    not built, one warning names the variable, and the program's calls return their results."""
+    _register_sampler(monkeypatch, "test_broken", target)
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "test_broken")
+    _guard.set_strict(False)
+    monkeypatch.setenv("OTEL_GPU_STRICT", "false")
+    otel_gpu.configure(level=1, dest=str(tmp_path / "t.jsonl"), provider="own", strict=False)
+
+    @otel_gpu.api
+    def double(x):
+        return 2 * x
+
+    with caplog.at_level(logging.WARNING, logger="otel_gpu"):
+        assert [double(i) for i in range(5)] == [0, 2, 4, 6, 8]
+    lines = [r.getMessage() for r in caplog.records if r.name == "otel_gpu"]
+    assert len(lines) == 1
+    assert "OTEL_TRACES_SAMPLER='test_broken' (environment) is invalid: its entry point" in lines[0]
