@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -127,3 +128,69 @@ def test_docs_list_every_setting():
     docs = (pathlib.Path(__file__).resolve().parents[1] / "docs" / "configuration.md").read_text()
     missing = [s.env for s in config.SETTINGS if f"`{s.env}`" not in docs]
     assert missing == []
+
+
+# --------------------------------------------------------------------------- otel-gpu info
+
+
+def _info(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    """Exit status, stdout and stderr of `otel-gpu info ARGS`, run in this process."""
+    from otel_gpu.cli import main
+
+    code = main(["info", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_info_lists_the_standard_variables_that_are_set(monkeypatch, capsys):
+    """`otel-gpu info` shows each standard OTEL_* variable set, in the settings' style, OTLP
+    headers hidden (they carry credentials); --json has them under "standard"."""
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "parentbased_traceidratio")
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", "0.5")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", "authorization=Bearer s3cret")
+    code, out, err = _info(capsys)
+    assert code == 0 and err == ""
+    standard = out.partition("\nstandard:\n")[2].partition("\nresource:\n")[0].splitlines()
+    assert standard == [
+        "  OTEL_EXPORTER_OTLP_HEADERS   = <redacted>",
+        "  OTEL_TRACES_SAMPLER          = parentbased_traceidratio",
+        "  OTEL_TRACES_SAMPLER_ARG      = 0.5",
+    ]
+    code, out, _ = _info(capsys, "--json")
+    assert code == 0
+    assert json.loads(out)["standard"] == {
+        "OTEL_EXPORTER_OTLP_HEADERS": "<redacted>",
+        "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+        "OTEL_TRACES_SAMPLER_ARG": "0.5",
+    }
+    assert "s3cret" not in out
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("OTEL_TRACES_SAMPLER", "bogus"), ("OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT", "abc")],
+)
+def test_info_flags_a_bad_standard_variable_as_a_bad_setting(monkeypatch, capsys, name, value):
+    """A bad standard variable makes `otel-gpu info` print the program's ConfigError as one line
+    and exit 2, as a bad OTEL_GPU_* variable does, with nothing on stdout."""
+    monkeypatch.setenv(name, value)
+    code, out, err = _info(capsys)
+    assert (code, out) == (2, "")
+    assert err.startswith(f"otel-gpu info: {name}={value!r} (environment) is invalid: ")
+    assert err.count("\n") == 1 and "Allowed: " in err
+    monkeypatch.setenv("OTEL_GPU_MAX_ITEMS", "0")  # the same exit status as otel-gpu's own
+    code, _, err = _info(capsys)
+    assert code == 2 and err.startswith("otel-gpu info: OTEL_GPU_MAX_ITEMS='0'")
+
+
+def test_info_notes_a_bad_otlp_variable_it_does_not_use(monkeypatch, capsys):
+    """An OTLP timeout otel-gpu would refuse, set while OTEL_GPU_LOGDEST has no otlp, is shown
+    with a note giving the error it would raise with otlp; the command still succeeds."""
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "abc")
+    code, out, _ = _info(capsys)
+    assert code == 0
+    assert "  OTEL_EXPORTER_OTLP_TIMEOUT   = abc\n" in out
+    assert (
+        "  note: unused while OTEL_GPU_LOGDEST has no otlp; with it: "
+        "OTEL_EXPORTER_OTLP_TIMEOUT='abc' (environment) is invalid: not a number." in out
+    )

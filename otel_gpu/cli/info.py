@@ -1,4 +1,5 @@
-"""``otel-gpu info``: the settings in force and the resource spans will carry."""
+"""``otel-gpu info``: the settings in force, the standard OpenTelemetry variables set, and the
+resource spans will carry."""
 
 from __future__ import annotations
 
@@ -8,18 +9,49 @@ from typing import Any
 
 __all__ = ["register"]
 
+_HIDDEN = "<redacted>"  # OTLP headers carry credentials (an Authorization header, an API key)
+
+
+def _standard(settings: Any) -> tuple[dict[str, str], list[str]]:
+    """The standard variables set (not otel-gpu's own rows, such as OTEL_SERVICE_NAME), headers
+    hidden, and a note for each one otel-gpu would refuse but does not use with these settings.
+
+    The ones otel-gpu uses were checked already: an invalid one stops the command before this
+    runs, with the ConfigError a program gets.
+    """
+    from otel_gpu import config
+
+    own = {row.env for row in config.SETTINGS}
+    shown = {
+        name: _HIDDEN if name.endswith("_HEADERS") else value
+        for name, value in sorted(config.otel_standard_variables().items())
+        if name not in own
+    }
+    notes = []
+    if not any(item.lower() == "otlp" for item in settings.dest):
+        for row in config.STANDARD:
+            if row.applies == "otlp" and row.env in shown:
+                try:
+                    config.check_standard("otlp", {row.env: shown[row.env]})
+                except config.ConfigError as exc:
+                    notes.append(f"unused while OTEL_GPU_LOGDEST has no otlp; with it: {exc}")
+    return shown, notes
+
 
 def _main(args: argparse.Namespace) -> int:
     from otel_gpu import config
+    from otel_gpu._text import printable
     from otel_gpu.resource import build_resource
 
     settings = config.current()
+    standard, notes = _standard(settings)
     resource = build_resource()
     if args.json:
         print(
             json.dumps(
                 {
                     "settings": {k: v for k, v in vars(settings).items()},
+                    "standard": standard,
                     "resource": dict(resource.attributes),
                 },
                 indent=2,
@@ -33,6 +65,13 @@ def _main(args: argparse.Namespace) -> int:
         if isinstance(value, tuple):
             value = ",".join(value)
         print(f"  {row.env:28} = {value}")
+    print("standard:")
+    for name, value in standard.items():  # another tool's value: escaped, it cannot forge lines
+        print(f"  {printable(name):28} = {printable(value)}")
+    if not standard:
+        print("  (none set)")
+    for note in notes:
+        print(f"  note: {note}")
     print("resource:")
     for key, value in sorted(resource.attributes.items()):
         print(f"  {key} = {value}")
