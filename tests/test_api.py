@@ -521,7 +521,8 @@ def test_every_kind_of_tensor_keeps_its_metadata(otel_gpu_spans):
     assert sparse["otel_gpu.input.t.shape"] == (4, 4)
     assert "otel_gpu.input.t.stride" not in sparse
     assert nested["otel_gpu.input.t.type"].startswith("Tensor (metadata unavailable")
-    assert ragged["otel_gpu.input.t.shape"][1] == "j1"
+    ragged_dim = ragged["otel_gpu.input.t.shape"][1]  # symbolic: j1, j2… in creation order
+    assert type(ragged_dim) is str and ragged_dim.startswith("j")
     assert all(type(d) is str for d in ragged["otel_gpu.input.t.stride"])
 
 
