@@ -24,6 +24,7 @@ __all__ = [
     "LEVELS",
     "SAMPLERS",
     "SAMPLER_ENTRY_POINTS",
+    "SDK_IMPORT_VARIABLES",
     "SETTINGS",
     "STANDARD",
     "Bounded",
@@ -664,11 +665,11 @@ class StandardSetting:
     OpenTelemetry specification, and otel-gpu only bounds it where it uses it.
 
     ``applies``: ``otlp`` is checked at configuration when ``OTEL_GPU_LOGDEST`` includes ``otlp``;
-    ``provider`` (read by the SDK's TracerProvider; the span limits also when
-    ``opentelemetry.sdk.trace`` is imported) at configuration, at every level, as an
-    ``OTEL_GPU_*`` variable is, and by ``otel_gpu.export.pipeline`` before it imports the SDK.
-    ``only_if`` names another variable and the values of it under which this one is checked
-    (the sampler's argument).
+    ``provider`` when otel-gpu builds its own TracerProvider (a bad value leaves otel-gpu off
+    for the process with one warning), except :data:`SDK_IMPORT_VARIABLES`, which the SDK reads
+    when ``opentelemetry.sdk.trace`` is imported and which ``otel_gpu.export.pipeline`` checks
+    just before that import. ``only_if`` names another variable and the values of it under which
+    this one is checked (the sampler's argument).
     """
 
     env: str
@@ -694,6 +695,9 @@ SAMPLERS = (
 """The SDK's built-in values of ``OTEL_TRACES_SAMPLER`` (``sampling._KNOWN_SAMPLERS``)."""
 SAMPLER_ENTRY_POINTS = "opentelemetry_traces_sampler"
 """The entry-point group under which packages register more samplers."""
+SDK_IMPORT_VARIABLES = ("OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT",)
+"""Standard variables ``opentelemetry.sdk.trace`` reads when it is imported: a bad one stops
+that import with the SDK's own ``ValueError``, at any level, for any program importing it."""
 
 
 def _sampler_entry_points() -> tuple[str, ...]:
@@ -949,7 +953,6 @@ def load(
             values[setting.field] = _parse(setting, overrides[setting.field], "configure()")
         elif setting.env in env and (env[setting.env].strip() or setting.field == "redact"):
             values[setting.field] = _parse(setting, env[setting.env], "environment")
-    check_standard("provider", env)  # the SDK's own failure would come later, or not at all
     return Settings(**values, dest_explicit="dest" in values)
 
 

@@ -171,16 +171,34 @@ def test_info_lists_the_standard_variables_that_are_set(monkeypatch, capsys):
     [("OTEL_TRACES_SAMPLER", "bogus"), ("OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT", "abc")],
 )
 def test_info_flags_a_bad_standard_variable_as_a_bad_setting(monkeypatch, capsys, name, value):
-    """A bad standard variable makes `otel-gpu info` print the program's ConfigError as one line
-    and exit 2, as a bad OTEL_GPU_* variable does, with nothing on stdout."""
+    """At a level above 0 a bad standard variable makes `otel-gpu info` print its ConfigError as
+    one line, saying a program would record nothing, and exit 2, as a bad OTEL_GPU_* variable
+    does, with nothing on stdout."""
     monkeypatch.setenv(name, value)
+    monkeypatch.setenv("OTEL_GPU_LOGLEVEL", "1")
     code, out, err = _info(capsys)
     assert (code, out) == (2, "")
     assert err.startswith(f"otel-gpu info: {name}={value!r} (environment) is invalid: ")
     assert err.count("\n") == 1 and "Allowed: " in err
+    assert err.rstrip().endswith(
+        "A program records nothing with it (otel-gpu stays off, with one warning)."
+    )
     monkeypatch.setenv("OTEL_GPU_MAX_ITEMS", "0")  # the same exit status as otel-gpu's own
     code, _, err = _info(capsys)
     assert code == 2 and err.startswith("otel-gpu info: OTEL_GPU_MAX_ITEMS='0'")
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("OTEL_TRACES_SAMPLER", "bogus"), ("OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT", "abc")],
+)
+def test_info_notes_a_bad_standard_variable_at_level_0(monkeypatch, capsys, name, value):
+    """At level 0 otel-gpu uses neither the sampler nor the span limits: a bad one is a note
+    giving the error it would be at a level above 0, and the command succeeds."""
+    monkeypatch.setenv(name, value)
+    code, out, err = _info(capsys)
+    assert code == 0 and err == ""
+    assert f"  note: unused at level 0; with a level above 0: {name}={value!r}" in out
 
 
 def test_info_notes_a_bad_otlp_variable_it_does_not_use(monkeypatch, capsys):

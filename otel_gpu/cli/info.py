@@ -16,18 +16,28 @@ def _standard(settings: Any) -> tuple[dict[str, str], list[str]]:
     """The standard variables set (not otel-gpu's own rows, such as OTEL_SERVICE_NAME), headers
     hidden, and a note for each one otel-gpu would refuse but does not use with these settings.
 
-    The ones otel-gpu uses were checked already: an invalid one stops the command before this
-    runs, with the ConfigError a program gets.
+    The OTLP ones otel-gpu uses were checked already: an invalid one stops the command before
+    this runs, with the ConfigError a program gets. The provider's (sampler, span limits) are
+    checked here: a program would run with otel-gpu off, so the command fails with that error.
     """
     from otel_gpu import config
 
     own = {row.env for row in config.SETTINGS}
+    variables = config.otel_standard_variables()
     shown = {
         name: _HIDDEN if name.endswith("_HEADERS") else value
-        for name, value in sorted(config.otel_standard_variables().items())
+        for name, value in sorted(variables.items())
         if name not in own
     }
     notes = []
+    try:
+        config.check_standard("provider", variables)
+    except config.ConfigError as exc:
+        if settings.level > 0:
+            raise config.ConfigError(
+                f"{exc} A program records nothing with it (otel-gpu stays off, with one warning)."
+            ) from None
+        notes.append(f"unused at level 0; with a level above 0: {exc}")
     if not any(item.lower() == "otlp" for item in settings.dest):
         for row in config.STANDARD:
             if row.applies == "otlp" and row.env in shown:
