@@ -6,6 +6,10 @@ one sends otel-gpu's hand-written request bytes and otherwise behaves like them:
 files, insecure), the same retryable failures (HTTP 429/502/503/504 and connection errors;
 gRPC UNAVAILABLE, RESOURCE_EXHAUSTED, …), exponential backoff with ±20 % jitter that
 never sleeps past the timeout, and ``Retry-After`` honoured. ``export()`` never raises.
+
+An outage is reported, not repeated: the first failed request gets a warning, further failures
+one summary line a minute (requests and spans lost so far), and the first success after them one
+line saying the endpoint recovered and what was lost meanwhile.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ _RETRYABLE_GRPC = frozenset(
     }
 )
 _TIMEOUT = next(s.parse for s in STANDARD if s.env == "OTEL_EXPORTER_OTLP_TIMEOUT")
+_SUMMARY_EVERY = 60.0  # seconds between the summary lines of an ongoing outage
 _DEFAULTS = {"grpc": "http://localhost:4317", "http/protobuf": "http://localhost:4318/v1/traces"}
 
 
@@ -143,6 +148,10 @@ class OtlpSpanExporter(SpanExporter):
         self._encoder = ProtoEncoder()
         self._stopping = threading.Event()
         self._lock = threading.Lock()
+        # the ongoing outage: (since, failed requests, spans in them, failed requests reported,
+        # when last reported); None while requests succeed
+        self._outage: list[Any] | None = None
+        self._outage_lock = threading.Lock()
         self._send = self._grpc_client() if protocol == "grpc" else self._http_client()
 
     # ------------------------------------------------------------------ clients
@@ -247,25 +256,68 @@ class OtlpSpanExporter(SpanExporter):
                 remaining = deadline - time.monotonic()
                 delivered, retryable, delay, why = self._send(body, max(remaining, 0.001))
                 if delivered:
+                    if self._outage is not None:
+                        self._recovered()
                     return SpanExportResult.SUCCESS
                 if delay is None:
                     delay = self._backoff * 2**attempt * random.uniform(0.8, 1.2)
                 attempt += 1
                 remaining = deadline - time.monotonic()
                 if not retryable or delay > remaining or self._stopping.wait(delay):
-                    _logger.warning(
-                        "OTLP export of %d spans to %s failed after %d attempt(s): %s",
-                        count,
-                        self.endpoint,
-                        attempt,
-                        why,
-                    )
+                    self._failed(count, attempt, why)
                     return SpanExportResult.FAILURE
         except Exception as exc:  # never break the caller: the spans are lost, not the host
             _logger.warning(
                 "OTLP export to %s failed: %s: %s", self.endpoint, type(exc).__name__, exc
             )
             return SpanExportResult.FAILURE
+
+    def _failed(self, count: int, attempt: int, why: str) -> None:
+        """Warn of the first failed request of an outage; then one summary a minute."""
+        now = time.monotonic()
+        with self._outage_lock:
+            outage = self._outage
+            if outage is None:
+                self._outage = [now, 1, count, 1, now]
+            else:
+                outage[1] += 1
+                outage[2] += count
+                if now - outage[4] < _SUMMARY_EVERY:
+                    return
+                outage[3], outage[4] = outage[1], now
+                since, requests, spans = outage[0], outage[1], outage[2]
+        if outage is None:
+            _logger.warning(
+                "OTLP export of %d spans to %s failed after %d attempt(s): %s "
+                "(further failures: one line a minute until it recovers)",
+                count,
+                self.endpoint,
+                attempt,
+                why,
+            )
+        else:
+            _logger.warning(
+                "OTLP export to %s still failing (%s): %d requests (%d spans) failed in %.0f s",
+                self.endpoint,
+                why,
+                requests,
+                spans,
+                now - since,
+            )
+
+    def _recovered(self) -> None:
+        with self._outage_lock:
+            outage, self._outage = self._outage, None
+        if outage is None:
+            return
+        since, requests, spans = outage[0], outage[1], outage[2]
+        _logger.warning(
+            "OTLP export to %s recovered after %.0f s: %d requests (%d spans) failed meanwhile",
+            self.endpoint,
+            time.monotonic() - since,
+            requests,
+            spans,
+        )
 
     def shutdown(self) -> None:
         self._stopping.set()  # wakes an export sleeping between retries

@@ -8,6 +8,7 @@ message for the same spans, or how failures are retried and reported.
 from __future__ import annotations
 
 import http.server
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -141,6 +142,46 @@ def test_an_unreachable_endpoint_fails_quietly(protocol: str) -> None:
     assert exporter.export(_spans(1)) is SpanExportResult.FAILURE
     exporter.shutdown()
     assert exporter.export(_spans(1)) is SpanExportResult.FAILURE  # after shutdown: refused
+
+
+def test_an_outage_is_reported_once_then_summarised_then_its_recovery(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Failed requests during an outage: one warning for the first, nothing for the next ones
+    until a summary is due (then one line with the requests and spans lost so far), and one line
+    when a request succeeds again, counting what failed meanwhile. A later failure starts anew."""
+    from otel_gpu.exporters import otlp_transport
+
+    exporter = OtlpSpanExporter("http/protobuf", endpoint="http://127.0.0.1:9/v1/traces")
+    answer = [(False, False, None, "HTTP 400")]  # not retryable: one attempt per request
+    monkeypatch.setattr(exporter, "_send", lambda body, timeout: answer[0])
+
+    def lines() -> list[str]:
+        found = [r.getMessage() for r in caplog.records if r.name == otlp_transport.__name__]
+        caplog.clear()
+        return found
+
+    with caplog.at_level(logging.WARNING, logger=otlp_transport.__name__):
+        for n in (1, 2, 3, 2, 1):
+            assert exporter.export(_spans(n)) is SpanExportResult.FAILURE
+        [first] = lines()
+        assert first.startswith("OTLP export of 1 spans to http://127.0.0.1:9/v1/traces failed")
+        assert "HTTP 400" in first and "one line a minute until it recovers" in first
+        monkeypatch.setattr(otlp_transport, "_SUMMARY_EVERY", 0.0)
+        assert exporter.export(_spans(4)) is SpanExportResult.FAILURE
+        [summary] = lines()
+        assert "still failing (HTTP 400): 6 requests (13 spans) failed in" in summary
+        answer[0] = (True, False, None, "")
+        assert exporter.export(_spans(1)) is SpanExportResult.SUCCESS
+        assert exporter.export(_spans(1)) is SpanExportResult.SUCCESS
+        [recovered] = lines()
+        assert "recovered after" in recovered
+        assert recovered.endswith("6 requests (13 spans) failed meanwhile")
+        answer[0] = (False, False, None, "HTTP 400")
+        assert exporter.export(_spans(2)) is SpanExportResult.FAILURE
+        [again] = lines()
+        assert again.startswith("OTLP export of 2 spans to")
+    exporter.shutdown()
 
 
 def test_retry_after_is_honoured() -> None:
