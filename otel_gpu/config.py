@@ -32,6 +32,7 @@ __all__ = [
     "Setting",
     "Settings",
     "StandardSetting",
+    "check_sdk_import_variables",
     "check_standard",
     "child_environment",
     "current",
@@ -801,6 +802,12 @@ STANDARD: tuple[StandardSetting, ...] = (
     ),
 )
 """Standard variables otel-gpu bounds (see :class:`StandardSetting`); the others it does not read."""
+
+
+def check_sdk_import_variables() -> None:
+    """ConfigError for a bad one of :data:`SDK_IMPORT_VARIABLES` (call before importing the SDK)."""
+    env = environ()
+    check_standard("provider", {k: env[k] for k in SDK_IMPORT_VARIABLES if k in env})
 
 
 def check_standard(applies: str, env: Mapping[str, str] | None = None) -> None:

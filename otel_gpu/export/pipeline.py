@@ -38,14 +38,14 @@ from otel_gpu.attributes import (
     SPANS_DROPPED_TOTAL,
 )
 from otel_gpu.calls.record import Call
-from otel_gpu.config import SDK_IMPORT_VARIABLES, ConfigError, Settings, check_standard, environ
+from otel_gpu.config import ConfigError, Settings, check_sdk_import_variables
 from otel_gpu.export import observers as _observers
 
 # opentelemetry.sdk.trace reads OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT when it is imported and stops the
 # import with its own chained ValueError on a bad value, at any level. This is the first SDK import
 # on the way to @otel_gpu.api: the same failure, as the one-line ConfigError of a bad OTEL_GPU_*
 # variable. The other standard variables are checked when otel-gpu builds its own provider.
-check_standard("provider", {k: v for k, v in environ().items() if k in SDK_IMPORT_VARIABLES})
+check_sdk_import_variables()
 
 from opentelemetry.sdk.trace import Event, SpanLimits  # noqa: E402
 from opentelemetry.sdk.trace import TracerProvider as SdkTracerProvider  # noqa: E402
