@@ -143,24 +143,9 @@ class SpanBuilder:
             # which a serving loop or a model repeats: built, checked and encoded once per layout.
             layout = self._layout(call)
             if layout is not None:
-                attrs, fixed, dropped = layout
-                return SpanData(
-                    span.name,
-                    span.get_span_context(),
-                    call.parent,
-                    call.start_ns,
-                    call.end_ns,
-                    attrs,
-                    [],
-                    span.links or (),
-                    span.status or _UNSET,
-                    self.resource,
-                    SCOPE,
-                    fixed=fixed,
-                    dropped_attributes=dropped,
-                )
+                shared, hint, dropped = layout
+                return self._span_data(call, shared, [], span.status or _UNSET, hint, dropped)
         attrs, events, status = self._contents(call)
-        limit = self.max_attributes
         # The plan's attributes lead every span of the plan unchanged unless something was put
         # before them (the events-omitted count) or a user attribute overwrote one of them.
         head = (
@@ -168,15 +153,21 @@ class SpanBuilder:
             and next(iter(attrs)) == next(iter(plan.attributes))
             and not (span.attributes and not span.attributes.keys().isdisjoint(plan.attributes))
         )
-        if limit is not None and len(attrs) > limit:
-            attrs = self._summarised(attrs, limit)
-        dropped = 0
         # the plan's own attributes, when they lead unchanged, were checked once per plan
-        if limit == 0 or _needs_cleaning(attrs, self.max_value_len, n if head else 0):
-            bounded = BoundedAttributes(
-                limit, attrs, immutable=True, max_value_len=self.max_value_len
-            )
-            attrs, dropped, head = bounded._dict, bounded.dropped, False
+        attrs, dropped, cleaned = self._within_limits(attrs, n if head else 0)
+        fixed = (plan, n) if head and not cleaned else None
+        return self._span_data(call, attrs, events, status, fixed, dropped)
+
+    def _span_data(
+        self,
+        call: Call,
+        attrs: dict[str, Any],
+        events: list[Event],
+        status: Status,
+        fixed: tuple[Any, int] | None,
+        dropped: int,
+    ) -> SpanData:
+        span = call.span
         return SpanData(
             span.name,
             span.get_span_context(),
@@ -189,9 +180,24 @@ class SpanBuilder:
             status,
             self.resource,
             SCOPE,
-            fixed=(plan, n) if head else None,
+            fixed=fixed,
             dropped_attributes=dropped,
         )
+
+    def _within_limits(self, attrs: dict[str, Any], skip: int) -> tuple[dict[str, Any], int, bool]:
+        """``attrs`` within the provider's attribute limits: summarised past the count limit
+        (never dropped silently), cleaned by the SDK's ``BoundedAttributes`` when a value after the
+        first ``skip`` (known clean) needs it. Returns the attributes, the count the SDK dropped,
+        and whether it cleaned them."""
+        limit = self.max_attributes
+        if limit is not None and len(attrs) > limit:
+            attrs = self._summarised(attrs, limit)
+        if limit == 0 or _needs_cleaning(attrs, self.max_value_len, skip):
+            bounded = BoundedAttributes(
+                limit, attrs, immutable=True, max_value_len=self.max_value_len
+            )
+            return bounded._dict, bounded.dropped, True
+        return attrs, 0, False
 
     def _layout(self, call: Call) -> tuple[dict[str, Any], tuple[object, int], int] | None:
         """The attributes of a call with no statistics, exception or span attributes of its own,
@@ -228,28 +234,17 @@ class SpanBuilder:
         return attrs, (token, ids[0][3]), dropped
 
     def _new_layout(self, call: Call, key: Any, kinds: Any, objects: bool) -> Any:
+        """Build, check and keep the attributes of a layout not seen yet (None: not cacheable)."""
         inputs, outputs = call.inputs or (), call.outputs or ()
         if (float in kinds[0] or float in kinds[1]) and any(
             type(p) is float and p == 0.0 for p in map(_payload, chain(inputs, outputs))
         ):
             return None
-        attrs, _, _ = self._contents(call)
-        limit = self.max_attributes
-        changed = False
-        if limit is not None and len(attrs) > limit:
-            attrs = self._summarised(attrs, limit)
-            changed = True
-        dropped = 0
-        if limit == 0 or _needs_cleaning(attrs, self.max_value_len, 0):
-            bounded = BoundedAttributes(
-                limit, attrs, immutable=True, max_value_len=self.max_value_len
-            )
-            attrs, dropped = bounded._dict, bounded.dropped
-            changed = True
+        attrs, dropped, cleaned = self._within_limits(self._contents(call)[0], 0)
         ids: list[tuple[str, int, int, int]] = []
         if objects:
-            if changed:
-                return None  # limits cut or cleaned: where each id lands is not known
+            if cleaned:
+                return None  # the SDK may have cut an id: it is written per call, uncut
             order = {k: i for i, k in enumerate(attrs)}
             for side, (prefix, raw) in enumerate(
                 ((INPUT_PREFIX, inputs), (OUTPUT_PREFIX, outputs))
