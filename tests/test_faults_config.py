@@ -12,7 +12,6 @@ from __future__ import annotations
 import importlib.metadata
 import logging
 import math
-import os
 import subprocess
 import sys
 import textwrap
@@ -21,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from commands import without_otel
 from jsonl_spans import read_spans
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SpanProcessor
@@ -258,8 +258,8 @@ _DECORATE = textwrap.dedent(
 def _run(program: str, tmp_path: Path, **environment: str) -> subprocess.CompletedProcess[str]:
     """``program`` in a fresh interpreter (which has not imported the SDK yet), with only these
     OTEL_* variables set."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")} | environment
-    env["PYTHONPATH"] = str(REPO)  # the checkout under test, whatever the working directory
+    # the checkout under test, whatever the working directory
+    env = without_otel(**environment, PYTHONPATH=str(REPO))
     return subprocess.run(
         [sys.executable, "-c", program],
         env=env,
@@ -330,21 +330,27 @@ def test_the_sdk_sampler_names_are_accepted_in_any_case(value):
     )
 
 
-def test_a_valid_ratio_sampler_still_samples_own_provider_spans(tmp_path, monkeypatch):
-    """parentbased_traceidratio with OTEL_TRACES_SAMPLER_ARG=0.5 is accepted and applied: of 400
-    root calls some, not all, become spans (all or none has a chance of 2 * 2**-400)."""
-    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "parentbased_traceidratio")
-    monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", "0.5")
+def _doubled(tmp_path: Path, calls: int, **settings: object) -> Path:
+    """``calls`` calls of a decorated function at level 1 on otel-gpu's own provider, their
+    results checked, then flushed; returns the span file (absent when nothing was recorded)."""
     out = tmp_path / "t.jsonl"
-    otel_gpu.configure(level=1, dest=str(out), provider="own")
+    otel_gpu.configure(level=1, dest=str(out), provider="own", **settings)
 
     @otel_gpu.api
     def double(x):
         return 2 * x
 
-    assert [double(i) for i in range(400)] == [2 * i for i in range(400)]
+    assert [double(i) for i in range(calls)] == [2 * i for i in range(calls)]
     otel_gpu.flush()
-    spans = read_spans(out)
+    return out
+
+
+def test_a_valid_ratio_sampler_still_samples_own_provider_spans(tmp_path, monkeypatch):
+    """parentbased_traceidratio with OTEL_TRACES_SAMPLER_ARG=0.5 is accepted and applied: of 400
+    root calls some, not all, become spans (all or none has a chance of 2 * 2**-400)."""
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "parentbased_traceidratio")
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", "0.5")
+    spans = read_spans(_doubled(tmp_path, 400))
     assert 0 < len(spans) < 400
 
 
@@ -368,15 +374,7 @@ def test_a_registered_sampler_is_accepted_and_used_by_otel_gpus_provider(tmp_pat
     alone would ignore it and sample everything): here one that drops every call."""
     _register_sampler(monkeypatch, "test_drop_all", "opentelemetry.sdk.trace.sampling:_AlwaysOff")
     monkeypatch.setenv("OTEL_TRACES_SAMPLER", "test_drop_all")
-    out = tmp_path / "t.jsonl"
-    otel_gpu.configure(level=1, dest=str(out), provider="own")
-
-    @otel_gpu.api
-    def double(x):
-        return 2 * x
-
-    assert [double(i) for i in range(20)] == [2 * i for i in range(20)]
-    otel_gpu.flush()
+    out = _doubled(tmp_path, 20)
     assert not out.exists() or read_spans(out) == []
     with pytest.raises(config.ConfigError, match=r"entry points: test_drop_all\)"):
         config.check_standard("provider", {"OTEL_TRACES_SAMPLER": "test_drop_al"})
@@ -398,14 +396,8 @@ def test_a_registered_sampler_that_fails_turns_otel_gpu_off_with_one_line(
     monkeypatch.setenv("OTEL_TRACES_SAMPLER", "test_broken")
     _guard.set_strict(False)
     monkeypatch.setenv("OTEL_GPU_STRICT", "false")
-    otel_gpu.configure(level=1, dest=str(tmp_path / "t.jsonl"), provider="own", strict=False)
-
-    @otel_gpu.api
-    def double(x):
-        return 2 * x
-
     with caplog.at_level(logging.WARNING, logger="otel_gpu"):
-        assert [double(i) for i in range(5)] == [0, 2, 4, 6, 8]
+        _doubled(tmp_path, 5, strict=False)
     lines = [r.getMessage() for r in caplog.records if r.name == "otel_gpu"]
     assert len(lines) == 1
     assert "OTEL_TRACES_SAMPLER='test_broken' (environment) is invalid: its entry point" in lines[0]
