@@ -33,6 +33,21 @@ TARGETS = ",".join(
 )
 
 
+def _cache_name() -> str:
+    """The name GPT2Model.forward gives its KV cache: ``cache`` from transformers 5.24,
+    ``past_key_values`` before. The attribute keys follow the library's own parameter and
+    output-field names, so the tests ask the installed release rather than fix one spelling."""
+    import inspect
+
+    from transformers.models.gpt2.modeling_gpt2 import GPT2Model
+
+    params = inspect.signature(GPT2Model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+CACHE = _cache_name()
+
+
 def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "FLASHINFER_"))}
     env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OTEL_GPU_STRICT": "true"})
@@ -87,13 +102,13 @@ def test_level_3_outputs_identical_and_arguments_bound_by_name(tmp_path, baselin
     assert _ints(block["attrs"]["otel_gpu.input.hidden_states.shape"]) == [2, 8, 64]
     model = next(s for s in spans if s["name"].endswith("GPT2Model.forward"))
     assert _ints(model["attrs"]["otel_gpu.input.input_ids.shape"]) == [2, 8]
-    assert model["attrs"]["otel_gpu.input.past_key_values.value"] == "None"
+    assert model["attrs"][f"otel_gpu.input.{CACHE}.value"] == "None"
     layer = next(s for s in spans if s["name"].endswith("LlamaDecoderLayer.forward"))
     assert _ints(layer["attrs"]["otel_gpu.input.hidden_states.shape"]) == [2, 8, 64]
     generate = next(s for s in spans if s["name"].endswith("GenerationMixin.generate"))
     assert _ints(generate["attrs"]["otel_gpu.input.inputs.shape"]) == [2, 8]
     # the KV cache a forward returns, walked to its tensors
-    kv = "otel_gpu.output.past_key_values.layers.0.keys.shape"
+    kv = f"otel_gpu.output.{CACHE}.layers.0.keys.shape"
     assert any(kv in s["attrs"] for s in spans if s["name"].endswith("GPT2Model.forward"))
 
 
@@ -107,8 +122,8 @@ def test_level_5_kv_cache_tensors_get_statistics(tmp_path, baseline):
         for e in s.get("events", [])
         if e["name"] == "otel_gpu.stats"
     }
-    assert "output.past_key_values.layers.0.keys" in tensors
-    assert "output.past_key_values.layers.1.values" in tensors
+    assert f"output.{CACHE}.layers.0.keys" in tensors
+    assert f"output.{CACHE}.layers.1.values" in tensors
 
 
 def test_level_10_replay_passes_or_skips_with_reasons_and_never_errors(tmp_path, baseline):
