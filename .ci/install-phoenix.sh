@@ -6,6 +6,8 @@
 #   PHOENIX_VENV     where the virtualenv lives (default: .ci/.phoenix-venv in the repository)
 #   PHOENIX_VERSION  optional pip version specifier, e.g. "==20.26.1" (default: newest)
 #   PYTHON           interpreter that creates the virtualenv (default: python3)
+#   PHOENIX_CONSTRAINTS  optional pip constraints file pinning Phoenix's dependencies
+#                    (`make test` passes .ci/constraints-phoenix.txt; `make lock` refreshes it)
 #
 # Idempotent: an existing virtualenv with Phoenix installed (at the requested version) is kept.
 # The last line of stdout is the phoenix executable, for OTEL_GPU_TEST_PHOENIX:
@@ -35,7 +37,9 @@ else
   echo "install-phoenix: installing $spec into $venv" >&2
   [ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
   "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip >&2
-  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "$spec" >&2
+  constraints=()
+  [ -z "${PHOENIX_CONSTRAINTS:-}" ] || constraints=(-c "$PHOENIX_CONSTRAINTS")
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "${constraints[@]}" "$spec" >&2
   echo "install-phoenix: arize-phoenix $(installed_version) installed" >&2
 fi
 "$venv/bin/phoenix" --help >/dev/null  # fails loudly if the install is broken
