@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, fields, replace
@@ -159,12 +160,31 @@ def another_library_setting(name: str, value: str) -> Iterator[None]:
 # --------------------------------------------------------------------------- parsers
 
 
+_ASCII_INT = re.compile(r"[+-]?[0-9]+")
+_ASCII_FLOAT = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
+_NON_FINITE = re.compile(r"[+-]?(nan|inf|infinity)", re.IGNORECASE)
+
+
+def _ascii_int(text: str) -> int:
+    """``int()`` of plain ASCII digits only: Python's ``int`` also takes ``1_0`` (10) and other
+    scripts' digits (``٣``, 3), which no shell user means as a number."""
+    if not _ASCII_INT.fullmatch(text):
+        raise ValueError(f"not an integer{_ascii_hint(int, text)}")
+    return int(text)
+
+
+def _ascii_hint(python_parse: Callable[[str], object], text: str) -> str:
+    """Why a text Python itself would parse is refused, for the error message."""
+    try:
+        python_parse(text)
+    except ValueError:
+        return ""
+    return " (plain ASCII digits only: no '_' separators, no other scripts' digits)"
+
+
 def _int_choice(choices: tuple[int, ...]) -> Callable[[str], int]:
     def parse(raw: str) -> int:
-        try:
-            value = int(raw.strip())
-        except ValueError:
-            raise ValueError("not an integer") from None
+        value = _ascii_int(raw.strip())
         if value not in choices:
             raise ValueError("not one of the allowed values")
         return value
@@ -203,16 +223,14 @@ class Bounded:
     def __call__(self, raw: str) -> int | float:
         text = str(raw).strip()
         if self.integer:
-            try:
-                value: int | float = int(text)
-            except ValueError:
-                raise ValueError("not an integer") from None
+            value: int | float = _ascii_int(text)
         else:
-            try:
-                value = float(text)
-            except ValueError:
-                raise ValueError("not a number") from None
-            if value != value or value in (float("inf"), float("-inf")):
+            if _NON_FINITE.fullmatch(text):
+                raise ValueError("not a finite number")
+            if not _ASCII_FLOAT.fullmatch(text):
+                raise ValueError(f"not a number{_ascii_hint(float, text)}")
+            value = float(text)
+            if value in (float("inf"), float("-inf")):  # 1e999
                 raise ValueError("not a finite number")
         if not self.low <= value <= self.high:
             if self.integer and self.low == 1 and value < 1:
@@ -324,7 +342,8 @@ SETTINGS: tuple[Setting, ...] = (
         "OTEL_GPU_LOGDEST",
         ("stdout",),
         "comma-separated: stdout, stderr, otlp, a path ending in .jsonl (OTLP JSON Lines), "
-        "any other path (text); %i = pid, %r = rank",
+        "any other path (text; a bare name close to a keyword, such as stdot, is refused as a "
+        "typo: write ./stdot); %i = pid, %r = rank",
         _dest,
         "Where spans go when otel-gpu owns the TracerProvider.",
     ),
@@ -679,6 +698,8 @@ class StandardSetting:
     parse: Callable[[str], Any]
     doc: str
     only_if: tuple[str, tuple[str, ...]] | None = None
+    secret: bool = False
+    """The value carries credentials (OTLP headers): an error names the variable, never the value."""
 
 
 _OTLP_TIMEOUT = Bounded(0.001, _MAX_SECONDS, integer=False, unit="seconds")
@@ -726,7 +747,55 @@ def _sampler(raw: str) -> str:
     )
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def _endpoint(raw: str) -> str:
+    """An OTLP endpoint the official exporters can parse: ``http://[::1`` passed every check and
+    then failed inside the exporter at the first call."""
+    from urllib.parse import urlsplit
+
+    if _CONTROL.search(raw) or raw != raw.strip() or " " in raw:
+        raise ValueError("it contains spaces or control characters")
+    try:
+        _ = urlsplit(raw).port  # the exporters read the port; a bad one raises only then
+    except ValueError as exc:
+        raise ValueError(f"not a URL ({exc})") from None
+    return raw
+
+
+def _headers(raw: str) -> str:
+    """OTLP headers without control characters: a CR or LF in a value forges a line in the SDK's
+    own warning about it (and no HTTP header may carry one)."""
+    found = _CONTROL.search(raw)
+    if found:
+        raise ValueError(f"a control character ({found.group()!r}) at position {found.start()}")
+    return raw
+
+
 STANDARD: tuple[StandardSetting, ...] = (
+    *(
+        StandardSetting(
+            name,
+            "otlp",
+            "a URL such as http://collector:4317 (no spaces or control characters)",
+            _endpoint,
+            "Where the OTLP exporter sends; checked at configuration so that a malformed URL is "
+            "a one-line error, not a failure at the first call.",
+        )
+        for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+    ),
+    *(
+        StandardSetting(
+            name,
+            "otlp",
+            "key=value pairs separated by commas, without control characters (CR, LF, tab...)",
+            _headers,
+            "Headers of every OTLP request (credentials: never shown, in errors either).",
+            secret=True,
+        )
+        for name in ("OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_TRACES_HEADERS")
+    ),
     StandardSetting(
         "OTEL_EXPORTER_OTLP_TIMEOUT",
         "otlp",
@@ -827,8 +896,9 @@ def check_standard(applies: str, env: Mapping[str, str] | None = None) -> None:
         try:
             setting.parse(value)  # unstripped: a sampler name with spaces is unknown to the SDK
         except ValueError as exc:
+            shown = "<redacted>" if setting.secret else repr(raw)
             raise ConfigError(
-                f"{setting.env}={raw!r} (environment) is invalid: {exc}. "
+                f"{setting.env}={shown} (environment) is invalid: {exc}. "
                 f"Allowed: {setting.allowed}."
             ) from None
 
@@ -919,6 +989,17 @@ def expand_path(path: str, env: Mapping[str, str] | None = None) -> str:
     return path.replace("%i", str(os.getpid())).replace("%r", env.get("RANK", "0") or "0")
 
 
+def _mistyped_keyword(item: str) -> str | None:
+    """The keyword a bare name (no directory part, no extension) is a near miss of: ``stdot``
+    silently wrote a file named ``stdot`` in the current directory."""
+    import difflib
+
+    if os.path.basename(item) != item or os.path.splitext(item)[1]:
+        return None
+    close = difflib.get_close_matches(item.lower(), _DEST_KEYWORDS, n=1, cutoff=0.75)
+    return close[0] if close else None
+
+
 def _check_dest(setting: Setting, raw: object, item: str, source: str) -> None:
     """Fail at configuration, not on the hundredth call, for a path we cannot write."""
     if item.lower() == "otlp":
@@ -928,6 +1009,10 @@ def _check_dest(setting: Setting, raw: object, item: str, source: str) -> None:
         return
     if item.lower() in _DEST_KEYWORDS:
         return
+    typo = _mistyped_keyword(item)
+    if typo:
+        why = f"{item!r} looks like a mistyped {typo!r}; for a file of that name write ./{item}"
+        raise _error(setting, raw, why, source)
     path = os.path.abspath(os.path.expanduser(expand_path(item)))
     parent = os.path.dirname(path) or "."
     if os.path.isdir(path):

@@ -212,3 +212,64 @@ def test_info_notes_a_bad_otlp_variable_it_does_not_use(monkeypatch, capsys):
         "  note: unused while OTEL_GPU_LOGDEST has no otlp; with it: "
         "OTEL_EXPORTER_OTLP_TIMEOUT='abc' (environment) is invalid: not a number." in out
     )
+
+
+@pytest.mark.parametrize(
+    ("name", "raw"),
+    [
+        ("OTEL_GPU_LOGLEVEL", "1_0"),  # int() reads it as 10
+        ("OTEL_GPU_LOGLEVEL", "٣"),  # Arabic-Indic three: int() reads it as 3
+        ("OTEL_GPU_QUEUE_SIZE", "1_000"),
+        ("OTEL_GPU_FLUSH_TIMEOUT", "1_0.5"),
+        ("OTEL_GPU_FLUSH_TIMEOUT", "١"),
+    ],
+)
+def test_numbers_are_plain_ascii_digits(name, raw):
+    """A number Python's int()/float() would accept but no shell user means (digit separators,
+    other scripts' digits) is refused, naming why, instead of silently becoming another value."""
+    with pytest.raises(config.ConfigError) as info:
+        config.load(env={name: raw})
+    assert name in str(info.value) and "plain ASCII digits only" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("raw", "keyword"),
+    [("stdot", "stdout"), ("sdtout", "stdout"), ("stdrr", "stderr"), ("otpl", "otlp")],
+)
+def test_a_destination_that_looks_like_a_mistyped_keyword_is_refused(
+    tmp_path, monkeypatch, raw, keyword
+):
+    """OTEL_GPU_LOGDEST=stdot used to write a file named stdot in the current directory: a bare
+    name close to a keyword is refused with the keyword it resembles and the way to mean a file,
+    and no file is created."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(config.ConfigError) as info:
+        config.load(env={"OTEL_GPU_LOGDEST": raw})
+    message = str(info.value)
+    assert f"mistyped {keyword!r}" in message and f"./{raw}" in message
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("raw", ["./stdot", "stdot.log", "out", "trace", "STDOUT", "spans.jsonl"])
+def test_files_and_keywords_that_are_not_typos_are_accepted(tmp_path, monkeypatch, raw):
+    """A name written as a path, one with an extension, or one not close to a keyword is a file;
+    keywords are case-insensitive."""
+    monkeypatch.chdir(tmp_path)
+    assert config.load(env={"OTEL_GPU_LOGDEST": raw}).dest == (raw,)
+
+
+def test_version_flag_and_info_show_the_installed_version(capsys):
+    """`otel-gpu --version` prints otel-gpu's version (with Python's and torch's) and exits 0;
+    `otel-gpu info` starts with the same line."""
+    from importlib import metadata
+
+    from otel_gpu.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    out = capsys.readouterr().out
+    assert exit_info.value.code == 0
+    assert out.startswith(f"otel-gpu {metadata.version('otel-gpu')} (Python ")
+    assert f"torch {metadata.version('torch')}" in out
+    code, info_out, _ = _info(capsys)
+    assert code == 0 and info_out.splitlines()[0] == out.strip()

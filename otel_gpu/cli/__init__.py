@@ -31,6 +31,7 @@ __all__ = [
     "dest_flag",
     "level_flag",
     "main",
+    "version_line",
     "whole_number",
 ]
 
@@ -87,6 +88,35 @@ setting (``show``) registers ``reads_settings=False``: a bad variable it never u
 error."""
 
 
+def version_line() -> str:
+    """``otel-gpu 0.1.0 (Python 3.11.7, torch 2.13.0)``: from the installed packages' metadata,
+    without importing torch (which takes seconds)."""
+    import platform
+    from importlib import metadata
+
+    def installed(name: str) -> str:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return "not installed"
+
+    return (
+        f"otel-gpu {installed('otel-gpu')} "
+        f"(Python {platform.python_version()}, torch {installed('torch')})"
+    )
+
+
+class _Version(argparse.Action):
+    """``--version``, with the line computed only when asked for (every command builds the parser)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, help=kwargs.get("help"))
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any) -> NoReturn:
+        print(version_line())
+        parser.exit(0)
+
+
 class _Parser(argparse.ArgumentParser):
     """An argument parser whose errors are one line (argparse prints its usage block first)."""
 
@@ -101,6 +131,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         prog="otel-gpu",
         description="OpenTelemetry-native debugging and observability for GPU library calls.",
     )
+    parser.add_argument("--version", action=_Version, help="show the version and exit")
     # dest: not "command", which `run` uses for its program; subparsers are _Parser too
     sub = parser.add_subparsers(dest="subcommand", metavar="COMMAND")
     chosen = None if argv is None else _command_of(argv)

@@ -42,7 +42,7 @@ def _standard(settings: Any) -> tuple[dict[str, str], list[str]]:
         for row in config.STANDARD:
             if row.applies == "otlp" and row.env in shown:
                 try:
-                    config.check_standard("otlp", {row.env: shown[row.env]})
+                    config.check_standard("otlp", {row.env: variables[row.env]})
                 except config.ConfigError as exc:
                     notes.append(f"unused while OTEL_GPU_LOGDEST has no otlp; with it: {exc}")
     return shown, notes
@@ -51,6 +51,7 @@ def _standard(settings: Any) -> tuple[dict[str, str], list[str]]:
 def _main(args: argparse.Namespace) -> int:
     from otel_gpu import config
     from otel_gpu._text import printable
+    from otel_gpu.cli import version_line
     from otel_gpu.resource import build_resource
 
     settings = config.current()
@@ -60,6 +61,7 @@ def _main(args: argparse.Namespace) -> int:
         print(
             json.dumps(
                 {
+                    "version": version_line(),
                     "settings": {k: v for k, v in vars(settings).items()},
                     "standard": standard,
                     "resource": dict(resource.attributes),
@@ -69,6 +71,7 @@ def _main(args: argparse.Namespace) -> int:
             )
         )
         return 0
+    print(version_line())
     print("settings:")
     for row in config.SETTINGS:
         value = getattr(settings, row.field)

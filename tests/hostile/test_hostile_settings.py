@@ -329,3 +329,32 @@ def test_configuration_docs_tables_are_what_the_page_script_prints(capsys):
     assert len(printed) > len(config.SETTINGS) + len(STANDARD)
     missing = [ln for ln in printed if ln not in docs.splitlines()]
     assert missing == []
+
+
+@pytest.mark.parametrize(
+    "endpoint",
+    ["http://[::1", "http://collector:99999", "http://collector:43x7", "http://a b:4318"],
+)
+def test_a_malformed_otlp_endpoint_fails_at_configuration_in_one_line(endpoint, monkeypatch):
+    """OTEL_EXPORTER_OTLP_ENDPOINT=http://[::1 passed configuration and `otel-gpu info`, then
+    failed inside the exporter at the first call with an internal-error traceback: it is now a
+    ConfigError at configuration, naming the variable."""
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
+    with pytest.raises(ConfigError) as info:
+        config.load(env={"OTEL_GPU_LOGDEST": "otlp"})
+    assert str(info.value).startswith("OTEL_EXPORTER_OTLP_ENDPOINT=")
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "name", ["OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_TRACES_HEADERS"]
+)
+def test_a_control_character_in_otlp_headers_is_refused_without_echoing_them(name, monkeypatch):
+    """A CR/LF in the headers forged a log line through the SDK's warning about them: it is refused
+    at configuration, and the error never prints the value (headers carry credentials)."""
+    monkeypatch.setenv(name, "authorization=Bearer s3cret\r\nWARNING forged line")
+    with pytest.raises(ConfigError) as info:
+        config.load(env={"OTEL_GPU_LOGDEST": "otlp"})
+    message = str(info.value)
+    assert message.startswith(f"{name}=<redacted>") and "control character" in message
+    assert "s3cret" not in message and "forged" not in message
