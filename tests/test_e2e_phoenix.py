@@ -26,8 +26,8 @@ from otel_gpu.traces import ship
 
 REPO = Path(__file__).resolve().parent.parent
 PROTOCOLS = ["grpc", "http/protobuf"]
-ROOT, ERROR = "demo.Decoder.run", "otel_gpu.cli._demo_lib.gather_rows"
-CHILDREN = {f"otel_gpu.cli._demo_lib.{n}" for n in ("rms_norm", "attention", "log_probs")}
+ROOT, ERROR = "demo.Decoder.run", "otel_gpu.demo.gather_rows"
+CHILDREN = {f"otel_gpu.demo.{n}" for n in ("rms_norm", "attention", "log_probs")}
 DEMO_SPANS = {ROOT, ERROR} | CHILDREN
 
 
@@ -147,7 +147,7 @@ def test_demo_spans_arrive_with_names_and_parent_links(demo_run: DemoRun) -> Non
 def test_tensor_attributes_arrive_typed(demo_run: DemoRun) -> None:
     """Level-3 metadata arrives with its types: shapes and strides as int arrays, dtype and
     device as strings, flags as booleans, defaults marked, code location attributes present."""
-    rms = demo_run.spans["otel_gpu.cli._demo_lib.rms_norm"]["attributes"]
+    rms = demo_run.spans["otel_gpu.demo.rms_norm"]["attributes"]
     assert rms["otel_gpu.input.x.shape"] == [2, 8, 32]
     assert rms["otel_gpu.input.x.stride"] == [256, 32, 1]
     assert rms["otel_gpu.input.x.dtype"] == "torch.float32"
@@ -156,8 +156,8 @@ def test_tensor_attributes_arrive_typed(demo_run: DemoRun) -> None:
     assert rms["otel_gpu.input.eps.value"] == pytest.approx(1e-6)
     assert rms["otel_gpu.input.eps.default"] is True
     assert rms["otel_gpu.output.0.shape"] == [2, 8, 32]
-    assert rms["code.function.name"] == "otel_gpu.cli._demo_lib.rms_norm"
-    attention = demo_run.spans["otel_gpu.cli._demo_lib.attention"]["attributes"]
+    assert rms["code.function.name"] == "otel_gpu.demo.rms_norm"
+    attention = demo_run.spans["otel_gpu.demo.attention"]["attributes"]
     assert attention["otel_gpu.input.q.shape"] == [2, 4, 8, 8]
     assert attention["otel_gpu.input.q.is_contiguous"] is False
 
@@ -166,7 +166,7 @@ def test_tensor_attributes_arrive_typed(demo_run: DemoRun) -> None:
 def test_stats_events_and_nonfinite_flag(demo_run: DemoRun) -> None:
     """Level-5 statistics arrive as ``otel_gpu.stats`` span events: log_probs' output reports its
     NaNs in ``nan_count``, and ``otel_gpu.nonfinite`` marks that span (for tail sampling)."""
-    log_probs = demo_run.spans["otel_gpu.cli._demo_lib.log_probs"]
+    log_probs = demo_run.spans["otel_gpu.demo.log_probs"]
     stats = {
         e["attributes"]["otel_gpu.tensor"]: e["attributes"]
         for e in log_probs["events"]
@@ -178,7 +178,7 @@ def test_stats_events_and_nonfinite_flag(demo_run: DemoRun) -> None:
     assert stats["output.0"]["numel"] == 512
     assert log_probs["attributes"]["otel_gpu.nonfinite"] is True
     assert (
-        "otel_gpu.nonfinite" not in demo_run.spans["otel_gpu.cli._demo_lib.rms_norm"]["attributes"]
+        "otel_gpu.nonfinite" not in demo_run.spans["otel_gpu.demo.rms_norm"]["attributes"]
     )
 
 

@@ -270,7 +270,7 @@ def test_ship_sends_the_files_spans_with_original_ids(
         assert got == want
         assert got_res == want_res
     names = {s.name for _, s in received}
-    assert {"demo.Decoder.run", "otel_gpu.cli._demo_lib.gather_rows", "root", "child"} <= names
+    assert {"demo.Decoder.run", "otel_gpu.demo.gather_rows", "root", "child"} <= names
     assert f"{len(expected)} spans sent, 0 failed" in out.getvalue()
 
 

@@ -6,7 +6,10 @@ import argparse
 import sys
 from typing import Any
 
-__all__ = ["register", "run"]
+__all__ = ["DEMO_SERVICE", "register", "run"]
+
+DEMO_SERVICE = "otel-gpu-demo"
+"""``service.name`` of the demo's spans unless ``OTEL_SERVICE_NAME`` is set."""
 
 
 def run(level: int | None = None, dest: str | None = None) -> int:
@@ -15,13 +18,18 @@ def run(level: int | None = None, dest: str | None = None) -> int:
 
     import otel_gpu
 
-    otel_gpu.configure(level=level, dest=dest)
-    from otel_gpu.cli import _demo_lib as lib
+    from otel_gpu import config
+
+    # One service name however the demo is started (`otel-gpu demo`, `python -m otel_gpu demo`,
+    # `make demo`): the default, the script's name, differs between them.
+    service = None if config.in_environment("service_name") else DEMO_SERVICE
+    otel_gpu.configure(level=level, dest=dest, service_name=service)
+    from otel_gpu import demo as lib
 
     torch.manual_seed(0)
     x = torch.randn(2, 8, 32)
     weight = torch.ones(32)
-    _out, logp = lib._decoder_layer(x, weight)
+    _out, logp = lib.decoder_layer(x, weight)
     table = torch.randn(4, 32)
     try:
         lib.gather_rows(table, torch.tensor([0, 9]))  # index 9 is out of range: an ERROR span

@@ -1,6 +1,7 @@
-"""A tiny decorated "GPU library" for the demo: what a library author writes.
+"""A tiny decorated "GPU library" for ``otel-gpu demo``: what a library author writes.
 
-Decorated at import time, so ``otel_gpu.configure`` must run before this module is imported.
+Its spans are named ``otel_gpu.demo.<function>``. Decorated at import time, so
+``otel_gpu.configure`` must run before this module is imported.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def log_probs(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
 
 
 @otel_gpu.api(name="demo.Decoder.run")
-def _decoder_layer(
+def decoder_layer(
     x: torch.Tensor, weight: torch.Tensor, heads: int = 4
 ) -> tuple[torch.Tensor, torch.Tensor]:
     b, n, d = x.shape
