@@ -325,3 +325,27 @@ def test_bench_progress_gives_each_rounds_own_time(tmp_path):
     assert len(rounds) == 3, log.getvalue()
     assert sum(rounds) <= wall
     assert re.search(r"^workers ready and calibrated in \d+ s", log.getvalue(), re.M)
+
+
+@pytest.mark.parametrize("entry", ["otel-gpu", "python -m otel_gpu"])
+def test_the_demo_has_public_span_names_and_one_service_name(tmp_path, entry):
+    """The demo's spans are named by a public-looking module (``otel_gpu.demo.*``, not a private
+    ``otel_gpu.cli._demo_lib``), and its service is ``otel-gpu-demo`` however it is started (it
+    was ``otel_gpu`` under ``python -m`` and ``otel-gpu`` under the script)."""
+    trace = tmp_path / "demo.jsonl"
+    script = Path(sys.executable).with_name("otel-gpu")
+    head = [str(script)] if entry == "otel-gpu" else [sys.executable, "-m", "otel_gpu"]
+    proc = subprocess.run(
+        [*head, "demo", "--level", "1", "--dest", str(trace)],
+        env=_env(tmp_path),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    spans = read_spans(trace, plain=True)
+    names = {s["name"] for s in spans}
+    assert {"otel_gpu.demo.rms_norm", "otel_gpu.demo.gather_rows"} <= names
+    assert not any("_demo" in name for name in names)
+    assert {s["resource"]["service.name"] for s in spans} == {"otel-gpu-demo"}

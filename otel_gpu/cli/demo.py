@@ -17,7 +17,6 @@ def run(level: int | None = None, dest: str | None = None) -> int:
     import torch
 
     import otel_gpu
-
     from otel_gpu import config
 
     # One service name however the demo is started (`otel-gpu demo`, `python -m otel_gpu demo`,
