@@ -177,9 +177,7 @@ def test_stats_events_and_nonfinite_flag(demo_run: DemoRun) -> None:
     assert stats["input.logits"]["nan_count"] == 0
     assert stats["output.0"]["numel"] == 512
     assert log_probs["attributes"]["otel_gpu.nonfinite"] is True
-    assert (
-        "otel_gpu.nonfinite" not in demo_run.spans["otel_gpu.demo.rms_norm"]["attributes"]
-    )
+    assert "otel_gpu.nonfinite" not in demo_run.spans["otel_gpu.demo.rms_norm"]["attributes"]
 
 
 @pytest.mark.e2e
