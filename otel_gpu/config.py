@@ -400,7 +400,10 @@ SETTINGS: tuple[Setting, ...] = (
         3.0,
         "number >= 0 and <= 600 (seconds)",
         Bounded(0, _MAX_SECONDS, integer=False, unit="seconds"),
-        "How long interpreter exit may spend flushing spans still in the queue.",
+        "Unset: interpreter exit builds every span still queued, however long that takes while "
+        "export makes progress (it gives up only when nothing is built for this many seconds), "
+        "then gives the destinations this long to confirm. Set: exit spends at most this long "
+        "in all, and says how many spans it left unbuilt.",
     ),
     Setting(
         "export_gc_pause",
@@ -946,6 +949,9 @@ class Settings:
     service_name: str | None = None
     dest_explicit: bool = False
     """True when OTEL_GPU_LOGDEST or configure(dest=...) set the destination (not the default)."""
+    flush_timeout_explicit: bool = False
+    """True when OTEL_GPU_FLUSH_TIMEOUT or configure(flush_timeout=...) set the bound: only then
+    may exit leave queued spans unbuilt (dropping data is the user's choice, never a default)."""
 
     def __post_init__(self) -> None:
         # Tempo cuts attribute values at 2048 bytes by default: never produce longer ones.
@@ -1045,7 +1051,11 @@ def load(
             values[setting.field] = _parse(setting, overrides[setting.field], "configure()")
         elif setting.env in env and (env[setting.env].strip() or setting.field == "redact"):
             values[setting.field] = _parse(setting, env[setting.env], "environment")
-    return Settings(**values, dest_explicit="dest" in values)
+    return Settings(
+        **values,
+        dest_explicit="dest" in values,
+        flush_timeout_explicit="flush_timeout" in values,
+    )
 
 
 # --------------------------------------------------------------------------- process-wide state

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -107,3 +108,66 @@ def test_forked_child_writes_its_own_file(tmp_path):
     assert len(_span_names(child)) == 20
     parent = next(f for f in files if f != child)
     assert len(_span_names(parent)) == 11
+
+
+_SLOW_EXPORT = """
+    import sys, time
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+    import otel_gpu
+
+    class SlowExporter(SpanExporter):  # a destination slower than the program: 2 ms a span
+        def __init__(self, path):
+            self.out = open(path, "a")
+
+        def export(self, spans):
+            for span in spans:
+                time.sleep(0.002)
+                self.out.write(span.name + "\\n")
+            self.out.flush()
+            return SpanExportResult.SUCCESS
+
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(SlowExporter(sys.argv[1])))
+    otel_gpu.configure(level=1, tracer_provider=provider)
+
+    @otel_gpu.api
+    def f(i):
+        return i
+
+    for i in range(2000):
+        f(i)
+    # ends at once: ~4 s of export still queued
+"""
+
+
+def _slow_exit(tmp_path, **env: str) -> tuple[subprocess.CompletedProcess, int]:
+    out = tmp_path / "names.txt"
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(_SLOW_EXPORT), str(out)],
+        env={**{k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}, **env},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    return proc, len(out.read_text().splitlines()) if out.exists() else 0
+
+
+def test_exit_builds_every_queued_span_by_default(tmp_path):
+    """With OTEL_GPU_FLUSH_TIMEOUT unset, exit waits for every queued span while export makes
+    progress: a run whose spans take longer than the old fixed 3 s to export loses none (it lost
+    15% of a level-5 run), and nothing is reported dropped."""
+    proc, delivered = _slow_exit(tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert delivered == 2000
+    assert "dropped" not in proc.stderr
+
+
+def test_an_explicit_flush_timeout_bounds_exit_and_counts_the_loss(tmp_path):
+    """OTEL_GPU_FLUSH_TIMEOUT set is the user's choice of a bound: exit stops building spans
+    then, and says how many it left."""
+    proc, delivered = _slow_exit(tmp_path, OTEL_GPU_FLUSH_TIMEOUT="0.5")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert delivered < 2000
+    match = re.search(r"otel-gpu dropped (\d+) span\(s\)", proc.stderr)
+    assert match and int(match.group(1)) >= 2000 - delivered
