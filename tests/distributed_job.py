@@ -7,6 +7,9 @@ the package alias). Options, by environment:
 
 * ``JOB_SLEEPER=R``: rank R writes ``sleeping-R`` and sleeps (in Python, so the GIL is free)
   before its ``JOB_SLEEP_BEFORE``-th ``all_reduce``;
+* ``JOB_P2P=1`` (two ranks): before the ``all_reduce`` calls, ranks 0 and 1 exchange a tensor
+  every way a program can: ``send`` against ``irecv().wait()``, ``isend().wait()`` against
+  ``recv``, ``send`` against ``recv``, and ``batch_isend_irecv`` on both sides;
 * ``JOB_DIVERGE=R``: rank R's ``JOB_DIVERGE_AT``-th ``all_reduce`` has 8 floats, not 4; the
   group's timeout (``JOB_TIMEOUT`` seconds) then ends the job with an error on every rank.
 
@@ -42,6 +45,20 @@ diverge_at = int(os.environ.get("JOB_DIVERGE_AT", "3"))
 timeout = float(os.environ.get("JOB_TIMEOUT", "600"))
 dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=timeout))
 try:
+    if os.environ.get("JOB_P2P"):
+        peer = 1 - rank
+        t = torch.ones(4)
+        if rank == 0:
+            dist.send(t, peer)
+            dist.isend(t, peer).wait()
+            dist.send(t, peer)
+        else:
+            dist.irecv(t, peer).wait()
+            dist.recv(t, peer)
+            dist.recv(t, peer)
+        mine = dist.P2POp(dist.isend if rank == 0 else dist.irecv, t, peer)
+        for work in dist.batch_isend_irecv([mine]):
+            work.wait()
     for i in range(1, int(os.environ["JOB_CALLS"]) + 1):
         n = 8 if (rank == diverge and i == diverge_at) else 4
         t = torch.ones(n)

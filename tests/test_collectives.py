@@ -267,3 +267,36 @@ def test_a_real_async_all_reduce_on_gloo_ends_by_its_future(otel_gpu_spans, worl
     (span,) = _collectives(spans)
     assert span.attributes["otel_gpu.collective.async_op"] is True
     assert span.attributes["otel_gpu.collective.async_end"] == "work_completed"
+
+
+def test_a_collective_torch_implements_through_another_is_one_span(otel_gpu_spans, world):
+    """torch 2.13's send/recv call the patched isend/irecv inside: each blocking call is one span
+    (the outer, the one the program called) and advances its pair's sequence once, so the peer's
+    irecv lines up with it."""
+    spans = otel_gpu_spans(level=1)
+
+    class Work:
+        def wait(self):
+            return True
+
+        def get_future(self):
+            return None
+
+    def isend(tensor, dst=None, group=None, tag=0, group_dst=None):
+        return Work()
+
+    isend_ = torch_distributed.wrap(isend, "isend")
+
+    def send(tensor, dst=None, group=None, tag=0, group_dst=None):
+        isend_(tensor, dst, group, tag, group_dst).wait()  # as torch implements it
+
+    send_ = torch_distributed.wrap(send, "send")
+    t = torch.ones(1)
+    send_(t, 0)
+    send_(t, 0)
+    isend_(t, 0).wait()  # the program's own isend is still a span
+    got = [
+        (s.attributes["otel_gpu.collective.op"], s.attributes["otel_gpu.collective.seq"])
+        for s in _collectives(spans)
+    ]
+    assert got == [("send", 1), ("send", 2), ("isend", 3)]

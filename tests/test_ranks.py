@@ -371,3 +371,31 @@ def test_a_4_rank_job_where_one_rank_has_a_different_shape(tmp_path):
     (divergence,) = [d for d in report["divergences"] if d["seq"] == 3]
     shapes = {tuple(v["ranks"]): v["value"]["tensor.shape"] for v in divergence["variants"]}
     assert shapes == {(0, 2, 3): [4], (1,): [8]}
+
+
+def test_a_job_exchanging_tensors_every_p2p_way_has_ranks_that_agree(tmp_path):
+    """A correct 2-rank gloo job using send/irecv, isend/recv, send/recv and batch_isend_irecv:
+    `otel-gpu ranks` says all ranks agree (torch's send and recv call the patched isend and
+    irecv inside; counted twice, they made a correct job look like a straggler and two
+    divergences), and each rank has exactly one span per p2p call it made."""
+    procs = distributed_job.start(tmp_path, world=2, calls=3, JOB_P2P="1")
+    try:
+        for p in procs:
+            assert p.wait(timeout=300) == 0, (tmp_path / f"log-{procs.index(p)}.txt").read_text()
+    finally:
+        distributed_job.stop(procs)
+    paths = [str(tmp_path / f"spans-{r}.jsonl") for r in range(2)]
+    ops = {
+        r: [
+            s["attrs"]["otel_gpu.collective.op"]
+            for s in read_spans(Path(paths[r]), plain=True)
+            if s["name"].startswith("torch.distributed.")
+            and s["attrs"]["otel_gpu.collective.op"] in ("send", "recv", "isend", "irecv")
+        ]
+        for r in range(2)
+    }
+    assert sorted(ops[0]) == ["isend", "isend", "send", "send"]
+    assert sorted(ops[1]) == ["irecv", "irecv", "recv", "recv"]
+    result = otel_gpu_command(["ranks", *paths], without_otel())
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "all ranks agree" in result.stdout

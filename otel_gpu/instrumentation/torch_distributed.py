@@ -20,6 +20,11 @@ rank of a group that runs the same program. Point-to-point calls are counted apa
 ranks, so a ``send`` between two ranks does not shift the others' numbering. It is otel-gpu's
 count, not c10d's internal one.
 
+One span per call the program made: where torch implements a patched function through another
+one (since torch 2.x ``send`` and ``recv`` call ``isend``/``irecv`` and wait), the inner call runs
+unobserved on that thread, so a blocking ``send`` is one span and advances its pair's sequence
+once, as on the peer that called ``irecv``.
+
 An async call (``async_op=True``, ``isend``, ``irecv``) is a span that ends when its work
 completes, observed through ``Work.get_future()``; where the backend gives no future, the span
 ends when the call returns and ``otel_gpu.collective.async_end`` says so.
@@ -31,6 +36,7 @@ import functools
 import inspect
 import itertools
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -81,6 +87,7 @@ _ALWAYS_ASYNC = frozenset({"isend", "irecv"})
 _PEER_PARAMS = ("dst", "src", "group_dst", "group_src")
 
 _seq: dict[str, Callable[[], int]] = {}  # group_name -> next() of its counter
+_inside = threading.local()  # .op: the patched call this thread is inside, if any
 # id(group) -> (the group, its fixed attributes), resolved once
 _groups: dict[int, tuple[Any, dict[str, Any]]] = {}
 
@@ -141,9 +148,15 @@ def wrap(original: Any, op: str) -> Any:
     plan = sync.__otel_gpu_plan__
 
     def collective(*args: Any, **kwargs: Any) -> Any:
-        if always_async or argument(args, kwargs, "async_op"):
-            return _run_async(plan, original, args, kwargs, attributes)
-        return sync(*args, **kwargs)
+        if getattr(_inside, "op", None) is not None:  # torch's own use inside an observed call
+            return original(*args, **kwargs)
+        _inside.op = op
+        try:
+            if always_async or argument(args, kwargs, "async_op"):
+                return _run_async(plan, original, args, kwargs, attributes)
+            return sync(*args, **kwargs)
+        finally:
+            _inside.op = None
 
     functools.update_wrapper(collective, original)
     collective.__otel_gpu_plan__ = plan  # type: ignore[attr-defined]
