@@ -155,3 +155,21 @@ def test_parameter_statistics_show_a_weight_that_turned_nan(otel_gpu_spans, monk
     assert events["param.weight"].attributes["nan_count"] == 1
     assert first.attributes["otel_gpu.nonfinite"] is True
     assert not [e for e in second.events if e.name == "otel_gpu.param_stats"]
+
+
+def test_level_10_under_instrument_module_warns_once_that_replay_will_skip(
+    otel_gpu_spans, tmp_path, caplog
+):
+    """Level 10 dumps of instance-wrapped module forwards can never be replayed: recording says
+    so once, at instrument_module(), naming the layout that replays, instead of leaving the user
+    to find out from a replay that skips every call."""
+    from otel_gpu import _guard
+
+    _guard._reset()  # warned once per process: an earlier test may have warned already
+    otel_gpu_spans(level=10, dump_dir=str(tmp_path / "dumps"))
+    with caplog.at_level("WARNING", logger="otel_gpu"):
+        otel_gpu.instrument_module(nn.Sequential(nn.Linear(4, 4)))
+        otel_gpu.instrument_module(nn.Sequential(nn.Linear(4, 4)))
+    warnings = [r.getMessage() for r in caplog.records if "instrument_module" in r.getMessage()]
+    assert len(warnings) == 1
+    assert "replay" in warnings[0] and "OTEL_GPU_DUMP_MODULES=true" in warnings[0]

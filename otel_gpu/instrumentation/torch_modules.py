@@ -52,6 +52,15 @@ def instrument_module(
     settings = config.current()
     if settings.level == 0:
         return 0
+    if settings.level >= 10:
+        _guard.warn_once(
+            "instrument_module_replay",
+            "otel-gpu: level 10 under instrument_module() records every call's tensors, but "
+            "`otel-gpu replay` will skip these calls: it cannot rebuild a module instance whose "
+            "parameters are not recorded. For dumps that replay, instrument the model's classes "
+            "instead: otel-gpu run --instrument PACKAGE.MODULE with OTEL_GPU_DUMP_MODULES=true "
+            "(docs/flight-recorder.md).",
+        )
     patterns = (include,) if isinstance(include, str) else tuple(include or ())
     root = name or type(model).__name__
     count = 0
