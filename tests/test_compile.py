@@ -388,3 +388,64 @@ def test_torch_export_leaves_no_otel_gpu_operator_in_the_exported_program(otel_g
     torch.testing.assert_close(exported.module()(x), bare.module()(x))
     otel_gpu.flush()
     assert spans.get() == []
+
+
+@pytest.mark.parametrize(
+    ("level", "backend"),
+    [(level, backend) for backend in ("eager", "aot_eager") for level in (1, 3, 5)]
+    + [(3, "inductor")],
+)
+def test_a_compile_beside_eager_threads_keeps_both_correct(
+    otel_gpu_spans, module_factory, level, backend
+):
+    """A server recompiling on one thread while others keep serving: the compile (fullgraph)
+    succeeds every time; every eager call on the other threads is an eager span with its
+    arguments, never marked compiled; every compiled runtime call is a compiled span; no span
+    is lost and no internal error happens (strict mode). ``torch.compiler.is_compiling()`` is
+    true on every thread while any thread compiles: eager calls took the compiled path, lost
+    their arguments and spans, and broke the compile's guards."""
+    import threading
+
+    spans = otel_gpu_spans(level=level)
+    lib = module_factory(LIB)
+
+    @otel_gpu.api
+    def served(x):
+        return x + 1
+
+    stop = threading.Event()
+    eager_calls = [0, 0, 0]
+
+    def serve(i: int) -> None:
+        x = torch.ones(8)
+        while not stop.is_set():
+            torch.testing.assert_close(served(x), x + 1)
+            eager_calls[i] += 1
+
+    threads = [threading.Thread(target=serve, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    compiled_runs = 0
+    try:
+        for _ in range(3):  # each a fresh compile while the threads run
+            compiled = _compile(lib.block, backend)
+            x, y = torch.randn(4), torch.randn(4)
+            for _ in range(2):
+                torch.testing.assert_close(compiled(x, y), x * 2 + y.sin())
+                compiled_runs += 1
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    got = spans.get()
+    eager = [s for s in got if s.name.endswith(".served")]
+    assert len(eager) == sum(eager_calls)
+    assert not any(s.attributes.get("otel_gpu.compiled") for s in eager)
+    if level >= 3:
+        assert all("otel_gpu.input.x.shape" in s.attributes for s in eager)
+    blocks = [s for s in got if s.name.endswith(".block")]
+    scales = [s for s in got if s.name.endswith(".scale")]
+    assert len(blocks) == len(scales) == compiled_runs
+    assert all(s.attributes.get("otel_gpu.compiled") is True for s in blocks + scales)
+    by_id = {s.context.span_id: s for s in blocks}
+    assert all(s.parent is not None and s.parent.span_id in by_id for s in scales)

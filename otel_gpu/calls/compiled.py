@@ -9,6 +9,14 @@ runtime call of the compiled graph. ``call_begin`` receives the call's input ten
 ``call_end`` its output tensors, the real runtime tensors: level-3 metadata is taken from them
 and level-5 statistics are computed on them by the op, at runtime.
 
+Threads: only the thread Dynamo is tracing on takes this path. ``torch.compiler.is_compiling()``
+reads a process-wide flag, true on every thread while any thread compiles, so a server that
+compiled on one thread sent its other threads' eager calls here (spans without arguments, lost
+spans, broken guards); ``torch.compiler.is_dynamo_compiling()`` is a constant ``True`` in traced
+code and ``False`` at run time on every thread. The trace-time nesting depth lives in a
+thread-local, so the guard Dynamo puts on it reads the calling thread's own depth, 0 outside a
+trace: another thread's trace neither fails nor recompiles a graph.
+
 Nesting: the OTel context cannot be attached from inside a graph (an exception in the graph
 would leave it attached), so the ops keep their own per-thread stack. The trace-time nesting
 depth of each call is a constant of the graph; ``call_begin`` at depth ``d`` cuts the stack to
@@ -47,16 +55,50 @@ def _never() -> bool:
     return False
 
 
-is_compiling = torch.compiler.is_compiling if SUPPORTED else _never
 # torch.export traces through Dynamo too, but an exported program outlives this process: it
 # must not carry otel-gpu's operators nor plan ids that mean nothing elsewhere.
 _is_exporting = getattr(torch.compiler, "is_exporting", _never)
+_compiler = torch.compiler
+_dynamo_compiling = getattr(torch.compiler, "is_dynamo_compiling", None)
+_FAKE = getattr(getattr(torch._C, "_TorchDispatchModeKey", None), "FAKE", None)
+
+
+def _fake_mode_here() -> bool:
+    """Whether a FakeTensorMode is active on this thread (dispatch modes are thread-local)."""
+    return _FAKE is None or torch._C._get_dispatch_mode(_FAKE) is not None
+
+
+def _tracing_here() -> bool:
+    """True only on the thread that traces: in code Dynamo traces (``is_dynamo_compiling`` is a
+    constant True there, False at run time on every thread), or under torch.export's non-strict
+    tracing, whose process-wide flag is confirmed by a fake mode active on this thread. ~0.1 µs
+    a call: one call that returns False and one attribute read."""
+    if _dynamo_compiling():  # type: ignore[misc]
+        return True
+    return _compiler._is_exporting_flag and _fake_mode_here()
+
+
+if not SUPPORTED:
+    is_compiling = _never
+elif _dynamo_compiling is None or not hasattr(_compiler, "_is_exporting_flag"):
+    is_compiling = torch.compiler.is_compiling  # older torch: the process-wide flag
+else:
+    is_compiling = _tracing_here
 
 _TOKEN = torch.zeros(1)  # what both ops mutate: the compiler neither drops nor reorders them
 # plan id (a graph constant) -> _Plan; weak, so a dropped model's plans (and modules) go
 _PLANS: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
 _ids = itertools.count()
-_DEPTH = [0]  # trace-time nesting of decorated calls; balanced, so always 0 between traces
+
+
+class _TraceDepth(threading.local):
+    """Trace-time nesting of decorated calls on this thread; balanced, so 0 between traces."""
+
+    def __init__(self) -> None:
+        self.value = 0
+
+
+_DEPTH = _TraceDepth()
 _SEP = "\x1f"  # joins argument names into one str argument of call_begin
 # ends the name of a tensor that requires grad: inside the graph every tensor reads False
 # (autograd runs around the compiled graph), so the traced value is passed instead
@@ -85,7 +127,7 @@ def call(plan_id: int, plan: Any, fn: Any, args: tuple, kwargs: dict) -> Any:
     """
     if _is_exporting():
         return fn(*args, **kwargs)
-    depth = _DEPTH[0]
+    depth = _DEPTH.value
     limit = plan.max_items  # OTEL_GPU_MAX_ITEMS, as in eager capture
     names: list[str] = []
     tensors: list[torch.Tensor] = []
@@ -97,11 +139,11 @@ def call(plan_id: int, plan: Any, fn: Any, args: tuple, kwargs: dict) -> Any:
         for key, value in kwargs.items():
             _collect(key, value, names, tensors, limit)
     torch.ops.otel_gpu.call_begin(_TOKEN, plan_id, depth, _SEP.join(names), tensors)
-    _DEPTH[0] = depth + 1
+    _DEPTH.value = depth + 1
     try:
         result = fn(*args, **kwargs)
     finally:
-        _DEPTH[0] = depth
+        _DEPTH.value = depth
     out_names: list[str] = []
     outputs: list[torch.Tensor] = []
     if isinstance(result, torch.Tensor):
