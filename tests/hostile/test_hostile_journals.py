@@ -204,7 +204,7 @@ def test_the_command_names_the_file_and_the_limit_in_one_line(tmp_path):
         ["recover"],
         without_otel(OTEL_GPU_JOURNAL_DIR=str(jdir), OTEL_GPU_LOGDEST=str(tmp_path / "o.jsonl")),
     )
-    assert "Traceback" not in done.stderr
+    assert done.returncode == 0 and "Traceback" not in done.stderr
     (line,) = [ln for ln in done.stderr.splitlines() if ln.startswith(str(path))]
     assert "2.0 MiB, larger than any journal otel-gpu writes (1.1 MiB at most)" in line
 
