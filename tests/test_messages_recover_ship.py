@@ -39,9 +39,9 @@ REPO = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="module")
 def pool(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[dict[str, Any], Path]]:
-    """Journals of dead processes, made once: 8 killed inside a nested call, 1 died idle."""
+    """Journals of dead processes, made once: 10 killed inside a nested call, 1 died idle."""
     tmp = tmp_path_factory.mktemp("pool")
-    cases = run_lab(child_env(tmp, RANK="5"), "kill:8,idle:1", 0, seed=11)
+    cases = run_lab(child_env(tmp, RANK="5"), "kill:10,idle:1", 0, seed=11)
     files = {int(p.name.split("-")[2]): p for p in (tmp / "journal").iterdir()}
     return [(c, files[c["pid"]]) for c in cases]
 
@@ -99,7 +99,9 @@ def test_recovered_line_names_the_pid_the_calls_and_the_file_actually_written(de
 def test_an_unreachable_collector_is_not_reported_as_exported(dead, tmp_path):
     """OTLP to a closed port: the line says the spans were handed over but not confirmed, the
     summary counts 0 recovered and 2 unconfirmed, and the exit code is 1. (It used to say
-    "exported as ERROR spans", "2 call(s) recovered" and exit 0.)"""
+    "exported as ERROR spans", "2 call(s) recovered" and exit 0.) No destination that keeps
+    spans confirmed them, so the journal is kept for another run (it used to be removed: the
+    only copy of the crash was gone)."""
     env, case, path = dead(
         OTEL_GPU_LOGDEST="otlp",
         OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{_closed_port()}",
@@ -110,13 +112,58 @@ def test_an_unreachable_collector_is_not_reported_as_exported(dead, tmp_path):
     assert "exported as" not in result.stderr
     assert (
         f"pid {case['pid']} died with 2 call(s) in flight: handed as ERROR spans to otlp, but "
-        "otlp did not confirm them; journal removed all the same" in result.stderr
+        "otlp did not confirm them" in result.stderr
     )
+    assert "journal kept for another run" in result.stderr
     assert _summary(result.stderr) == (
         "otel-gpu recover: 0 call(s) recovered from 1 dead process(es); "
         "2 call(s) of 1 process(es) not confirmed by the exporters"
     )
-    assert not path.exists()  # at most once, as the line says
+    assert path.exists()  # kept, as the line says
+
+
+def test_recover_to_the_terminal_alone_keeps_the_journal_and_says_how_to_export(dead, tmp_path):
+    """No OTEL_GPU_LOGDEST (the default, stdout): the spans are shown on the terminal, and the
+    journal is kept (it used to be deleted, so the only record of the crash was gone once the
+    terminal scrolled). The summary says in one line how to export it; doing so exports the
+    calls and removes the journal."""
+    env, case, path = dead()
+    del env["OTEL_GPU_LOGDEST"]
+    result = recover_cli(env)
+    assert result.returncode == 0, result.stderr
+    assert case["kernel"] in result.stdout  # shown
+    assert (
+        f"pid {case['pid']} died with 2 call(s) in flight: shown as ERROR spans on stdout only; "
+        "journal kept" in result.stderr
+    )
+    assert _summary(result.stderr) == (
+        "otel-gpu recover: 0 call(s) recovered from 1 dead process(es); 2 call(s) of 1 "
+        "process(es) only shown on the terminal, journal(s) kept: to export and remove them, "
+        "run OTEL_GPU_LOGDEST=crash.jsonl otel-gpu recover (or OTEL_GPU_LOGDEST=otlp)"
+    )
+    assert path.exists()
+    out = tmp_path / "crash.jsonl"
+    again = recover_cli(dict(env, OTEL_GPU_LOGDEST=str(out)))
+    assert again.returncode == 0 and "2 call(s) recovered from 1 dead process(es)" in again.stderr
+    assert len(error_spans(jsonl_spans(out))) == 2 and not path.exists()
+
+
+def test_a_file_that_took_the_spans_removes_the_journal_even_if_the_collector_did_not(
+    dead, tmp_path
+):
+    """Destinations otlp (unreachable) and a file: the file keeps the spans, so the journal is
+    removed, and the line says the collector did not confirm them."""
+    out = tmp_path / "both.jsonl"
+    env, _, path = dead(
+        OTEL_GPU_LOGDEST=f"otlp,{out}",
+        OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{_closed_port()}",
+        OTEL_EXPORTER_OTLP_TIMEOUT="1",
+    )
+    result = recover_cli(env)
+    assert result.returncode == 1, result.stderr
+    assert "otlp did not confirm them" in result.stderr
+    assert "journal removed: a destination that keeps them confirmed them" in result.stderr
+    assert len(error_spans(jsonl_spans(out))) == 2 and not path.exists()
 
 
 def test_a_destination_that_cannot_be_opened_keeps_the_journal(dead, tmp_path):

@@ -626,3 +626,57 @@ def test_the_tree_reads_attributes_of_the_spans_it_draws_only(tmp_path: Path) ->
         else:
             assert span.pending and span.attrs == {}
     assert sum(s.pending for s in lazy) == 4
+
+
+# --------------------------------------------------------------------------- not a trace file
+
+_PYTHON = "import torch\n\n\ndef f(x):\n    return x + 1\n" + "".join(
+    f"y{i} = {i}\n" for i in range(14)
+)
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "kind"),
+    [
+        ("mylib.py", _PYTHON.encode(), "looks like Python source"),
+        (
+            "run.log",
+            "═" * 40 + "\notel-gpu · system information\n  service: x\n"
+            "lib.f  2026-01-01 00:00:00.000  span 8bb034832ba1b41d\n  ✔ OK  0.001 ms\n",
+            "is a text log (as OTEL_GPU_LOGDEST=FILE.log writes it)",
+        ),
+        ("empty.jsonl", b"", "is empty"),
+        ("core.bin", bytes(range(256)) * 8, "is binary data"),
+        ("notes.txt", b"some notes\nmore notes\n", "is text, not JSON"),
+    ],
+)
+def test_a_file_with_no_otlp_line_is_named_for_what_it_is_in_one_line(
+    tmp_path, capsys, name, content, kind
+):
+    """``show mylib.py`` used to print one "not JSON" line per line of the file and never say
+    that show reads OTLP JSON Lines. Now the first line names the file, what it looks like and
+    what show expected; at most 3 per-line problems follow, then a count."""
+    path = tmp_path / name
+    path.write_bytes(content.encode() if isinstance(content, str) else content)
+    rc, out, err = _run(capsys, str(path))
+    lines = err.splitlines()
+    assert lines[0] == (
+        f"otel-gpu show: {path} {kind}, not the OTLP JSON Lines that show reads "
+        "(as OTEL_GPU_LOGDEST=FILE.jsonl writes them)"
+    )
+    per_line = [ln for ln in lines if ln.startswith(f"otel-gpu show: {path}:")]
+    assert len(per_line) <= 3
+    assert len(lines) <= 6 and out == ""
+    assert rc == (1 if kind == "is empty" else 2)
+
+
+def test_a_trace_file_beside_a_foreign_one_keeps_its_own_problems_listed(tmp_path, capsys):
+    """Only files with no OTLP line get the one-line description: a trace file with one bad
+    line is reported as before (its line, no description)."""
+    good = _write_lines(tmp_path / "t.jsonl", _hex_span("f", "00000000000000a1"))
+    with good.open("a") as f:
+        f.write("{not json\n")
+    rc, _, err = _run(capsys, str(good))
+    assert rc == 2
+    assert "not the OTLP JSON Lines" not in err
+    assert f"{good}:2: not JSON" in err

@@ -11,9 +11,13 @@ events, :func:`otel_gpu.anomalies.watchdog.add_thread_stacks`), one ``otel_gpu.c
 event per call in flight with its inputs as the crash journal has them, and, when the ring is
 on, the directory of a ring dump (the ring's completed calls).
 
-Only the same user can ask: the directory is the user's own, and a request file owned by
-another uid, or not a regular file, is ignored. No signal is used, so none is taken from the
-application.
+Only the same user can ask: the directory is the user's own (``OTEL_GPU_JOURNAL_DIR`` must be
+owned by the user and writable by nobody else), and a request file owned by another uid, or not
+a regular file, is ignored. Nothing blocks on a file planted in the directory: the reply is
+written under a fresh random name (exclusive, no symlink followed) and renamed into place, and
+the command opens a reply non-blocking and reads it only if it is a small regular file of its
+own user's. ``--all`` lists only this user's processes. No signal is used, so none is taken from
+the application.
 
 What it cannot see: it runs on the export thread, so it needs the GIL for a moment. A thread
 stuck in C code while it holds the GIL (a C extension that never releases it) stops the export
@@ -35,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from opentelemetry.trace import SpanContext, TraceFlags
 
-from otel_gpu import _guard
+from otel_gpu import _files, _guard
 from otel_gpu.attributes import (
     CALL_NAME,
     CALL_SECONDS,
@@ -198,12 +202,10 @@ def _requester(path: str, info: os.stat_result) -> int | None:
 
 
 def _write_reply(path: str, reply: dict[str, Any]) -> None:
-    partial = f"{path}.{os.getpid()}.tmp"
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0)
-    fd = os.open(partial, flags, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(reply, f)
-    os.replace(partial, path)
+    # A fresh random name, created exclusively: a FIFO planted at a predictable temporary name
+    # would block the export thread in open().
+    data = json.dumps(reply).encode()
+    _files.write_atomic_bytes(os.path.dirname(path), os.path.basename(path), data)
 
 
 # --------------------------------------------------------------------------- the requesting side
@@ -226,9 +228,15 @@ def live_processes(directory: str) -> list[int]:
     for path in glob.glob(os.path.join(glob.escape(directory), f"{_PREFIX}*.journal")):
         name = os.path.basename(path)[len(_PREFIX) :]
         head = name.split("-", 1)[0]
-        if head.isdigit() and int(head) != os.getpid():
-            if recover._pid_state(int(head)) == "alive":
-                pids.add(int(head))
+        if not head.isdigit() or int(head) == os.getpid():
+            continue
+        try:  # in a shared directory, other users' journals (and their pids) are not ours
+            if os.lstat(path).st_uid != os.getuid():
+                continue
+        except OSError:
+            continue
+        if recover._pid_state(int(head)) == "alive" and same_user(int(head)):
+            pids.add(int(head))
     return sorted(pids)
 
 
@@ -286,12 +294,30 @@ def request(directory: str, pids: list[int], timeout: float, *, chosen: bool = T
     return [Reply(pid, answers.get(pid)) for pid in pids]
 
 
+_REPLY_LIMIT = 64 * 1024  # a reply is a few hundred bytes of JSON
+
+
 def _read_reply(path: str) -> dict[str, Any] | None:
+    """The reply at ``path`` once it is there; None until then, and for anything but a small
+    regular file of this user's (a FIFO planted there must not block the wait in open())."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
-        with open(path) as f:
-            got = json.load(f)
-    except (OSError, ValueError):
+        fd = os.open(path, flags)
+    except OSError:
         return None
+    try:
+        info = os.fstat(fd)
+        if (
+            not stat.S_ISREG(info.st_mode)
+            or info.st_uid != os.getuid()
+            or info.st_size > _REPLY_LIMIT
+        ):
+            return None
+        got = json.loads(os.read(fd, _REPLY_LIMIT + 1))
+    except (OSError, ValueError, RecursionError):
+        return None
+    finally:
+        os.close(fd)
     try:
         os.unlink(path)
     except OSError:

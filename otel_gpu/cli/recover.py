@@ -22,8 +22,11 @@ __all__ = ["register"]
 
 _LINES = {
     "recovered": "{calls}: exported as ERROR spans to {to}",
-    "unconfirmed": "{calls}: handed as ERROR spans to {to}, but {detail}; journal removed all "
-    "the same (delivery is at most once)",
+    "unconfirmed": "{calls}: handed as ERROR spans to {to}, but {detail}; journal removed: "
+    "a destination that keeps them confirmed them",
+    "unconfirmed-kept": "{calls}: handed as ERROR spans to {to}, but {detail}; journal kept for "
+    "another run (a destination that did receive them gets them again)",
+    "shown": "{calls}: shown as ERROR spans on {to} only; journal kept",
     "failed": "{calls}: not exported ({detail}); journal kept for another run",
     "dead": "{calls} (dry run: not exported, journal kept)",
     "empty": "pid {pid} died with no call in flight: nothing to export, journal removed",
@@ -42,7 +45,7 @@ def _line(o: Outcome, dry_run: bool) -> str:
             return f"pid {o.pid} exited normally, but its journal remains ({o.detail})"
         kept = "journal kept" if dry_run else "journal removed"
         return f"pid {o.pid} exited normally: nothing to export, {kept}"
-    template = _LINES.get(o.state)
+    template = _LINES.get(f"{o.state}-kept" if o.kept and o.state == "unconfirmed" else o.state)
     if template is None:
         return f"{o.state} ({o.detail})" if o.detail else o.state
     calls = f"pid {o.pid} died with {o.spans} call(s) in flight"
@@ -67,7 +70,7 @@ def _summary(outcomes: list[Outcome], where: str, dry_run: bool) -> str:
             f"dry run: {found} call(s) in flight in {dead} dead process(es); "
             "nothing exported or removed"
         )
-    dead = calls("recovered", "unconfirmed", "failed", "empty")[1]
+    dead = calls("recovered", "unconfirmed", "failed", "empty", "shown")[1]
     text = f"{calls('recovered')[0]} call(s) recovered from {dead} dead process(es)"
     lost, lost_in = calls("unconfirmed")
     if lost:
@@ -75,7 +78,17 @@ def _summary(outcomes: list[Outcome], where: str, dry_run: bool) -> str:
     kept, kept_in = calls("failed")
     if kept:
         text += f"; {kept} call(s) of {kept_in} process(es) not exported, journal(s) kept"
+    shown, shown_in = calls("shown")
+    if shown:
+        text += (
+            f"; {shown} call(s) of {shown_in} process(es) only shown on the terminal, journal(s) "
+            f"kept: to export and remove them, run OTEL_GPU_LOGDEST={_EXAMPLE} otel-gpu recover "
+            "(or OTEL_GPU_LOGDEST=otlp)"
+        )
     return text
+
+
+_EXAMPLE = "crash.jsonl"
 
 
 def _main(args: argparse.Namespace) -> int:
@@ -118,10 +131,13 @@ def register(sub: Any) -> None:
         "Turn the crash journals of dead processes into ERROR spans "
         "('process died during call') with their original ids, start times and inputs, "
         "exported to the destinations OTEL_GPU_LOGDEST names. Journals of running processes "
-        "are left alone; a journal is exported at most once. Exit codes: 0 every dead process's calls "
-        "were confirmed by the destinations (or there was nothing to export); 1 some calls were "
-        "not confirmed or not exported, or the directory could not be listed; 2 invalid "
-        "configuration.",
+        "are left alone. A journal is removed only once a destination that keeps its spans (a "
+        "file, or a collector that acknowledged them) confirmed them: with the terminal alone "
+        "(the default, stdout) the spans are shown and the journal kept; run e.g. "
+        "OTEL_GPU_LOGDEST=crash.jsonl otel-gpu recover to export and remove it. Exit codes: 0 "
+        "every dead process's calls were confirmed by the destinations, or only shown on the "
+        "terminal (or there was nothing to export); 1 some calls were not confirmed or not "
+        "exported, or the directory could not be listed; 2 invalid configuration.",
     )
     p.add_argument(
         "path",

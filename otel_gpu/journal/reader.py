@@ -33,13 +33,24 @@ from otel_gpu.journal.writer import (
     F_PARENT_REMOTE,
     F_TRUNCATED,
     HEADER_SIZE,
+    LARGE_SLOT,
     MAGIC,
+    PLANS_SIZE,
+    SLOTS_LARGE,
+    SLOTS_SMALL,
     SMALL_SLOT,
     VERSION,
 )
 from otel_gpu.traces.reader import too_deep
 
-__all__ = ["JournalFile", "Record", "decode_inputs", "read"]
+__all__ = ["MAX_SIZE", "JournalFile", "Record", "decode_inputs", "read"]
+
+# What the writer can produce, and so all a reader ever needs to look at: a crafted header
+# (a billion slots, a 16 GB sparse file, megabytes of "metadata") is refused before it is
+# mapped, so reading a journal costs a small multiple of these sizes whatever the file says.
+_SLOT_LIMITS = {SMALL_SLOT: SLOTS_SMALL, LARGE_SLOT: SLOTS_LARGE}
+MAX_SIZE = HEADER_SIZE + PLANS_SIZE + max(s * n for s, n in _SLOT_LIMITS.items())
+"""The largest journal the writer makes (1.1 MiB); a larger file is refused unread."""
 
 
 @dataclass
@@ -78,8 +89,10 @@ class JournalFile:
 
 def read(path: str) -> JournalFile:
     """Parse a journal file. Raises ``ValueError`` when it is not one, ``OSError`` when unreadable."""
+    # Non-blocking: a FIFO planted under a journal's name must not hang the reader in open().
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(path, flags)
     except OSError as exc:
         if exc.errno == errno.ELOOP and os.path.islink(path):
             raise ValueError("a symbolic link, not followed") from None
@@ -92,6 +105,11 @@ def read(path: str) -> JournalFile:
             raise ValueError(f"owned by uid {info.st_uid}, not by this user")
         if info.st_size < HEADER_SIZE:
             raise ValueError("too short to be a journal")
+        if info.st_size > MAX_SIZE:
+            raise ValueError(
+                f"{_size(info.st_size)}, larger than any journal otel-gpu writes "
+                f"({_size(MAX_SIZE)} at most)"
+            )
         with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as mm:
             return _parse(path, mm, info.st_size)
     finally:
@@ -127,6 +145,18 @@ def _parse(path: str, mm: Any, size: int) -> JournalFile:
         or meta_len > header_size - _META_AT
     ):
         raise ValueError("inconsistent journal header")
+    # The writer's layout, not merely a consistent one: each part within what it writes.
+    limit = _SLOT_LIMITS.get(stride)
+    if limit is None or count > limit:
+        raise ValueError(
+            f"its header claims {count} slots of {stride} bytes; otel-gpu writes at most "
+            f"{SLOTS_SMALL} of {SMALL_SLOT} or {SLOTS_LARGE} of {LARGE_SLOT}"
+        )
+    if header_size != HEADER_SIZE or plans_size > PLANS_SIZE:
+        raise ValueError(
+            f"its header claims a {header_size}-byte header and {plans_size} bytes of plans; "
+            f"otel-gpu writes {HEADER_SIZE} and at most {PLANS_SIZE}"
+        )
     meta = _json(bytes(mm[_META_AT : _META_AT + meta_len])) if meta_len else {}
     if not isinstance(meta, dict):
         meta = {}
@@ -194,6 +224,13 @@ def _parse(path: str, mm: Any, size: int) -> JournalFile:
         )
     journal.records.sort(key=lambda r: r.start_ns)
     return journal
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} bytes"
 
 
 def _json(raw: bytes) -> Any:

@@ -7,11 +7,14 @@ input metadata, under the dead process's resource. The span ends at the last
 sign of life of the process (the export thread's heartbeat, every 100 ms), or
 at its start if there was none.
 
-A journal is recovered once: it is claimed by an atomic rename to
-``<name>.recovering.<pid>-<random>`` and deleted once its spans are handed to the
-exporters, so running ``recover`` twice, or in several processes at once,
-exports nothing twice. Journals of live processes are left alone; a pid reused
-by a new process is told apart by the process start time and the boot id.
+A journal is claimed by an atomic rename to ``<name>.recovering.<pid>-<random>``, so
+several recoverers at once export nothing twice, and deleted only once its spans reached a
+destination that keeps them: a file that took them, or an OTLP collector that acknowledged
+them (the exporter's own count of confirmed spans). Spans that went only to the terminal
+(``stdout``/``stderr``, the default destination), or that no keeping destination confirmed,
+leave the journal in place for another run: the journal is never the copy that is lost.
+Journals of live processes are left alone; a pid reused by a new process is told apart by the
+process start time and the boot id.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ __all__ = [
 STATUS_MESSAGE = "process died during call"
 _CLAIM = ".recovering."
 _KEYWORDS = ("stdout", "stderr", "otlp")
+_TERMINAL = ("stdout", "stderr")  # destinations that keep nothing once the terminal scrolls
 
 
 @dataclass
@@ -57,10 +61,12 @@ class Outcome:
     path: str
     state: str
     """recovered (every destination confirmed the spans), unconfirmed (handed to the exporters,
-    not confirmed by all of them; journal removed all the same), failed (not exported, journal
-    kept), empty (died with no call in flight), dead (dry run), alive, other-host, clean (closed
-    normally), taken (another recoverer has it, or it is gone), invalid (not a journal we read),
-    unreadable (``path`` is a directory that could not be listed)."""
+    not confirmed by all of them: the journal is removed if a keeping destination confirmed
+    them, else kept, see ``kept``), shown (only the terminal got them: journal kept), failed
+    (not exported, journal kept), empty (died with no call in flight), dead (dry run), alive,
+    other-host, clean (closed normally), taken (another recoverer has it, or it is gone),
+    invalid (not a journal we read), unreadable (``path`` is a directory that could not be
+    listed)."""
     pid: int = 0
     spans: int = 0
     detail: str = ""
@@ -68,6 +74,8 @@ class Outcome:
     not be removed; the host for other-host."""
     to: str = ""
     """Where the spans were handed: the destinations, or this process's span processor."""
+    kept: bool = False
+    """For unconfirmed and shown: the journal is still there, for another run."""
 
 
 # --------------------------------------------------------------------------- liveness
@@ -277,11 +285,13 @@ def _to_processor(spans: list[Any], processor: Any, timeout: float) -> str:
     return f"the span processor did not confirm them: {why}" if why else ""
 
 
-def _to_destinations(spans: list[Any], own: Any, timeout: float) -> str:
-    """Empty when every destination's exporter confirmed every span, else which did not, and why.
+def _to_destinations(spans: list[Any], own: Any, timeout: float) -> tuple[str, bool]:
+    """("", True) when every destination's exporter confirmed every span, else which did not,
+    and why; and whether a destination that keeps spans (a file, a collector) confirmed them all.
 
     The exporters' own counts decide: a flush that returns in time says nothing about delivery
-    (the SDK's batch processor reports a refused export as a finished flush).
+    (the SDK's batch processor reports a refused export as a finished flush); an OTLP exporter
+    counts a batch once the collector acknowledged it.
     """
     provider = own.provider
 
@@ -297,9 +307,10 @@ def _to_destinations(spans: list[Any], own: Any, timeout: float) -> str:
     finally:
         _bounded(provider.shutdown, min(timeout, 2.0))
     short = [c.name for c in own.exporters if c.confirmed < len(spans)]
+    kept = any(c.confirmed >= len(spans) for c in own.exporters if c.name.lower() not in _TERMINAL)
     if not short:
-        return ""
-    return f"{', '.join(short)} did not confirm them" + (f": {why}" if why else "")
+        return "", kept
+    return f"{', '.join(short)} did not confirm them" + (f": {why}" if why else ""), kept
 
 
 # --------------------------------------------------------------------------- recovery
@@ -354,6 +365,7 @@ def _recover_one(
         return Outcome(path, "dead", journal.pid, len(journal.records))
     own = None
     to = "this process's span processor"
+    terminal_only = False
     if journal.records and processor is None:
         try:
             target = _dead_process_settings(settings, journal)
@@ -361,6 +373,7 @@ def _recover_one(
             return Outcome(path, "invalid", journal.pid, detail=str(exc))
         # Opened before the claim: a destination that cannot be opened keeps the journal.
         to = ", ".join(target.dest)
+        terminal_only = all(d.lower() in _TERMINAL for d in target.dest)
         try:
             from otel_gpu.exporters.destinations import build_provider
 
@@ -374,6 +387,11 @@ def _recover_one(
                 _bounded(own.provider.shutdown, min(timeout, 2.0))
             detail = f"cannot open the destinations: {_why(exc)}"
             return Outcome(path, "failed", journal.pid, len(journal.records), detail, to)
+    if terminal_only and own is not None:
+        # Nothing keeps them once the terminal scrolls: show them, and keep the journal (not
+        # claimed: showing twice loses nothing).
+        detail, _ = _to_destinations(spans_of(journal, settings.repr_limit), own, timeout)
+        return Outcome(path, "shown", journal.pid, len(journal.records), detail, to, kept=True)
     # Unique per recoverer, threads included; the pid lets others tell a dead recoverer's claim.
     claimed = f"{base}{_CLAIM}{os.getpid()}-{os.urandom(4).hex()}"
     try:
@@ -390,19 +408,31 @@ def _recover_one(
         return Outcome(path, "failed", journal.pid, len(journal.records), detail, to)
     spans = spans_of(journal, settings.repr_limit)
     detail = ""
+    kept_elsewhere = True
     try:
         if own is not None:
-            detail = _to_destinations(spans, own, timeout)
+            detail, kept_elsewhere = _to_destinations(spans, own, timeout)
         elif spans:
             detail = _to_processor(spans, processor, timeout)
+            kept_elsewhere = not detail
     finally:
-        # Handed to the exporters: never again, even if delivery failed (at most once).
-        _unlink(claimed)
+        if kept_elsewhere:
+            _unlink(claimed)
+        else:  # no destination that keeps them confirmed them: the journal is the only copy
+            _unclaim(claimed, path)
     if not spans:
         return Outcome(path, "empty", journal.pid)
-    return Outcome(
-        path, "unconfirmed" if detail else "recovered", journal.pid, len(spans), detail, to
-    )
+    state = "unconfirmed" if detail else "recovered"
+    return Outcome(path, state, journal.pid, len(spans), detail, to, kept=not kept_elsewhere)
+
+
+def _unclaim(claimed: str, path: str) -> None:
+    """Give a claimed journal its name back, for another run (it stays claimed if that fails:
+    a claim whose recoverer is gone is recovered all the same)."""
+    try:
+        os.rename(claimed, path)
+    except OSError:
+        pass
 
 
 def recover(

@@ -146,10 +146,14 @@ def journal_dir(settings: Settings) -> str:
 
 def _private_dir(path: str, shared_parent: bool) -> None:
     """Create ``path`` 0700, and its missing parents 0700 too (whatever the umask); refuse a
-    default directory another user created or a symlink.
+    default directory another user created or a symlink, and a chosen one
+    (``OTEL_GPU_JOURNAL_DIR``) that another user owns or may write in.
 
     In a shared ``/tmp`` anybody could create ``otel-gpu-<uid>`` first, so a default
-    directory must be a real directory owned by us; its mode is tightened to 0700.
+    directory must be a real directory owned by us; its mode is tightened to 0700. A chosen
+    directory is the user's to name (it may be a symlink) and is never chmod'ed, but whoever can
+    write in it can plant files where the journal and the snapshot files go: it must be owned by
+    this user, with no write permission for group or others.
     """
     try:
         os.mkdir(path, 0o700)
@@ -165,6 +169,17 @@ def _private_dir(path: str, shared_parent: bool) -> None:
             raise PermissionError(f"{path!r} belongs to uid {info.st_uid}, not to this user")
         if info.st_mode & 0o077:
             os.chmod(path, 0o700)
+    elif hasattr(os, "getuid"):
+        if info.st_uid != os.getuid():
+            raise PermissionError(
+                f"{path!r} belongs to uid {info.st_uid}, not to this user: "
+                "OTEL_GPU_JOURNAL_DIR must be a directory of your own"
+            )
+        if info.st_mode & 0o022:
+            raise PermissionError(
+                f"{path!r} (mode {stat.S_IMODE(info.st_mode):04o}) lets other users write in it: "
+                "OTEL_GPU_JOURNAL_DIR must not be group- or world-writable (chmod 700 it)"
+            )
 
 
 # --------------------------------------------------------------------------- process identity

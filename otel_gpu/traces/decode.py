@@ -25,7 +25,17 @@ from typing import Any, NamedTuple
 
 from otel_gpu._text import brief
 
-__all__ = ["Group", "ShipError", "decode", "groups_of", "parse_slow", "request_bytes", "varint"]
+__all__ = [
+    "Group",
+    "ShipError",
+    "decode",
+    "groups_of",
+    "int64",
+    "parse_slow",
+    "request_bytes",
+    "unix_nano",
+    "varint",
+]
 
 
 class ShipError(ValueError):
@@ -102,7 +112,10 @@ def _any(node: dict[str, Any]) -> dict[str, Any]:
     if name == "string_value" or name == "bool_value":
         return {name: raw}  # the constructor checks the type
     if name == "int_value":
-        return {name: int(raw) if type(raw) is str else raw}
+        try:
+            return {name: int64(raw)}
+        except ValueError:
+            raise _Invalid from None
     if name == "double_value":
         return {name: _DOUBLES[raw] if type(raw) is str else raw}
     if name == "bytes_value":
@@ -127,12 +140,47 @@ def _id(raw: Any, width: int) -> bytes:
     return value
 
 
+# --------------------------------------------------------------------------- integers
+# The proto3 JSON rules for the integer fields, as ``json_format`` (ship's exact path) applies
+# them: a JSON number without a fraction or a decimal string, within the field's range. ``show``
+# reads times and ``intValue`` with the same two functions, so it refuses what ship refuses.
+
+_UINT64_MAX = 2**64 - 1
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+
+def _integer(raw: Any, low: int, high: int, span: str) -> int:
+    if type(raw) is int:
+        value = raw
+    elif type(raw) is float and raw.is_integer():
+        value = int(raw)
+    elif type(raw) is str and raw.strip() == raw and raw.lstrip("-").isdigit():
+        try:
+            value = int(raw)
+        except ValueError:  # more digits than Python converts
+            raise ValueError("more digits than any 64-bit integer") from None
+    else:
+        raise ValueError("not a whole number")
+    if not low <= value <= high:
+        raise ValueError(f"outside {span}")
+    return value
+
+
+def unix_nano(raw: Any) -> int:
+    """A ``*TimeUnixNano`` (fixed64): 0 to 2**64-1; ``ValueError`` saying why not."""
+    return _integer(raw, 0, _UINT64_MAX, "0 to 2**64-1")
+
+
+def int64(raw: Any) -> int:
+    """An ``intValue`` (int64): -2**63 to 2**63-1; ``ValueError`` saying why not."""
+    return _integer(raw, _INT64_MIN, _INT64_MAX, "-2**63 to 2**63-1")
+
+
 def _uint(raw: Any) -> Any:
-    if type(raw) is str:
-        if not raw.isdigit():
-            raise _Invalid
-        return int(raw)
-    return raw
+    try:
+        return unix_nano(raw)
+    except ValueError:
+        raise _Invalid from None
 
 
 # JSON key (camelCase, or the proto's own snake_case) -> (field, how its value is converted)

@@ -21,6 +21,7 @@ import gzip
 import io
 import json
 import math
+import re
 import sys
 import zlib
 from collections.abc import Callable, Iterable, Iterator
@@ -42,6 +43,7 @@ from otel_gpu.attributes import (
     STATS_TENSOR,
     STUCK,
 )
+from otel_gpu.traces.decode import int64, unix_nano
 
 __all__ = [
     "MAX_DEPTH",
@@ -303,11 +305,26 @@ def read_spans(
     for line in read_lines(path, report):
         try:
             payload = load_json(line.raw, line.where, line.torn)
+            _check_ints(line.raw, line.where)
             spans = list(_line_spans(payload, line.where, trace_id, attributes))
         except TraceFileError as exc:
             report(exc)
             continue
         yield from spans
+
+
+# An intValue that may be outside what ship takes: 20 digits or more (int64 holds 19), or a
+# fraction or exponent. Scanned in the raw line (C speed), so the tree, which converts only the
+# attributes it draws, still refuses every line ship refuses for one.
+_NUMBER = rb"-?(?:\d{20,}|\d+\.\d*(?:[eE][-+]?\d+)?|\d+[eE][-+]?\d+)"
+_SUSPECT_INT = re.compile(rb'"int(?:V|_v)alue"\s*:\s*("' + _NUMBER + rb'"|' + _NUMBER + rb")")
+
+
+def _check_ints(raw: bytes, where: str) -> None:
+    for match in _SUSPECT_INT.finditer(raw):
+        token = match.group(1)
+        value: Any = token[1:-1].decode() if token.startswith(b'"') else json.loads(token)
+        _int(value, where)
 
 
 def _raise(exc: TraceFileError) -> None:
@@ -365,8 +382,10 @@ def _span(raw: dict[str, Any], where: str, service: str, attributes: bool = True
         span_id=span_id,
         parent_id=_id(_get(raw, "parentSpanId", "parent_span_id"), 8, "parentSpanId", at),
         name=name,
-        start=_int(_get(raw, "startTimeUnixNano", "start_time_unix_nano", 0), at, "start time"),
-        end=_int(_get(raw, "endTimeUnixNano", "end_time_unix_nano", 0), at, "end time"),
+        start=_time(
+            _get(raw, "startTimeUnixNano", "start_time_unix_nano", 0), at, "startTimeUnixNano"
+        ),
+        end=_time(_get(raw, "endTimeUnixNano", "end_time_unix_nano", 0), at, "endTimeUnixNano"),
         error=isinstance(status, dict) and status.get("code") in _ERROR_CODES,
         message=str(status.get("message", "")) if isinstance(status, dict) else "",
         attrs=attrs,
@@ -407,11 +426,24 @@ def _id(raw: Any, size: int, key: str, where: str) -> str | None:
     return data.hex() if any(data) else None
 
 
-def _int(raw: Any, where: str, what: str = "intValue") -> int:
+def _time(raw: Any, where: str, key: str) -> int:
+    """A span's time as ``ship`` takes it (:func:`otel_gpu.traces.decode.unix_nano`)."""
     try:
-        return int(raw)
-    except (TypeError, ValueError, OverflowError):
-        raise TraceFileError(f"{where}: {what} {brief(raw)} is not an integer") from None
+        return unix_nano(raw)
+    except ValueError as exc:
+        raise TraceFileError(
+            f"{where}: {key} {brief(raw)} is not a time in nanoseconds ({exc})"
+        ) from None
+
+
+def _int(raw: Any, where: str) -> int:
+    """An ``intValue`` as ``ship`` takes it (:func:`otel_gpu.traces.decode.int64`)."""
+    try:
+        return int64(raw)
+    except ValueError as exc:
+        raise TraceFileError(
+            f"{where}: intValue {brief(raw)} is not a 64-bit integer ({exc})"
+        ) from None
 
 
 def _attributes(node: Any, where: str, wanted: Callable[[str], bool]) -> dict[str, Any]:
@@ -474,7 +506,7 @@ def _value(node: Any, where: str) -> Any:
     if kind == "arrayValue":
         values = _values(raw)
         try:  # a shape or stride: whole numbers, converted without a call per element
-            ints = [int(v["intValue"]) for v in values if len(v) == 1]
+            ints = [int64(v["intValue"]) for v in values if len(v) == 1]
             if len(ints) == len(values):
                 return ints
         except (KeyError, TypeError, ValueError, OverflowError):

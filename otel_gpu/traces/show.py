@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import fnmatch
 import gc
+import os
+import stat as _stat
 import sys
 from collections.abc import Iterable, Sequence
 from typing import IO, Any
@@ -32,7 +34,7 @@ from otel_gpu.traces.reader import (
     tree_path,
 )
 
-__all__ = ["DEFAULT_LIMIT", "show"]
+__all__ = ["DEFAULT_LIMIT", "file_kind", "show"]
 
 EXIT_FOUND, EXIT_NONE, EXIT_USAGE = 0, 1, 2
 DEFAULT_LIMIT = 200
@@ -105,10 +107,7 @@ def show(
     # report and --limit 0 read every span's
     eager = nonfinite or not limit
     spans = read_all(paths, trace_id and trace_id.lower(), problems.append, attributes=eager)
-    for problem in problems[:_SHOWN_PROBLEMS]:
-        _say(err, str(problem))
-    if len(problems) > _SHOWN_PROBLEMS:
-        _say(err, f"... and {_n(len(problems) - _SHOWN_PROBLEMS, 'more problem')}")
+    _report_problems(err, paths, spans, problems)
     fatal = [p for p in problems if not p.torn]
     if fatal and not skip_invalid:
         _say(err, f"nothing shown: {_problems(problems)} (--skip-invalid shows the rest)")
@@ -154,6 +153,85 @@ def _linked(spans: list[Span]) -> list[Trace]:
     finally:
         if enabled:
             gc.enable()
+
+
+def _report_problems(
+    err: IO[str], paths: Sequence[str], spans: list[Span], problems: list[TraceFileError]
+) -> None:
+    """The problems, one line each; a file that held no OTLP line at all is first named in one
+    line saying what it looks like, and only its first few lines' problems follow."""
+    read_from = {s.where.rpartition(":")[0] for s in spans}
+    foreign: dict[str, int] = {}  # path -> its problems shown so far
+    for path in dict.fromkeys(paths):
+        if path in read_from:
+            continue
+        kind = file_kind(path)
+        if kind is not None:
+            _say(err, f"{path} {kind}, not the OTLP JSON Lines that show reads {_EXPECTED}")
+            foreign[path] = 0
+    shown = 0
+    for problem in problems:
+        owner = next((p for p in foreign if str(problem).startswith(f"{p}:")), None)
+        if owner is not None:
+            foreign[owner] += 1
+            if foreign[owner] > _SHOWN_FOREIGN:
+                continue
+        elif shown >= _SHOWN_PROBLEMS:
+            continue
+        else:
+            shown += 1
+        _say(err, str(problem))
+    hidden = sum(max(n - _SHOWN_FOREIGN, 0) for n in foreign.values())
+    hidden += max(len(problems) - sum(foreign.values()) - _SHOWN_PROBLEMS, 0)
+    if hidden:
+        _say(err, f"... and {_n(hidden, 'more problem')}")
+
+
+_EXPECTED = "(as OTEL_GPU_LOGDEST=FILE.jsonl writes them)"
+_SHOWN_FOREIGN = 3  # per-line problems listed for a file that holds no OTLP line
+_SNIFF = 4096
+_PYTHON_STARTS = ("import ", "from ", "def ", "class ", "async def ", "@", "#!")
+
+
+def file_kind(path: str) -> str | None:
+    """What ``path`` is when it is not OTLP JSON Lines ("is empty", "is binary data", "looks
+    like Python source", "is a text log (as OTEL_GPU_LOGDEST=FILE.log writes it)", "is text,
+    not JSON"); None when it may be (it starts with a JSON object, or is gzip), is not a
+    regular file or cannot be read (the reader reports that)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO must not block the sniff
+    except OSError:
+        return None
+    try:
+        if not _stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        head = os.read(fd, _SNIFF)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    if head.startswith(b"\x1f\x8b"):
+        return None
+    if not head.strip():
+        return "is empty"
+    if b"\0" in head:
+        return "is binary data"
+    try:
+        text = head.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        if exc.start < len(head) - 4:  # not merely a character cut at the sniff's end
+            return "is binary data (not UTF-8 text)"
+        text = head[: exc.start].decode("utf-8")
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    first = lines[0].lstrip() if lines else ""
+    if first.startswith(("{", "[")):
+        return None
+    if first.startswith("═") or "otel-gpu · " in text:
+        return "is a text log (as OTEL_GPU_LOGDEST=FILE.log writes it)"
+    code = [ln for ln in lines if ln.startswith(_PYTHON_STARTS)]
+    if code and (path.endswith(".py") or first.startswith(_PYTHON_STARTS)):
+        return "looks like Python source"
+    return "is text, not JSON"
 
 
 def _say(err: IO[str], message: str) -> None:
