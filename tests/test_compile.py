@@ -449,3 +449,43 @@ def test_a_compile_beside_eager_threads_keeps_both_correct(
     assert all(s.attributes.get("otel_gpu.compiled") is True for s in blocks + scales)
     by_id = {s.context.span_id: s for s in blocks}
     assert all(s.parent is not None and s.parent.span_id in by_id for s in scales)
+
+
+MODEL = """
+import torch
+import otel_gpu
+
+@otel_gpu.api
+def norm(x, w):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+
+@otel_gpu.api
+def mlp(x, a, b):
+    return torch.nn.functional.gelu(x @ a) @ b
+
+def block(x, w, a, b):
+    h = x + mlp(norm(x, w), a, b)
+    return torch.softmax(norm(h, w) @ h.transpose(-1, -2), -1) @ h
+"""
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager", "inductor"])
+def test_compiled_results_against_the_same_program_compiled_without_otel_gpu(
+    otel_gpu_spans, module_factory, backend
+):
+    """What docs/compile.md claims: with the eager and aot_eager backends the instrumented
+    compiled program's results are bit-identical to the same program compiled without
+    otel-gpu; with inductor, otel-gpu's operators take each call's inputs and outputs, which
+    changes what inductor fuses across a call's boundary, so results agree within
+    torch.testing.assert_close's default tolerances, not necessarily bit for bit."""
+    torch.manual_seed(0)
+    x, w = torch.randn(4, 16, 64), torch.randn(64)
+    a, b = torch.randn(64, 256) / 8, torch.randn(256, 64) / 16
+    otel_gpu.configure(level=0)
+    bare = _compile(module_factory(MODEL).block, backend)(x, w, a, b)
+    otel_gpu_spans(level=3)
+    instrumented = _compile(module_factory(MODEL).block, backend)(x, w, a, b)
+    if backend == "inductor":
+        torch.testing.assert_close(instrumented, bare)
+    else:
+        assert torch.equal(instrumented, bare)
