@@ -343,6 +343,24 @@ def test_recover_on_start_in_a_real_next_run(crashes, tmp_path):
     assert list((tmp_path / "journal").iterdir()) == []
 
 
+def test_recover_on_start_to_the_terminal_alone_keeps_the_journal(crashes, tmp_path):
+    """OTEL_GPU_RECOVER_ON_START with otel-gpu's own provider writing to stdout only: the crashed
+    calls are shown, the journal is kept (the terminal keeps nothing once it scrolls), and one
+    line says how to export it."""
+    env, (case,) = crashes()
+    env = dict(env, OTEL_GPU_RECOVER_ON_START="true", OTEL_GPU_LOGDEST="stdout")
+    code = "import otel_gpu\n@otel_gpu.api\ndef f(): return 1\nf()\n"
+    before = sorted(p.name for p in (tmp_path / "journal").iterdir())
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "process died during call" in proc.stdout and case["kernel"] in proc.stdout
+    assert "kept" in proc.stderr and "otel-gpu recover" in proc.stderr
+    after = sorted(p.name for p in (tmp_path / "journal").iterdir())
+    assert set(before) <= set(after)  # the crashed process's journal is still there
+
+
 def test_dead_process_with_no_call_in_flight_leaves_nothing_to_export(crashes, tmp_path):
     """A process that died between calls (os._exit) left a journal with no record: recover
     removes it and exports nothing."""

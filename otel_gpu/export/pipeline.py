@@ -203,6 +203,12 @@ class Pipeline(SpanBuilder):
         else:
             self.unsampled_dropped += 1
 
+    @property
+    def owns_provider(self) -> bool:
+        """Whether spans go to otel-gpu's own provider (``OTEL_GPU_LOGDEST``), not the
+        application's (whose processors decide what is kept)."""
+        return self._own_provider is not None
+
     def add_after_drain(self, hook: Callable[[], Any]) -> None:
         """Run ``hook`` on the export thread after each drain (every ~100 ms), e.g. a heartbeat."""
         self._after_drain_hooks.append(hook)

@@ -42,6 +42,7 @@ from otel_gpu.journal.writer import _unlink
 
 __all__ = [
     "STATUS_MESSAGE",
+    "TERMINAL",
     "Outcome",
     "judge",
     "recover",
@@ -51,7 +52,7 @@ __all__ = [
 STATUS_MESSAGE = "process died during call"
 _CLAIM = ".recovering."
 _KEYWORDS = ("stdout", "stderr", "otlp")
-_TERMINAL = ("stdout", "stderr")  # destinations that keep nothing once the terminal scrolls
+TERMINAL = ("stdout", "stderr")  # destinations that keep nothing once the terminal scrolls
 
 
 @dataclass
@@ -307,7 +308,7 @@ def _to_destinations(spans: list[Any], own: Any, timeout: float) -> tuple[str, b
     finally:
         _bounded(provider.shutdown, min(timeout, 2.0))
     short = [c.name for c in own.exporters if c.confirmed < len(spans)]
-    kept = any(c.confirmed >= len(spans) for c in own.exporters if c.name.lower() not in _TERMINAL)
+    kept = any(c.confirmed >= len(spans) for c in own.exporters if c.name.lower() not in TERMINAL)
     if not short:
         return "", kept
     return f"{', '.join(short)} did not confirm them" + (f": {why}" if why else ""), kept
@@ -333,7 +334,12 @@ def _candidates(path: str) -> list[str]:
 
 
 def _recover_one(
-    path: str, settings: Settings, processor: Any, timeout: float, dry_run: bool
+    path: str,
+    settings: Settings,
+    processor: Any,
+    timeout: float,
+    dry_run: bool,
+    processor_keeps: bool = True,
 ) -> Outcome:
     base, claim, claimer = path.partition(_CLAIM)
     if claim:  # a recoverer claimed it; recover it only if that recoverer died
@@ -373,7 +379,7 @@ def _recover_one(
             return Outcome(path, "invalid", journal.pid, detail=str(exc))
         # Opened before the claim: a destination that cannot be opened keeps the journal.
         to = ", ".join(target.dest)
-        terminal_only = all(d.lower() in _TERMINAL for d in target.dest)
+        terminal_only = all(d.lower() in TERMINAL for d in target.dest)
         try:
             from otel_gpu.exporters.destinations import build_provider
 
@@ -387,6 +393,9 @@ def _recover_one(
                 _bounded(own.provider.shutdown, min(timeout, 2.0))
             detail = f"cannot open the destinations: {_why(exc)}"
             return Outcome(path, "failed", journal.pid, len(journal.records), detail, to)
+    if journal.records and processor is not None and not processor_keeps:
+        detail = _to_processor(spans_of(journal, settings.repr_limit), processor, timeout)
+        return Outcome(path, "shown", journal.pid, len(journal.records), detail, to, kept=True)
     if terminal_only and own is not None:
         # Nothing keeps them once the terminal scrolls: show them, and keep the journal (not
         # claimed: showing twice loses nothing).
@@ -440,6 +449,7 @@ def recover(
     path: str | None = None,
     *,
     processor: Any = None,
+    processor_keeps: bool = True,
     timeout: float | None = None,
     dry_run: bool = False,
 ) -> list[Outcome]:
@@ -450,6 +460,8 @@ def recover(
 
     With ``processor`` (an SDK span processor), spans go there; otherwise to otel-gpu's own
     provider for ``settings.dest``, with ``%i``/``%r`` naming the dead process's files.
+    ``processor_keeps=False`` says the processor only shows spans (otel-gpu's own provider with
+    terminal destinations alone): they are shown and the journal is kept, as without one.
     """
     from otel_gpu import config
 
@@ -460,7 +472,7 @@ def recover(
         paths = _candidates(where)
     except OSError as exc:  # not "no journals": there may well be some
         return [Outcome(where, "unreadable", detail=_why(exc, where))]
-    return [_recover_one(p, settings, processor, timeout, dry_run) for p in paths]
+    return [_recover_one(p, settings, processor, timeout, dry_run, processor_keeps) for p in paths]
 
 
 # --------------------------------------------------------------------------- command line

@@ -655,7 +655,23 @@ def start_recovery(settings: Settings, pipeline: Pipeline) -> None:
             from otel_gpu.journal import recover
 
             try:
-                recover.recover(settings, processor=pipeline.processor)
+                # otel-gpu's own provider writing to the terminal alone keeps nothing: the
+                # journal must stay, as `otel-gpu recover` keeps it for the terminal
+                keeps = not (
+                    pipeline.owns_provider
+                    and all(d.lower() in recover.TERMINAL for d in settings.dest)
+                )
+                outcomes = recover.recover(
+                    settings, processor=pipeline.processor, processor_keeps=keeps
+                )
+                shown = sum(1 for o in outcomes if o.state == "shown")
+                if shown:
+                    _guard.logger.warning(
+                        "otel-gpu: %d crash journal(s) shown on the terminal and kept (the "
+                        "terminal keeps nothing); to export and remove them, run "
+                        "OTEL_GPU_LOGDEST=crash.jsonl otel-gpu recover",
+                        shown,
+                    )
             except Exception as exc:
                 try:
                     _guard.internal_error("recover", exc)
