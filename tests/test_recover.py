@@ -43,9 +43,9 @@ def _memory() -> tuple[SimpleSpanProcessor, InMemorySpanExporter]:
 
 @pytest.fixture(scope="module")
 def pool(tmp_path_factory):
-    """Journals of dead processes, made once for the module: 16 killed mid-call, 1 died idle."""
+    """Journals of dead processes, made once for the module: 17 killed mid-call, 1 died idle."""
     tmp = tmp_path_factory.mktemp("pool")
-    cases = run_lab(child_env(tmp, RANK="5"), "kill:16,idle:1", 0, seed=3)
+    cases = run_lab(child_env(tmp, RANK="5"), "kill:17,idle:1", 0, seed=3)
     files = {int(p.name.split("-")[2]): p for p in (tmp / "journal").iterdir()}
     return [(c, files[c["pid"]]) for c in cases]
 
