@@ -11,8 +11,6 @@ from __future__ import annotations
 import contextlib
 import enum
 import inspect
-import os
-import sys
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -32,7 +30,6 @@ from otel_gpu.replay.trust import (
 
 __all__ = [
     "PreparedCall",
-    "child_env",
     "device_mapper",
     "prepare_call",
 ]
@@ -350,8 +347,13 @@ def _receiver(manifest: dict[str, Any], owner: type | None, decoder: _Decoder) -
         raise Skip(f"stateful method: {why}")
     if rec.get("t") not in ("class", "module", "state"):
         raise Refused(f"refused: receiver kind {rec.get('t')!r} is not class, module or state")
+    if owner is None:  # a plain function: no class of the dump's choosing is built for it
+        raise Refused(
+            "refused: the manifest gives a receiver to a function that is not a method of a "
+            "class (replay builds a receiver only for a method, of the method's class)"
+        )
     cls = resolve_type(rec.get("type"), decoder.allow)  # a class from an allowed module only
-    if owner is not None and not issubclass(cls, owner):
+    if not issubclass(cls, owner):
         raise Refused(
             f"refused: receiver type {rec['type']} is not a subclass of the method's class"
         )
@@ -402,15 +404,3 @@ def _torch_state(state: dict[str, Any]) -> Iterator[None]:
             yield
     finally:
         torch.set_default_dtype(default)
-
-
-def child_env() -> dict[str, str]:
-    """The environment of an isolated replay: the same import path as this process."""
-    from otel_gpu.config import child_environment
-
-    env = child_environment()
-    paths = [p or os.getcwd() for p in sys.path]
-    env["PYTHONPATH"] = os.pathsep.join(
-        paths + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
-    )
-    return env
