@@ -245,20 +245,23 @@ def resolve_function(info: dict[str, Any], allow: Allow) -> tuple[Callable[..., 
             "(replay calls only decorated functions; was the module imported at level 0?)"
         )
     fn = wrapper.__wrapped__
-    for inner in (fn, inspect.unwrap(fn)):  # the decorated function, and what it wraps
-        home = getattr(inner, "__module__", None)
-        home = home if isinstance(home, str) else "?"
-        where = f"{home}.{getattr(inner, '__qualname__', '')}"
-        _admit(
-            allow,
-            home,
-            denied(where),
-            f"function {module}.{qualname} (defined as {where})",
-            f"function {module}.{qualname} is defined in",
-        )
+    # the function's home as the decorator found it (its plan): the module that defines it,
+    # whatever name an allowed module gives it, and whatever wrappers sit inside
+    plan = wrapper.__dict__["__otel_gpu_plan__"]
+    home = getattr(plan, "module", None)
+    home = home if isinstance(home, str) else "?"
+    where = f"{home}.{getattr(plan, 'qualname', '')}"
+    _admit(
+        allow,
+        home,
+        denied(where)
+        or denied(f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', '')}"),
+        f"function {module}.{qualname} (defined as {where})",
+        f"function {module}.{qualname} is defined in",
+    )
     if not isinstance(owner, type):
         return fn, None
-    if not _defined_in(fn, owner):
+    if not _defined_in(plan, owner):
         raise Refused(
             f"refused: {module}.{qualname} is not a method of {owner.__qualname__} "
             "(replay gives a receiver only to a method of the class that defines it)"
@@ -297,10 +300,11 @@ def _admit_step(obj: Any, allow: Allow, name: str) -> None:
     _admit(allow, home, None, f"function {name} (through {home})", f"function {name} is found in")
 
 
-def _defined_in(fn: Any, owner: type) -> bool:
-    """Whether ``fn`` is defined in ``owner`` or one of its bases (its qualname says where)."""
-    where = str(getattr(fn, "__qualname__", "")).rpartition(".")[0]
-    module = getattr(fn, "__module__", None)
+def _defined_in(plan: Any, owner: type) -> bool:
+    """Whether the decorated function is defined in ``owner`` or one of its bases (as its
+    plan's qualname says)."""
+    where = str(getattr(plan, "qualname", "")).rpartition(".")[0]
+    module = getattr(plan, "module", None)
     for cls in owner.__mro__:
         cls_module = type.__dict__["__module__"].__get__(cls, type(cls))
         if type.__dict__["__qualname__"].__get__(cls, type(cls)) == where and cls_module == module:
