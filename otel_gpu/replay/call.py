@@ -91,8 +91,8 @@ class _Decoder:
         if tag == "tensor":
             return self._tensor(enc["key"], path)
         if tag == "dtype":
-            dtype = getattr(torch, str(enc["v"]), None)
-            if not isinstance(dtype, torch.dtype):
+            dtype = _manifest.DTYPES.get(str(enc.get("v")))
+            if dtype is None:
                 raise ValueError(f"{path}: unknown dtype {enc['v']!r}")
             return dtype
         if tag == "device":
@@ -287,7 +287,10 @@ class PreparedCall:
         Returns the mismatches and the parts that were not compared (not recorded), each with why.
         """
         files = self.manifest.get("files") or {}
-        expected = tensor_files.load_tensors(self.directory, files.get("outputs"), "files.outputs")
+        stated = _manifest.stated_nbytes(self.manifest.get("tensors"))
+        expected = tensor_files.load_tensors(
+            self.directory, files.get("outputs"), "files.outputs", stated
+        )
         self.nonfinite_expected = sum(
             int((~torch.isfinite(t)).sum())
             for t in expected.values()
@@ -321,7 +324,8 @@ def prepare_call(
         raise Skip(str(manifest.get("why_not_replayable") or "not replayable"))
     fn, owner = resolve_function(manifest.get("function") or {}, allow)
     files = manifest.get("files") or {}
-    tensors = tensor_files.load_tensors(directory, files.get("inputs"), "files.inputs")
+    stated = _manifest.stated_nbytes(manifest.get("tensors"))
+    tensors = tensor_files.load_tensors(directory, files.get("inputs"), "files.inputs", stated)
     decoder = _Decoder(tensors, manifest.get("tensors") or {}, allow, device_mapper(device_map))
     decoder.directory = directory
     notes: list[str] = []
@@ -393,7 +397,7 @@ def _module(rec: dict[str, Any], cls: type, decoder: _Decoder) -> Any:
 @contextlib.contextmanager
 def _torch_state(state: dict[str, Any]) -> Iterator[None]:
     default = torch.get_default_dtype()
-    dtype = getattr(torch, str(state.get("default_dtype", "")), None)
+    dtype = _manifest.DTYPES.get(str(state.get("default_dtype", "")))
     try:
         if isinstance(dtype, torch.dtype) and dtype.is_floating_point:
             torch.set_default_dtype(dtype)
