@@ -189,3 +189,26 @@ def test_a_path_inside_the_dump_is_refused(tmp_path, otel_gpu_spans, module_fact
     assert code == 2
     assert "inside the dump being replayed" in err and "\n" not in err.strip()
     assert _ran(root) == []
+
+
+def test_the_users_modules_are_found_through_path_never_the_current_directory(
+    tmp_path, otel_gpu_spans, module_factory
+):
+    """Run from the project's folder (where the allowed module lives) without PYTHONPATH: the
+    module is not found there (skipped, naming --path and PYTHONPATH); with --path . it is."""
+    m, root = _dump(tmp_path, otel_gpu_spans, module_factory)
+    argv = [_console_script(), "replay", str(root), "--allow-module", m.__name__, "--json"]
+    for flags, verdict in (([], "skipped"), (["--path", "."], "pass")):
+        proc = subprocess.run(
+            [*argv, *flags],
+            cwd=tmp_path,
+            env=without_otel(),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        first = json.loads(proc.stdout)["results"][0]
+        assert first["verdict"] == verdict, first
+        if verdict == "skipped":
+            assert "--path DIR or PYTHONPATH" in first["detail"]
+    assert _ran(root) == []
