@@ -27,6 +27,7 @@ from otel_gpu.recorder.manifest import (
 )
 
 __all__ = [
+    "TENSOR_ENTRY_SLACK",
     "TENSOR_FILE_SLACK",
     "HostBuffers",
     "HostCopies",
@@ -197,7 +198,11 @@ def _write_file(path: str, write: Any, fsync: bool) -> str:
 
 TENSOR_FILE_SLACK = 1 << 20
 """Bytes a tensor file may hold beyond the tensor data its manifest states: the file format's
-own (zip or safetensors headers, the pickle of the dict)."""
+own (zip or safetensors headers, the pickle of the dict), plus :data:`TENSOR_ENTRY_SLACK` for
+each tensor the manifest states."""
+TENSOR_ENTRY_SLACK = 1 << 10
+"""The format's bytes allowed per stated tensor (a ``.pt`` file spends about 300: its zip
+entry, alignment and pickle)."""
 
 
 def load_tensors(
@@ -205,6 +210,7 @@ def load_tensors(
     filename: str | None,
     field: str = "tensor file",
     stated: int | None = None,
+    count: int = 0,
 ) -> dict[str, torch.Tensor]:
     """Load a tensor file without unpickling objects: ``torch.load(weights_only=True)`` or safetensors.
 
@@ -213,9 +219,9 @@ def load_tensors(
     (a path, a symlink), truncated or corrupt, holding objects other than tensors.
 
     Memory is bounded before anything is read: with ``stated`` (the bytes of tensor data the
-    manifest states, :func:`~otel_gpu.recorder.manifest.stated_nbytes`), a file whose size on
-    disk, or whose header's sizes, pass ``stated`` plus :data:`TENSOR_FILE_SLACK` is refused
-    unread. A loaded tensor with more elements than its storage holds (an expanded or
+    manifest states for its ``count`` tensors, :func:`~otel_gpu.recorder.manifest.stated_nbytes`),
+    a file whose size on disk, or whose header's sizes, pass ``stated`` plus the format's slack
+    (:data:`TENSOR_FILE_SLACK`, :data:`TENSOR_ENTRY_SLACK` per tensor) is refused unread. A loaded tensor with more elements than its storage holds (an expanded or
     overlapping view, which the recorder never writes) is refused before anything touches its
     values.
     """
@@ -227,17 +233,18 @@ def load_tensors(
             f"{field}: refusing tensor file name {filename!r} (must be a plain .pt/.safetensors "
             "name inside the call's directory)"
         )
-    limit = None if stated is None else stated + TENSOR_FILE_SLACK
+    slack = TENSOR_FILE_SLACK + TENSOR_ENTRY_SLACK * max(count, 0)
+    limit = None if stated is None else stated + slack
     try:
         fd, size = _open_inside(directory, filename)
     except DumpFileError as exc:
         raise DumpFileError(f"{field}: {exc}") from exc.__cause__
     with os.fdopen(fd, "rb") as f:
-        _check_size(field, filename, size, limit, "on disk")
+        _check_size(field, filename, size, limit, slack, "on disk")
         if ext == ".safetensors":
-            loaded = _load_safetensors(f, field, filename, size, limit)
+            loaded = _load_safetensors(f, field, filename, size, limit, slack)
         else:
-            loaded = _load_torch(f, field, filename, limit)
+            loaded = _load_torch(f, field, filename, limit, slack)
     for key, t in loaded.items():
         if t.numel() > 1 and _needed_bytes(t) > t.untyped_storage().nbytes():
             raise DumpFileError(
@@ -253,17 +260,19 @@ def _needed_bytes(t: torch.Tensor) -> int:
     return int((t.storage_offset() + t.numel()) * t.element_size())
 
 
-def _check_size(field: str, filename: str, size: int, limit: int | None, where: str) -> None:
+def _check_size(
+    field: str, filename: str, size: int, limit: int | None, slack: int, where: str
+) -> None:
     if limit is not None and size > limit:
         raise DumpFileError(
             f"{field}: refusing {filename}: {size} bytes {where}, more than the "
-            f"{limit - TENSOR_FILE_SLACK} bytes of tensors the manifest states (+ "
-            f"{TENSOR_FILE_SLACK >> 20} MiB for the format; see docs/reliability.md)"
+            f"{limit - slack} bytes of tensors the manifest states (+ {slack} for the file "
+            "format; see docs/reliability.md)"
         )
 
 
 def _load_safetensors(
-    f: Any, field: str, filename: str, size: int, limit: int | None
+    f: Any, field: str, filename: str, size: int, limit: int | None, slack: int
 ) -> dict[str, torch.Tensor]:
     """A safetensors file, its header's sizes checked before its data is read."""
     import json
@@ -285,7 +294,7 @@ def _load_safetensors(
             f"{field}: {filename} is not a readable safetensors file (truncated or "
             f"corrupt: {_first_line(exc)})"
         ) from None
-    _check_size(field, filename, 8 + n + max(ends, default=0), limit, "by its header")
+    _check_size(field, filename, 8 + n + max(ends, default=0), limit, slack, "by its header")
     from safetensors.torch import load as load_safetensors
 
     f.seek(0)
@@ -299,7 +308,9 @@ def _load_safetensors(
         ) from None
 
 
-def _load_torch(f: Any, field: str, filename: str, limit: int | None) -> dict[str, torch.Tensor]:
+def _load_torch(
+    f: Any, field: str, filename: str, limit: int | None, slack: int
+) -> dict[str, torch.Tensor]:
     """A torch file (a zip archive), its entries' sizes checked before any is read."""
     import zipfile
 
@@ -311,7 +322,7 @@ def _load_torch(f: Any, field: str, filename: str, limit: int | None) -> dict[st
             f"{field}: {filename} is not a readable torch file (truncated or corrupt: "
             f"{_first_line(exc)})"
         ) from None
-    _check_size(field, filename, content, limit, "by its archive's entries")
+    _check_size(field, filename, content, limit, slack, "by its archive's entries")
     f.seek(0)
     try:
         loaded = torch.load(f, map_location="cpu", weights_only=True)

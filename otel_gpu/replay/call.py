@@ -287,9 +287,13 @@ class PreparedCall:
         Returns the mismatches and the parts that were not compared (not recorded), each with why.
         """
         files = self.manifest.get("files") or {}
-        stated = _manifest.stated_nbytes(self.manifest.get("tensors"))
+        meta = self.manifest.get("tensors") or {}
         expected = tensor_files.load_tensors(
-            self.directory, files.get("outputs"), "files.outputs", stated
+            self.directory,
+            files.get("outputs"),
+            "files.outputs",
+            _manifest.stated_nbytes(meta),
+            len(meta),
         )
         self.nonfinite_expected = sum(
             int((~torch.isfinite(t)).sum())
@@ -324,8 +328,11 @@ def prepare_call(
         raise Skip(str(manifest.get("why_not_replayable") or "not replayable"))
     fn, owner = resolve_function(manifest.get("function") or {}, allow)
     files = manifest.get("files") or {}
-    stated = _manifest.stated_nbytes(manifest.get("tensors"))
-    tensors = tensor_files.load_tensors(directory, files.get("inputs"), "files.inputs", stated)
+    meta = manifest.get("tensors") or {}
+    stated = _manifest.stated_nbytes(meta)
+    tensors = tensor_files.load_tensors(
+        directory, files.get("inputs"), "files.inputs", stated, len(meta)
+    )
     decoder = _Decoder(tensors, manifest.get("tensors") or {}, allow, device_mapper(device_map))
     decoder.directory = directory
     notes: list[str] = []

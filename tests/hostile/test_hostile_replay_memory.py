@@ -27,6 +27,9 @@ from typing import Any
 import torch
 from commands import without_otel
 from crafted_dumps import crafted_manifest, write_call
+from dump_files import finish
+
+from otel_gpu.replay import Allow, Options, replay
 
 LIB = """
 import torch
@@ -39,6 +42,10 @@ def grow(x, n):
 @otel_gpu.api
 def add(x, y):
     return x + y
+
+@otel_gpu.api
+def total(xs):
+    return torch.cat([torch.cat(row) for row in xs])
 """
 
 MiB = 1 << 20
@@ -217,3 +224,24 @@ def test_a_dtype_tag_resolves_from_the_table_of_dtypes_and_imports_nothing(tmp_p
     )
     assert proc.stdout.split("\n")[-2] == "error []", proc.stdout + proc.stderr
     assert os.path.exists(tmp_path / "dump")
+
+
+def test_a_dump_of_many_small_tensors_is_within_the_limits(otel_gpu_spans, tmp_path, monkeypatch):
+    """The limits refuse nothing the recorder writes: a call of 4000 one-element tensors (a
+    1.2 MB inputs.pt for 16 KB of data: the format's bytes per tensor) replays to pass."""
+    import importlib
+
+    module = _module(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop(module, None)
+    otel_gpu_spans(level=10, dump_dir=str(tmp_path / "dump"))
+    lib = importlib.import_module(module)
+    try:
+        lib.total([[torch.full((1,), float(i)) for i in range(1000)] for _ in range(4)])
+        finish()
+        (call,) = (tmp_path / "dump").iterdir()
+        assert (call / "inputs.pt").stat().st_size > (1 << 20) + 4000 * 4
+        (result,) = replay(str(tmp_path / "dump"), Options(allow=Allow([module])))
+    finally:
+        sys.modules.pop(module, None)
+    assert result.verdict == "pass", result.detail
