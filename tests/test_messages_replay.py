@@ -587,3 +587,34 @@ def test_an_isolated_call_of_a_printing_library_is_judged_not_an_unreadable_repo
     m.noisy(torch.ones(1))
     result = _only(_replay(m, root, isolate=True))
     assert (result.verdict, result.detail) == ("pass", ""), result.detail
+
+
+# ----------------------------------------------------------------------------- naming the dump
+
+
+def test_the_dump_folder_may_be_named_positionally_or_with_dir(tmp_path, capsys):
+    """`otel-gpu replay DIR` works as `--dir DIR` does (an empty folder: 'no call directories'
+    either way); naming none says how to name one; naming two different ones is refused."""
+    for argv in (["replay", str(tmp_path)], ["replay", "--dir", str(tmp_path)]):
+        assert cli.main(argv) == 2
+        err = capsys.readouterr().err
+        assert "no call directories" in err and "required" not in err
+    assert cli.main(["replay"]) == 2
+    assert "name the dump folder to replay: otel-gpu replay DIR" in capsys.readouterr().err
+    assert cli.main(["replay", str(tmp_path), "--dir", str(tmp_path / "other")]) == 2
+    assert "give the dump folder once" in capsys.readouterr().err
+
+
+def test_a_file_where_the_dump_folder_is_expected_is_named_as_a_file(tmp_path, capsys):
+    """`--dir trace.jsonl`: the message says it is a file (a trace file: read it with
+    otel-gpu show) and what replay expects, not 'no such directory'."""
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("{}\n")
+    assert cli.main(["replay", "--dir", str(trace)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        f"otel-gpu replay: {trace} is a file (a trace file: read it with otel-gpu show); "
+        "replay expects a dump folder: the folder OTEL_GPU_DUMP_DIR names, or one call's "
+        "folder below it"
+    )
+    assert "no such directory" not in err

@@ -25,9 +25,12 @@ from otel_gpu.calls import _describe
 from otel_gpu.recorder.kernel_choices import implementation_choices
 
 __all__ = [
+    "DTYPES",
     "MANIFEST",
     "MAX_BYTES",
     "MAX_ITEMS",
+    "MAX_MANIFEST_BYTES",
+    "MAX_MANIFEST_VALUES",
     "RETURNED",
     "SCHEMA_VERSION",
     "Encoder",
@@ -36,6 +39,7 @@ __all__ = [
     "public_fields",
     "pytree_children",
     "read_manifest",
+    "stated_nbytes",
     "stored_nbytes",
     "type_ref",
     "write_bytes",
@@ -468,8 +472,42 @@ class DumpFileError(ValueError):
     """
 
 
-MAX_MANIFEST_BYTES = 256 << 20
-"""A manifest larger than this is refused unread (the recorder caps what it writes far below)."""
+MAX_MANIFEST_BYTES = 64 << 20
+"""A manifest larger than this is refused unread. The recorder writes far less: about
+:data:`MAX_BYTES` of values for the arguments and as much for the outputs, and a few hundred
+bytes of metadata per tensor."""
+MAX_MANIFEST_VALUES = 2_000_000
+"""A manifest whose text could hold more JSON values than this (counted from its ``{``, ``[``,
+``,`` and ``:`` before it is parsed) is refused: parsing it would build that many Python objects,
+tens of bytes each, from a few bytes of text each (``[{},{},...]``)."""
+
+DTYPES: dict[str, torch.dtype] = {
+    str(v).removeprefix("torch."): v for v in vars(torch).values() if isinstance(v, torch.dtype)
+}
+"""Every torch dtype by the name the recorder writes (``float32``): the only dtypes a dump may
+name. A name is looked up here, never with ``getattr(torch, name)``, which can import torch's
+lazily loaded submodules (``torch._dynamo``, ``torch._inductor``)."""
+
+
+def stated_nbytes(meta: Any) -> int:
+    """Bytes of tensor data the manifest's ``tensors`` table says the tensor files hold: per
+    entry, its elements (broadcast dimensions once) times its dtype's size; 0 for an entry of
+    another shape (replay refuses that entry when it uses it)."""
+    total = 0
+    for entry in meta.values() if isinstance(meta, dict) else ():
+        if not isinstance(entry, dict):
+            continue
+        shape, stride, dtype = entry.get("shape"), entry.get("stride"), entry.get("dtype")
+        if not (isinstance(shape, list) and isinstance(stride, list) and dtype in DTYPES):
+            continue
+        if len(shape) != len(stride) or not all(type(v) is int and v >= 0 for v in shape):
+            continue
+        n = 1
+        for size, step in zip(shape, stride):
+            n *= 1 if step == 0 else size
+        total += n * DTYPES[dtype].itemsize
+    return total
+
 
 _FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "status": (str,),
@@ -505,6 +543,12 @@ def read_manifest(directory: str) -> dict[str, Any]:
         if isinstance(exc.__cause__, FileNotFoundError):
             raise FileNotFoundError(str(exc)) from None
         raise
+    values = sum(data.count(c) for c in (b"{", b"[", b",", b":"))
+    if values > MAX_MANIFEST_VALUES:
+        raise ValueError(
+            f"{MANIFEST} could hold about {values} JSON values, over the {MAX_MANIFEST_VALUES} "
+            "replay parses (the recorder writes far fewer; see docs/reliability.md)"
+        )
     try:
         manifest = json.loads(data.decode("utf-8"))
     except UnicodeDecodeError:
@@ -558,12 +602,13 @@ def _check_shape(manifest: dict[str, Any]) -> None:
         want(f"mutated.{key}", enc, (dict,))
 
 
-def _read_inside(directory: str, filename: Any, limit: int | None = None) -> bytes:
-    """The bytes of the regular file ``directory/filename``, never of anything outside it.
+def _open_inside(directory: str, filename: Any) -> tuple[int, int]:
+    """An open descriptor of the regular file ``directory/filename`` and its size; never a file
+    outside the directory.
 
     ``filename`` must be a plain name (no separator, not ``.``/``..``); a symlink (its target
     may lie anywhere), a folder, a FIFO or a device is refused, so a dump cannot make replay read
-    or block on a file outside the call's directory.
+    or block on a file outside the call's directory. The caller closes the descriptor.
     """
     if not _plain_name(filename):
         raise DumpFileError(
@@ -587,15 +632,37 @@ def _read_inside(directory: str, filename: Any, limit: int | None = None) -> byt
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise DumpFileError(f"refusing {filename}: not a regular file")
-        if limit is not None and info.st_size > limit:
-            raise DumpFileError(f"refusing {filename}: {info.st_size} bytes, over {limit}")
-        chunks = []
-        while True:
-            chunk = os.read(fd, 1 << 22)
-            if not chunk:
-                break
-            chunks.append(chunk)
-        return b"".join(chunks)
+        return fd, info.st_size
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _read_inside(directory: str, filename: Any, limit: int | None = None) -> bytearray:
+    """The bytes of the regular file ``directory/filename`` (see :func:`_open_inside`).
+
+    The size is checked against ``limit`` before anything is read, and the bytes are read into
+    one buffer of that size: the peak is the file's size, once (a file that grows while it is
+    read is refused).
+    """
+    fd, size = _open_inside(directory, filename)
+    try:
+        if limit is not None and size > limit:
+            raise DumpFileError(
+                f"refusing {filename}: {size} bytes, over the {limit} replay reads "
+                "(see docs/reliability.md)"
+            )
+        buf = bytearray(size)
+        view, done = memoryview(buf), 0
+        with os.fdopen(fd, "rb", buffering=0, closefd=False) as f:
+            while done < size:
+                n = f.readinto(view[done:])
+                if not n:
+                    raise DumpFileError(f"{filename} shrank while it was read")
+                done += n
+        if os.read(fd, 1):
+            raise DumpFileError(f"{filename} grew while it was read")
+        return buf
     except OSError as exc:
         raise DumpFileError(f"{filename} cannot be read ({exc.strerror or exc})") from None
     finally:

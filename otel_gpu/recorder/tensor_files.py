@@ -22,11 +22,13 @@ from otel_gpu.recorder.manifest import (
     TENSOR_FILES,
     DumpFileError,
     _broadcast_dims,
+    _open_inside,
     _plain_name,
-    _read_inside,
 )
 
 __all__ = [
+    "TENSOR_ENTRY_SLACK",
+    "TENSOR_FILE_SLACK",
     "HostBuffers",
     "HostCopies",
     "host_copy",
@@ -194,14 +196,34 @@ def _write_file(path: str, write: Any, fsync: bool) -> str:
     return _files.write_atomic(directory, name, write, fsync, sync_dir=False)
 
 
+TENSOR_FILE_SLACK = 1 << 20
+"""Bytes a tensor file may hold beyond the tensor data its manifest states: the file format's
+own (zip or safetensors headers, the pickle of the dict), plus :data:`TENSOR_ENTRY_SLACK` for
+each tensor the manifest states."""
+TENSOR_ENTRY_SLACK = 1 << 10
+"""The format's bytes allowed per stated tensor (a ``.pt`` file spends about 300: its zip
+entry, alignment and pickle)."""
+
+
 def load_tensors(
-    directory: str, filename: str | None, field: str = "tensor file"
+    directory: str,
+    filename: str | None,
+    field: str = "tensor file",
+    stated: int | None = None,
+    count: int = 0,
 ) -> dict[str, torch.Tensor]:
     """Load a tensor file without unpickling objects: ``torch.load(weights_only=True)`` or safetensors.
 
     ``field`` names where the dump named the file (``files.outputs``), for the message. Every
     failure is a :class:`DumpFileError` naming the file: missing, outside the call's directory
     (a path, a symlink), truncated or corrupt, holding objects other than tensors.
+
+    Memory is bounded before anything is read: with ``stated`` (the bytes of tensor data the
+    manifest states for its ``count`` tensors, :func:`~otel_gpu.recorder.manifest.stated_nbytes`),
+    a file whose size on disk, or whose header's sizes, pass ``stated`` plus the format's slack
+    (:data:`TENSOR_FILE_SLACK`, :data:`TENSOR_ENTRY_SLACK` per tensor) is refused unread. A loaded tensor with more elements than its storage holds (an expanded or
+    overlapping view, which the recorder never writes) is refused before anything touches its
+    values.
     """
     if not filename:
         return {}
@@ -211,24 +233,99 @@ def load_tensors(
             f"{field}: refusing tensor file name {filename!r} (must be a plain .pt/.safetensors "
             "name inside the call's directory)"
         )
+    slack = TENSOR_FILE_SLACK + TENSOR_ENTRY_SLACK * max(count, 0)
+    limit = None if stated is None else stated + slack
     try:
-        data = _read_inside(directory, filename)
+        fd, size = _open_inside(directory, filename)
     except DumpFileError as exc:
         raise DumpFileError(f"{field}: {exc}") from exc.__cause__
-    if ext == ".safetensors":
-        from safetensors.torch import load as load_safetensors
-
-        try:
-            return load_safetensors(data)
-        except Exception as exc:
+    with os.fdopen(fd, "rb") as f:
+        _check_size(field, filename, size, limit, slack, "on disk")
+        if ext == ".safetensors":
+            loaded = _load_safetensors(f, field, filename, size, limit, slack)
+        else:
+            loaded = _load_torch(f, field, filename, limit, slack)
+    for key, t in loaded.items():
+        if t.numel() > 1 and _needed_bytes(t) > t.untyped_storage().nbytes():
             raise DumpFileError(
-                f"{field}: {filename} is not a readable safetensors file (truncated or "
-                f"corrupt: {_first_line(exc)})"
-            ) from None
-    import io
+                f"{field}: refusing {filename}: tensor {key!r} of shape {list(t.shape)} is a "
+                f"view of {t.untyped_storage().nbytes()} bytes of storage (an expanded or "
+                "overlapping view; the recorder stores each tensor's own elements)"
+            )
+    return loaded
+
+
+def _needed_bytes(t: torch.Tensor) -> int:
+    """Bytes of storage a non-overlapping tensor of ``t``'s shape needs from its offset on."""
+    return int((t.storage_offset() + t.numel()) * t.element_size())
+
+
+def _check_size(
+    field: str, filename: str, size: int, limit: int | None, slack: int, where: str
+) -> None:
+    if limit is not None and size > limit:
+        raise DumpFileError(
+            f"{field}: refusing {filename}: {size} bytes {where}, more than the "
+            f"{limit - slack} bytes of tensors the manifest states (+ {slack} for the file "
+            "format; see docs/reliability.md)"
+        )
+
+
+def _load_safetensors(
+    f: Any, field: str, filename: str, size: int, limit: int | None, slack: int
+) -> dict[str, torch.Tensor]:
+    """A safetensors file, its header's sizes checked before its data is read."""
+    import json
+    import struct
 
     try:
-        loaded = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+        head = f.read(8)
+        (n,) = struct.unpack("<Q", head)
+        if n > size - 8:
+            raise ValueError(f"a header of {n} bytes in a file of {size}")
+        header = json.loads(f.read(n))
+        ends = [
+            int(v["data_offsets"][1])
+            for k, v in header.items()
+            if k != "__metadata__" and isinstance(v, dict)
+        ]
+    except Exception as exc:
+        raise DumpFileError(
+            f"{field}: {filename} is not a readable safetensors file (truncated or "
+            f"corrupt: {_first_line(exc)})"
+        ) from None
+    _check_size(field, filename, 8 + n + max(ends, default=0), limit, slack, "by its header")
+    from safetensors.torch import load as load_safetensors
+
+    f.seek(0)
+    data = f.read()
+    try:
+        return load_safetensors(data)
+    except Exception as exc:
+        raise DumpFileError(
+            f"{field}: {filename} is not a readable safetensors file (truncated or "
+            f"corrupt: {_first_line(exc)})"
+        ) from None
+
+
+def _load_torch(
+    f: Any, field: str, filename: str, limit: int | None, slack: int
+) -> dict[str, torch.Tensor]:
+    """A torch file (a zip archive), its entries' sizes checked before any is read."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(f) as archive:
+            content = sum(info.file_size for info in archive.infolist())
+    except Exception as exc:
+        raise DumpFileError(
+            f"{field}: {filename} is not a readable torch file (truncated or corrupt: "
+            f"{_first_line(exc)})"
+        ) from None
+    _check_size(field, filename, content, limit, slack, "by its archive's entries")
+    f.seek(0)
+    try:
+        loaded = torch.load(f, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
         # torch's message suggests weights_only=False: exactly what must never happen here
         lines = [ln.strip() for ln in str(exc).splitlines() if "GLOBAL" in ln]

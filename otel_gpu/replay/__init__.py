@@ -24,17 +24,18 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from otel_gpu import _guard, attributes
 from otel_gpu._text import printable
+from otel_gpu.config import child_environment
 from otel_gpu.recorder import manifest as _manifest
-from otel_gpu.replay.call import child_env, prepare_call
+from otel_gpu.replay import import_path
+from otel_gpu.replay.call import prepare_call
 from otel_gpu.replay.trust import Allow, Refused, Skip
 
 __all__ = [
@@ -74,17 +75,13 @@ class Options:
     timeout: float = 300.0
     in_process: bool = False  # never spawn (the child of an isolated run)
 
+    dumps: tuple[str, ...] = ()
+    """The folders being replayed (set by :func:`replay`): never on an import path."""
+
     def child_argv(self, directory: str) -> list[str]:
-        argv = [
-            sys.executable,
-            "-m",
-            "otel_gpu",
-            "replay",
-            "--dir",
-            directory,
-            "--json",
-            "--_child",
-        ]
+        """The isolated child's command: ``python -I``, this process's import path without the
+        current directory or the dump (:mod:`otel_gpu.replay.import_path`)."""
+        argv = ["replay", "--dir", directory, "--json", "--_child"]
         argv += [f"--allow-module={p}" for p in self.allow.prefixes]
         argv += [f"--instrument={t}" for t in self.allow.instrument]
         if self.allow.any_instrument:
@@ -94,7 +91,7 @@ class Options:
             argv.append(f"--rtol={self.rtol!r}")
         if self.atol is not None:
             argv.append(f"--atol={self.atol!r}")
-        return argv
+        return import_path.child_command(argv, (*self.dumps, directory))
 
 
 @dataclass
@@ -337,7 +334,7 @@ def _run_isolated(directory: str, opts: Options, result: Result) -> None:
             capture_output=True,
             text=True,
             timeout=opts.timeout,
-            env=child_env(),
+            env=child_environment(),
         )
     except subprocess.TimeoutExpired:
         proc = None
@@ -467,6 +464,7 @@ def replay(
     first call (``result=None``) and after each.
     """
     opts = opts or Options()
+    opts = replace(opts, dumps=(*opts.dumps, os.path.realpath(path)))
     dirs = [d for d in find_calls(path) if _selected(d, opts)]
     results: list[Result] = []
     tracer = (

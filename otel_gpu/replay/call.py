@@ -11,8 +11,6 @@ from __future__ import annotations
 import contextlib
 import enum
 import inspect
-import os
-import sys
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -32,7 +30,6 @@ from otel_gpu.replay.trust import (
 
 __all__ = [
     "PreparedCall",
-    "child_env",
     "device_mapper",
     "prepare_call",
 ]
@@ -94,8 +91,8 @@ class _Decoder:
         if tag == "tensor":
             return self._tensor(enc["key"], path)
         if tag == "dtype":
-            dtype = getattr(torch, str(enc["v"]), None)
-            if not isinstance(dtype, torch.dtype):
+            dtype = _manifest.DTYPES.get(str(enc.get("v")))
+            if dtype is None:
                 raise ValueError(f"{path}: unknown dtype {enc['v']!r}")
             return dtype
         if tag == "device":
@@ -290,7 +287,14 @@ class PreparedCall:
         Returns the mismatches and the parts that were not compared (not recorded), each with why.
         """
         files = self.manifest.get("files") or {}
-        expected = tensor_files.load_tensors(self.directory, files.get("outputs"), "files.outputs")
+        meta = self.manifest.get("tensors") or {}
+        expected = tensor_files.load_tensors(
+            self.directory,
+            files.get("outputs"),
+            "files.outputs",
+            _manifest.stated_nbytes(meta),
+            len(meta),
+        )
         self.nonfinite_expected = sum(
             int((~torch.isfinite(t)).sum())
             for t in expected.values()
@@ -324,7 +328,11 @@ def prepare_call(
         raise Skip(str(manifest.get("why_not_replayable") or "not replayable"))
     fn, owner = resolve_function(manifest.get("function") or {}, allow)
     files = manifest.get("files") or {}
-    tensors = tensor_files.load_tensors(directory, files.get("inputs"), "files.inputs")
+    meta = manifest.get("tensors") or {}
+    stated = _manifest.stated_nbytes(meta)
+    tensors = tensor_files.load_tensors(
+        directory, files.get("inputs"), "files.inputs", stated, len(meta)
+    )
     decoder = _Decoder(tensors, manifest.get("tensors") or {}, allow, device_mapper(device_map))
     decoder.directory = directory
     notes: list[str] = []
@@ -350,8 +358,13 @@ def _receiver(manifest: dict[str, Any], owner: type | None, decoder: _Decoder) -
         raise Skip(f"stateful method: {why}")
     if rec.get("t") not in ("class", "module", "state"):
         raise Refused(f"refused: receiver kind {rec.get('t')!r} is not class, module or state")
+    if owner is None:  # a plain function: no class of the dump's choosing is built for it
+        raise Refused(
+            "refused: the manifest gives a receiver to a function that is not a method of a "
+            "class (replay builds a receiver only for a method, of the method's class)"
+        )
     cls = resolve_type(rec.get("type"), decoder.allow)  # a class from an allowed module only
-    if owner is not None and not issubclass(cls, owner):
+    if not issubclass(cls, owner):
         raise Refused(
             f"refused: receiver type {rec['type']} is not a subclass of the method's class"
         )
@@ -391,7 +404,7 @@ def _module(rec: dict[str, Any], cls: type, decoder: _Decoder) -> Any:
 @contextlib.contextmanager
 def _torch_state(state: dict[str, Any]) -> Iterator[None]:
     default = torch.get_default_dtype()
-    dtype = getattr(torch, str(state.get("default_dtype", "")), None)
+    dtype = _manifest.DTYPES.get(str(state.get("default_dtype", "")))
     try:
         if isinstance(dtype, torch.dtype) and dtype.is_floating_point:
             torch.set_default_dtype(dtype)
@@ -402,15 +415,3 @@ def _torch_state(state: dict[str, Any]) -> Iterator[None]:
             yield
     finally:
         torch.set_default_dtype(default)
-
-
-def child_env() -> dict[str, str]:
-    """The environment of an isolated replay: the same import path as this process."""
-    from otel_gpu.config import child_environment
-
-    env = child_environment()
-    paths = [p or os.getcwd() for p in sys.path]
-    env["PYTHONPATH"] = os.pathsep.join(
-        paths + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
-    )
-    return env

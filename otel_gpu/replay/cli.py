@@ -21,6 +21,7 @@ from otel_gpu.replay import (
     Result,
     exit_code,
     find_calls,
+    import_path,
     replay,
     summarize,
     verified_nothing,
@@ -51,7 +52,21 @@ def add_parser(sub: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
-        "--dir", required=True, help="the dump root (OTEL_GPU_DUMP_DIR) or one call's directory"
+        "dir_pos",
+        nargs="?",
+        default=None,
+        metavar="DIR",
+        help="the dump root (OTEL_GPU_DUMP_DIR) or one call's directory",
+    )
+    p.add_argument("--dir", default=None, help="the same as DIR")
+    p.add_argument(
+        "--path",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="a folder of your own modules to import allowed modules from (repeatable; appended "
+        "to the import path, as PYTHONPATH's entries are); replay never imports from the "
+        "current directory or the dump",
     )
     p.add_argument(
         "--allow-module",
@@ -373,10 +388,39 @@ def _report_only_on_stdout(child: bool) -> Iterator[None]:
         os.close(saved)
 
 
+def _where(args: argparse.Namespace) -> str | None:
+    """Settle ``args.dir`` from DIR or ``--dir``; a one-line problem, else None."""
+    if args.dir_pos is not None and args.dir is not None and args.dir_pos != args.dir:
+        return f"give the dump folder once: DIR {args.dir_pos} and --dir {args.dir} differ"
+    args.dir = args.dir if args.dir is not None else args.dir_pos
+    if args.dir is None:
+        return (
+            "name the dump folder to replay: otel-gpu replay DIR (the folder OTEL_GPU_DUMP_DIR "
+            "names, or one call's folder below it)"
+        )
+    if os.path.isdir(args.dir):
+        return None
+    if os.path.exists(args.dir):
+        kind = "a file" if os.path.isfile(args.dir) else "not a folder"
+        hint = " (a trace file: read it with otel-gpu show)" if args.dir.endswith(".jsonl") else ""
+        return (
+            f"{args.dir} is {kind}{hint}; replay expects a dump folder: the folder "
+            "OTEL_GPU_DUMP_DIR names, or one call's folder below it"
+        )
+    return f"{args.dir}: no such directory (replay expects the dump folder OTEL_GPU_DUMP_DIR names)"
+
+
 def main(args: argparse.Namespace) -> int:
     """Run ``otel-gpu replay``; returns the exit code."""
-    if not os.path.isdir(args.dir):
-        print(f"otel-gpu replay: --dir {args.dir}: no such directory", file=sys.stderr)
+    problem = _where(args)
+    if problem:
+        print(f"otel-gpu replay: {problem}", file=sys.stderr)
+        return EXIT_USAGE
+    dumps = (os.path.realpath(args.dir),)
+    import_path.clean(dumps)  # before anything below can import a module lazily
+    problem = import_path.add_paths(args.path, dumps)
+    if problem:
+        print(f"otel-gpu replay: {problem}", file=sys.stderr)
         return EXIT_USAGE
     dirs = find_calls(args.dir)
     if not dirs:
@@ -394,10 +438,6 @@ def main(args: argparse.Namespace) -> int:
     allow = _allow(args, dirs)
     if allow is None:
         return EXIT_USAGE
-    if os.getcwd() not in sys.path and "" not in sys.path:
-        # as with `python -m otel_gpu`, modules in the current directory are importable (appended,
-        # so they never shadow installed ones); the allow-list still decides what is imported
-        sys.path.append(os.getcwd())
     opts = Options(
         allow=allow,
         device_map=device_map,

@@ -221,10 +221,18 @@ def resolve_function(info: dict[str, Any], allow: Allow) -> tuple[Callable[..., 
         import otel_gpu
 
         otel_gpu.instrument(spec)
+    obj: Any = _import(module)
     owner: Any = None
-    obj: Any = importlib.import_module(module)
     for part in qualname.split("."):
-        owner, obj = obj, getattr(obj, part)
+        if not part.isidentifier() or part.startswith("__"):
+            raise Refused(
+                f"refused: function {module}.{qualname}: {part!r} is not a plain attribute name "
+                "(a dump names a function by its module and a path of plain names)"
+            )
+        _admit_step(obj, allow, f"{module}.{qualname}")
+        owner, obj = obj, inspect.getattr_static(obj, part, _MISSING)
+        if obj is _MISSING:
+            raise Skip(f"{module}.{qualname} does not exist in this process (no {part!r})")
     wrapper = None
     current = getattr(obj, "__func__", obj)
     while current is not None:  # the innermost carrier of the marker is otel-gpu's own wrapper
@@ -237,8 +245,68 @@ def resolve_function(info: dict[str, Any], allow: Allow) -> tuple[Callable[..., 
             "(replay calls only decorated functions; was the module imported at level 0?)"
         )
     fn = wrapper.__wrapped__
-    home = f"{getattr(fn, '__module__', None) or ''}.{getattr(fn, '__qualname__', '')}"
-    entry = denied(home)
-    if entry is not None:  # an allowed module that re-exports a denied function
-        raise Refused(denied_text(f"function {module}.{qualname} (defined as {home})", entry))
-    return fn, owner if isinstance(owner, type) else None
+    # the function's home as the decorator found it (its plan): the module that defines it,
+    # whatever name an allowed module gives it, and whatever wrappers sit inside
+    plan = wrapper.__dict__["__otel_gpu_plan__"]
+    home = getattr(plan, "module", None)
+    home = home if isinstance(home, str) else "?"
+    where = f"{home}.{getattr(plan, 'qualname', '')}"
+    _admit(
+        allow,
+        home,
+        denied(where)
+        or denied(f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', '')}"),
+        f"function {module}.{qualname} (defined as {where})",
+        f"function {module}.{qualname} is defined in",
+    )
+    if not isinstance(owner, type):
+        return fn, None
+    if not _defined_in(plan, owner):
+        raise Refused(
+            f"refused: {module}.{qualname} is not a method of {owner.__qualname__} "
+            "(replay gives a receiver only to a method of the class that defines it)"
+        )
+    return fn, owner
+
+
+_MISSING = object()
+
+
+def _import(module: str) -> Any:
+    """The allowed ``module``, imported; Skip when it cannot be found on the import path."""
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name is None or not (module == exc.name or module.startswith(exc.name + ".")):
+            raise  # a module it imports is missing: an error of the module itself
+        raise Skip(
+            f"module {module!r} is not on the import path (replay never imports from the current "
+            "directory or the dump: name the folder of your modules with --path DIR or "
+            "PYTHONPATH)"
+        ) from None
+
+
+def _admit_step(obj: Any, allow: Allow, name: str) -> None:
+    """A step of a function's path must be a module or a class, from an allowed module."""
+    if isinstance(obj, types.ModuleType):
+        home = obj.__name__
+    elif isinstance(obj, type):
+        home = str(type.__dict__["__module__"].__get__(obj, type(obj)))
+    else:
+        raise Refused(
+            f"refused: function {name}: its path goes through a {type(obj).__name__}, not a "
+            "module or a class"
+        )
+    _admit(allow, home, None, f"function {name} (through {home})", f"function {name} is found in")
+
+
+def _defined_in(plan: Any, owner: type) -> bool:
+    """Whether the decorated function is defined in ``owner`` or one of its bases (as its
+    plan's qualname says)."""
+    where = str(getattr(plan, "qualname", "")).rpartition(".")[0]
+    module = getattr(plan, "module", None)
+    for cls in owner.__mro__:
+        cls_module = type.__dict__["__module__"].__get__(cls, type(cls))
+        if type.__dict__["__qualname__"].__get__(cls, type(cls)) == where and cls_module == module:
+            return True
+    return False
