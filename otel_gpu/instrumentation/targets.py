@@ -188,7 +188,8 @@ def instrument_from_settings(
         _applied.update(specs)
         if specs and _applied_how is None:
             _applied_how = via
-    return _apply_targets(specs)
+    # under otel-gpu run, the command itself said which targets are refused
+    return _apply_targets(specs, refusals_said=via == "otel-gpu run")
 
 
 def apply_settings(settings: config.Settings) -> None:
@@ -229,15 +230,18 @@ def applied_how() -> str | None:
     return _applied_how
 
 
-def _apply_targets(specs: Iterable[str]) -> list[str]:
+def _apply_targets(specs: Iterable[str], refusals_said: bool = False) -> list[str]:
     done: list[str] = []
     for spec in specs:
         try:
             done += instrument(spec)
         except RefusedTarget as exc:  # one line naming the target, why and what is allowed
-            _warn_target(f"instrument.{spec}", "otel-gpu: OTEL_GPU_INSTRUMENT %s", exc)
+            if refusals_said:
+                _guard.logger.debug("otel-gpu: OTEL_GPU_INSTRUMENT %s", exc)
+            else:
+                _guard.warn_once(f"instrument.{spec}", "otel-gpu: OTEL_GPU_INSTRUMENT %s", exc)
         except Exception as exc:  # one bad target must not stop the program or the others
-            _warn_target(
+            _guard.warn_once(
                 f"instrument.{spec}",
                 "otel-gpu: OTEL_GPU_INSTRUMENT target %r could not be instrumented: %s: %s",
                 spec,
@@ -245,15 +249,6 @@ def _apply_targets(specs: Iterable[str]) -> list[str]:
                 exc,
             )
     return done
-
-
-def _warn_target(kind: str, message: str, *args: object) -> None:
-    """Once per process; under ``otel-gpu run`` only in the program itself, not in every
-    Python process it starts (as for targets never imported)."""
-    if _report_pid == os.getpid():
-        _guard.warn_once(kind, message, *args)
-    else:
-        _guard.logger.debug(message, *args)
 
 
 # --------------------------------------------------------------------------- resolution

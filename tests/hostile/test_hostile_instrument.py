@@ -78,9 +78,9 @@ def program(tmp_path: Path) -> Path:
 )
 def test_a_target_otel_gpu_runs_on_is_refused_under_run(program, target):
     """`otel-gpu run --instrument T` for the standard library, numpy, OpenTelemetry or a bare `*`
-    hung or crashed; now the program runs to its end with exit code 0, and the program prints
-    exactly one line naming the target, why, and what is allowed (its Python child stays
-    quiet). The allowed target beside it is still applied."""
+    hung or crashed; now the program runs to its end with exit code 0, and exactly one line names
+    the target, why, and what is allowed (from `otel-gpu run`; the program and its Python child
+    stay quiet). The allowed target beside it is still applied."""
     spans = program / "spans.jsonl"
     env = _env(program, OTEL_GPU_LOGDEST=str(spans))
     done = _run(
@@ -106,6 +106,33 @@ def test_a_target_otel_gpu_runs_on_is_refused_under_run(program, target):
     assert "allowed: " in lines[0]
     text = spans.read_text()
     assert '"__main__.step"' in text and '"allowedpkg.work"' in text
+
+
+def test_a_refusal_is_said_once_when_the_program_is_not_python(program):
+    """`otel-gpu run -- sh -c "python prog.py"`: the program is a shell, every Python process is
+    its child. The refusal is still said exactly once, by `otel-gpu run` itself."""
+    env = _env(program, OTEL_GPU_LOGDEST=str(program / "spans.jsonl"))
+    shell = ["sh", "-c", f"{sys.executable} prog.py"]
+    done = _run(
+        [
+            sys.executable,
+            "-m",
+            "otel_gpu",
+            "run",
+            "--instrument",
+            "logging,allowedpkg",
+            "--",
+            *shell,
+        ],
+        env,
+        program,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = [line for line in done.stderr.splitlines() if "refused" in line]
+    assert lines == [
+        f"otel-gpu run: OTEL_GPU_INSTRUMENT {refused.refusal('logging')}",
+    ], done.stderr
+    assert '"allowedpkg.work"' in (program / "spans.jsonl").read_text()
 
 
 @pytest.mark.parametrize(
