@@ -273,11 +273,12 @@ def test_an_imported_target_is_not_reported(tmp_path):
 def test_instrument_from_code_reports_at_exit_too(tmp_path):
     """`otel_gpu.instrument()` called by the program itself: a dotted path and a glob that
     matched nothing are listed in one line at exit; an applied target is not."""
+    (tmp_path / "frontdoor_applied.py").write_text("def dumps(x):\n    return str(x)\n")
     code = (
-        "import otel_gpu, json; "
+        "import otel_gpu, frontdoor_applied; "
         f"otel_gpu.configure(level=1, dest={str(tmp_path / 't.jsonl')!r}); "
         "otel_gpu.instrument('nosuch_a.fn'); otel_gpu.instrument('nosuch_b.*'); "
-        "otel_gpu.instrument('json.dumps')"
+        "otel_gpu.instrument('frontdoor_applied.dumps')"
     )
     proc = subprocess.run(
         [sys.executable, "-c", code],

@@ -258,3 +258,124 @@ def test_a_torch_target_named_before_torch_is_imported_is_instrumented(tmp_path,
     assert "could not instrument" not in done.stderr
     if target.endswith("relu"):
         assert '"torch.nn.functional.relu"' in out.read_text()
+
+
+# ------------------------------------------------- OTEL_GPU_INSTRUMENT without a start-up hook
+
+NOT_UNDER_RUN = textwrap.dedent(
+    """
+    import sys
+    import torch
+    import torch.distributed as dist
+    import otel_gpu
+
+    @otel_gpu.api
+    def step(x):
+        return x * 2
+
+    dist.init_process_group("gloo", init_method=sys.argv[1], rank=0, world_size=1)
+    t = step(torch.ones(2))
+    dist.all_reduce(t)
+    dist.destroy_process_group()
+    otel_gpu.flush()
+    from otel_gpu.instrumentation import targets
+    print("applied by", targets.applied_how())
+    """
+)
+
+
+def _child_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in config.child_environment().items() if not k.startswith("OTEL_")}
+    env.update(OTEL_GPU_LOGLEVEL="1", OTEL_GPU_JOURNAL="false", **extra)
+    return env
+
+
+def test_the_setting_applies_in_a_program_not_started_by_run(tmp_path):
+    """OTEL_GPU_INSTRUMENT=torch.distributed in a program that imports otel-gpu and decorates
+    functions, started by plain `python`: the setting did nothing, silently. It is applied at the
+    first decoration, so the collective is a span, and nothing warns that it was ignored."""
+    import subprocess
+
+    out = tmp_path / "spans.jsonl"
+    (tmp_path / "prog.py").write_text(NOT_UNDER_RUN)
+    env = _child_env(OTEL_GPU_INSTRUMENT="torch.distributed", OTEL_GPU_LOGDEST=str(out))
+    store = f"file://{tmp_path / 'store'}"
+    done = subprocess.run(
+        [sys.executable, "prog.py", store],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "applied by first configuration" in done.stdout
+    text = out.read_text()
+    assert '"name":"torch.distributed.all_reduce"' in text and '"name":"__main__.step"' in text
+
+
+def test_configure_alone_applies_the_setting(tmp_path):
+    """A program that only calls configure() (no decorated function): the targets of
+    OTEL_GPU_INSTRUMENT are applied then, and a module imported afterwards makes spans."""
+    import subprocess
+
+    out = tmp_path / "spans.jsonl"
+    (tmp_path / "lib_late.py").write_text("def work(n):\n    return n + 1\n")
+    code = (
+        f"import otel_gpu; otel_gpu.configure(level=1, dest={str(out)!r}); "
+        "import lib_late; lib_late.work(1); otel_gpu.flush()"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env=_child_env(OTEL_GPU_INSTRUMENT="lib_late"),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert '"name":"lib_late.work"' in out.read_text()
+
+
+def test_the_setting_is_decided_once_per_configuration(otel_gpu_spans, package, monkeypatch):
+    """The setting is applied once per configuration, not at every decoration: a target the
+    program took back with uninstrument() stays off when further functions are decorated."""
+    monkeypatch.setenv("OTEL_GPU_INSTRUMENT", f"{package}.ops.attention")
+    otel_gpu_spans(level=1)
+    ops = importlib.import_module(f"{package}.ops")
+    assert otel_gpu.instrumentation.targets._is_ours(ops.attention)
+    otel_gpu.uninstrument()
+    otel_gpu.api(lambda: None)
+    assert not otel_gpu.instrumentation.targets._is_ours(ops.attention)
+
+
+def test_info_says_whether_and_how_the_setting_is_applied(tmp_path):
+    """`otel-gpu info` with OTEL_GPU_INSTRUMENT set showed the value with no note. It now says
+    the targets are not applied in its own process and how a program applies them; under
+    `otel-gpu run` it says they were applied, and by what. A refused target is named."""
+    from commands import otel_gpu_command
+
+    env = _child_env(OTEL_GPU_INSTRUMENT="torch.distributed,logging")
+    plain = otel_gpu_command(["info"], env, cwd=tmp_path)
+    assert plain.returncode == 0, plain.stderr
+    assert (
+        "note: OTEL_GPU_INSTRUMENT applied in this process: no (this command instruments "
+        "nothing); a program applies them at start-up under `otel-gpu run` or "
+        "`opentelemetry-instrument`; started otherwise, at its first @otel_gpu.api decoration"
+    ) in plain.stdout
+    assert "note: OTEL_GPU_INSTRUMENT target 'logging' refused: the standard library" in (
+        plain.stdout
+    )
+    as_json = otel_gpu_command(["info", "--json"], env, cwd=tmp_path)
+    import json
+
+    instrument = json.loads(as_json.stdout)["instrument"]
+    assert instrument["targets"] == ["torch.distributed", "logging"]
+    assert list(instrument["refused"]) == ["logging"]
+    run = otel_gpu_command(
+        ["run", "--", sys.executable, "-m", "otel_gpu", "info"],
+        _child_env(OTEL_GPU_INSTRUMENT="torch.distributed"),
+        cwd=tmp_path,
+    )
+    assert run.returncode == 0, run.stderr
+    assert "OTEL_GPU_INSTRUMENT applied in this process: yes, by otel-gpu run" in run.stdout

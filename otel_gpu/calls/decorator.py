@@ -34,6 +34,7 @@ from otel_gpu.calls import _context, compiled, metadata, record, stats
 from otel_gpu.calls.record import Call, CallSpan
 from otel_gpu.devices import cuda
 from otel_gpu.export import pipeline
+from otel_gpu.instrumentation import targets as _targets
 
 __all__ = ["NonFiniteError", "api", "configure", "flush"]
 
@@ -552,6 +553,7 @@ def _decorate(
     settings = config.current()
     if settings.level == 0:
         return fn  # level 0: the function itself, no wrapper, no per-call check
+    _targets.apply_settings(settings)  # OTEL_GPU_INSTRUMENT where no start-up hook applied it
     if settings.strict:
         _guard.set_strict(True)
     shape = _shape_of(fn)
@@ -607,6 +609,7 @@ def configure(
     pipeline.reset()
     if tracer_provider is not None:
         pipeline.set_tracer_provider(tracer_provider)
+    _targets.apply_settings(new)  # OTEL_GPU_INSTRUMENT where no start-up hook applied it
     return new
 
 

@@ -48,6 +48,34 @@ def _standard(settings: Any) -> tuple[dict[str, str], list[str]]:
     return shown, notes
 
 
+_HOW = (
+    "a program applies them at start-up under `otel-gpu run` or `opentelemetry-instrument`; "
+    "started otherwise, at its first @otel_gpu.api decoration, configure() or instrument() "
+    "(names it bound earlier with `from ... import` keep the originals)"
+)
+
+
+def _instrument(settings: Any) -> dict[str, Any]:
+    """``OTEL_GPU_INSTRUMENT``: refused targets, and whether and how the targets are applied
+    in this process and in a program (never a value that silently does nothing)."""
+    from otel_gpu.instrumentation import refused, targets
+
+    if not settings.instrument:
+        return {}
+    how = targets.applied_how()
+    if settings.level == 0:
+        applied = "no: OTEL_GPU_LOGLEVEL is 0, so nothing is instrumented"
+    elif how is None:
+        applied = "no (this command instruments nothing); " + _HOW
+    else:
+        applied = f"yes, by {how}"
+    return {
+        "targets": list(settings.instrument),
+        "refused": {s: why for s in settings.instrument if (why := refused.refusal(s))},
+        "applied_in_this_process": applied,
+    }
+
+
 def _main(args: argparse.Namespace) -> int:
     from otel_gpu import config
     from otel_gpu._text import printable
@@ -65,6 +93,7 @@ def _main(args: argparse.Namespace) -> int:
                     "settings": {k: v for k, v in vars(settings).items()},
                     "standard": standard,
                     "resource": dict(resource.attributes),
+                    "instrument": _instrument(settings),
                 },
                 indent=2,
                 default=str,
@@ -78,6 +107,13 @@ def _main(args: argparse.Namespace) -> int:
         if isinstance(value, tuple):
             value = ",".join(value)
         print(f"  {row.env:28} = {value}")
+    instrument = _instrument(settings)
+    if instrument:
+        print(
+            f"  note: OTEL_GPU_INSTRUMENT applied in this process: {instrument['applied_in_this_process']}"
+        )
+        for why in instrument["refused"].values():
+            print(f"  note: OTEL_GPU_INSTRUMENT {printable(why)}")
     print("standard:")
     for name, value in standard.items():  # another tool's value: escaped, it cannot forge lines
         print(f"  {printable(name):28} = {printable(value)}")

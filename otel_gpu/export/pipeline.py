@@ -592,6 +592,7 @@ _lock = threading.Lock()
 _pipeline: Pipeline | None = None
 _FAILED: Any = object()  # the pipeline could not be built; calls run uninstrumented until reset()
 _explicit_provider: Any = None
+_building: int | None = None  # the thread building the pipeline, whose calls pass through
 
 
 def get() -> Pipeline | None:
@@ -599,13 +600,18 @@ def get() -> Pipeline | None:
 
     None if it could not be built (an internal error, reported once): calls then run uninstrumented.
     """
-    global _pipeline
+    global _pipeline, _building
     pipe = _pipeline
     if pipe is None:
+        if _building == threading.get_ident():
+            # building the pipeline called an instrumented function (resource detection, an
+            # exporter): it runs as it is, not as a span waiting for the pipeline it builds
+            return None
         from otel_gpu import config
 
         with _lock:
             if _pipeline is None:
+                _building = threading.get_ident()
                 try:
                     _pipeline = Pipeline(config.current(), _explicit_provider)
                 except config.ConfigError as exc:  # a standard variable the SDK would choke on
@@ -616,6 +622,8 @@ def get() -> Pipeline | None:
                 except Exception as exc:
                     _pipeline = _FAILED
                     _guard.internal_error("pipeline", exc)
+                finally:
+                    _building = None
             pipe = _pipeline
     return None if pipe is _FAILED else pipe
 
@@ -648,9 +656,10 @@ def shutdown() -> None:
 def _after_fork_in_child() -> None:
     # The parent's export thread and queued calls stay with the parent, which exports
     # them; the child builds its own pipeline (and files, via %i) on its first call.
-    global _pipeline, _lock
+    global _pipeline, _lock, _building
     _pipeline = None
     _lock = threading.Lock()
+    _building = None
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -23,7 +23,7 @@ class GpuInstrumentor(BaseInstrumentor):  # type: ignore[misc]
     def _instrument(self, **kwargs: Any) -> None:
         import otel_gpu
 
-        otel_gpu.instrument_from_settings()
+        otel_gpu.instrument_from_settings(via="opentelemetry-instrument")
 
     def _uninstrument(self, **kwargs: Any) -> None:
         import otel_gpu

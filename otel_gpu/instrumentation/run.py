@@ -89,6 +89,14 @@ def _main(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     else:
+        from otel_gpu.instrumentation.refused import refusal
+
+        # said once here, whatever the program is (a shell script, a launcher): the Python
+        # processes it starts skip these targets quietly
+        for spec in settings.instrument:
+            why = refusal(spec)
+            if why is not None:
+                print(f"otel-gpu run: OTEL_GPU_INSTRUMENT {why}", file=sys.stderr)
         env = {**_with_bootstrap(env), PROGRAM_PID: str(os.getpid())}
     program = shutil.which(command[0], path=env.get("PATH")) or command[0]
     try:

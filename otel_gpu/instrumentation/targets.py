@@ -28,8 +28,11 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from otel_gpu import _guard, config
+from otel_gpu.instrumentation.refused import RefusedTarget, refusal, refused_module
 
 __all__ = [
+    "applied_how",
+    "apply_settings",
     "instrument",
     "instrument_from_settings",
     "instrumented",
@@ -51,6 +54,10 @@ _matched_globs: set[str] = set()  # glob targets that matched at least one impor
 # the process that warns at exit about targets never imported (None: none, e.g. a run helper)
 _report_pid: int | None = os.getpid()
 _exit_hook = False
+# OTEL_GPU_INSTRUMENT: the targets applied in this process, and by what (apply_settings)
+_applied: set[str] = set()
+_applied_how: str | None = None
+_seen_settings: config.Settings | None = None
 
 
 def instrument(
@@ -70,11 +77,15 @@ def instrument(
     settings = config.current()
     if settings.level == 0:
         return []  # level 0 stays free: nothing is patched
+    apply_settings(settings)
     inc, exc = _patterns(include), _patterns(exclude)
+    spec = target.strip() if isinstance(target, str) else _spec_of(target)
+    why = refusal(spec)
+    if why is not None:
+        raise RefusedTarget(why)
     with _lock:
         if isinstance(target, str):
-            return _instrument_spec(target.strip(), inc, exc, name)
-        spec = _spec_of(target)
+            return _instrument_spec(spec, inc, exc, name)
         return _apply(target, spec, inc, exc, name)
 
 
@@ -92,6 +103,7 @@ def uninstrument(target: Any = None) -> int:
         if target is None:
             _pending.clear()
             _matched_globs.clear()
+            _applied.clear()  # instrument_from_settings() applies them again
         restored = 0
         for key, (owner, attr, original, spec) in list(_patches.items()):
             if specs is None or spec in specs or any(_spec_covers(s, spec) for s in specs):
@@ -159,13 +171,75 @@ def _ensure_exit_report() -> None:
         atexit.register(_warn_never_imported)
 
 
-def instrument_from_settings(settings: config.Settings | None = None) -> list[str]:
-    """Instrument every target of ``OTEL_GPU_INSTRUMENT`` (comma-separated; globs allowed)."""
+def instrument_from_settings(
+    settings: config.Settings | None = None, *, via: str = "otel_gpu.instrument_from_settings()"
+) -> list[str]:
+    """Instrument every target of ``OTEL_GPU_INSTRUMENT`` (comma-separated; globs allowed).
+
+    ``via`` names what applied them, for ``otel-gpu info`` (``otel-gpu run``,
+    ``opentelemetry-instrument``)."""
+    global _applied_how, _seen_settings
     settings = settings or config.current()
+    if settings.level == 0:
+        return []
+    with _lock:
+        _seen_settings = settings  # apply_settings() has nothing left to do for these
+        specs = [s for s in settings.instrument if s not in _applied]
+        _applied.update(specs)
+        if specs and _applied_how is None:
+            _applied_how = via
+    # under otel-gpu run, the command itself said which targets are refused
+    return _apply_targets(specs, refusals_said=via == "otel-gpu run")
+
+
+def apply_settings(settings: config.Settings) -> None:
+    """``OTEL_GPU_INSTRUMENT`` in a process that neither ``otel-gpu run`` nor
+    ``opentelemetry-instrument`` started: its targets are applied when otel-gpu is first
+    configured (the first ``@otel_gpu.api`` decoration, ``configure()``, ``instrument()``).
+
+    Decided once per settings object: later decorations cost one identity test."""
+    global _applied_how, _seen_settings
+    if settings is _seen_settings:
+        return
+    with _lock:
+        if settings is _seen_settings:
+            return
+        _seen_settings = settings
+        if settings.level == 0:
+            return
+        specs = [s for s in settings.instrument if s not in _applied]
+        if not specs:
+            return
+        _applied.update(specs)
+        if _applied_how is None:
+            _applied_how = "first configuration"
+        early = [s for s in specs if _split_imported(s)[0] is not None]
+    _apply_targets(specs)
+    if early:
+        _guard.logger.info(
+            "otel-gpu: OTEL_GPU_INSTRUMENT applied at otel-gpu's first configuration in this "
+            "process, after %s was imported: names bound earlier with `from ... import` keep "
+            "the originals; `otel-gpu run` or `opentelemetry-instrument` apply it at start-up",
+            ", ".join(repr(s) for s in early),
+        )
+
+
+def applied_how() -> str | None:
+    """What applied ``OTEL_GPU_INSTRUMENT`` in this process (``otel-gpu run``,
+    ``opentelemetry-instrument``, ``first configuration``…), or None: not applied (yet)."""
+    return _applied_how
+
+
+def _apply_targets(specs: Iterable[str], refusals_said: bool = False) -> list[str]:
     done: list[str] = []
-    for spec in settings.instrument:
+    for spec in specs:
         try:
             done += instrument(spec)
+        except RefusedTarget as exc:  # one line naming the target, why and what is allowed
+            if refusals_said:
+                _guard.logger.debug("otel-gpu: OTEL_GPU_INSTRUMENT %s", exc)
+            else:
+                _guard.warn_once(f"instrument.{spec}", "otel-gpu: OTEL_GPU_INSTRUMENT %s", exc)
         except Exception as exc:  # one bad target must not stop the program or the others
             _guard.warn_once(
                 f"instrument.{spec}",
@@ -200,7 +274,11 @@ def _instrument_spec(
         done: list[str] = []
         for modname in sorted(sys.modules):
             module = sys.modules.get(modname)
-            if module is not None and fnmatch.fnmatchcase(modname, spec):
+            if (
+                module is not None
+                and fnmatch.fnmatchcase(modname, spec)
+                and refused_module(modname) is None
+            ):
                 _matched_globs.add(spec)
                 done += _apply(module, spec, inc, exc, None)
         _pending[spec] = (inc, exc, name)
@@ -303,10 +381,13 @@ def _apply(
         for attr, value in list(vars(target).items()):
             if attr.startswith("_"):
                 continue
-            if inspect.isfunction(value) and value.__module__ == target.__name__:
+            # type(), not isinstance(): an object that warns on attribute access (torch's
+            # deprecated torch.distributed.reduce_op) is not asked for its __class__
+            kind = type(value)
+            if kind is types.FunctionType and value.__module__ == target.__name__:
                 if _selected(f"{target.__name__}.{value.__qualname__}", inc, exc):
                     done += _patch(target, attr, spec, None)
-            elif isinstance(value, type) and value.__module__ == target.__name__:
+            elif issubclass(kind, type) and value.__module__ == target.__name__:
                 done += _apply_class(value, spec, inc, exc)
         return done
     if isinstance(target, type):
@@ -356,7 +437,10 @@ def _patch(owner: Any, attr: str, spec: str, name: str | None) -> list[str]:
     wrapped = _wrap(raw, name or full, spec)
     if wrapped is raw:
         return []
-    setattr(owner, attr, wrapped)
+    try:
+        setattr(owner, attr, wrapped)
+    except (TypeError, AttributeError):  # a C extension's immutable type (torch.sparse.ByteTensor)
+        return []
     _patches[key] = (owner, attr, raw, spec)
     if isinstance(owner, types.ModuleType):
         _patch_aliases(owner, raw, wrapped, spec)
@@ -400,7 +484,9 @@ class _PostImportFinder(importlib.abc.MetaPathFinder):
         self._busy = threading.local()
 
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-        if getattr(self._busy, "on", False) or not _wanted(fullname):
+        if getattr(self._busy, "on", False):
+            return None
+        if not _wanted(fullname) and not (fullname in _GATES and _pending):
             return None
         self._busy.on = True
         try:
@@ -425,20 +511,51 @@ class _Loader(importlib.abc.Loader):
     def exec_module(self, module: types.ModuleType) -> None:
         self.loader.exec_module(module)
         name = module.__name__
-        top = name.partition(".")[0]
-        if top != name and _initializing(top) and _wanted(top):
-            # imported by its own package's __init__ (torch imports torch.distributed): wrapping
-            # now would import otel-gpu's torch-using modules from a half-initialised torch, so
-            # it waits for the package, whose loader is wrapped too (_wanted(top)).
-            _deferred.append(name)
+        if _gates_busy(name):
+            # imported while torch or otel-gpu's wrapper module is still initialising (torch
+            # imports its dependencies from its __init__): building a wrapper now would import
+            # a half-initialised torch, which can crash. It waits for the gate to finish.
+            if name not in _GATES:
+                _waiting.append(name)
             return
-        if top == name and _deferred:
-            for sub in _take_deferred(top):
-                _on_import(sub)
-        _on_import(module)
+        waiting, _waiting[:] = list(_waiting), []
+        for other in waiting:
+            if other in sys.modules:
+                _deliver(sys.modules[other])
+        if name in _GATES and not _wanted(name):
+            return
+        _deliver(module)
 
     def __getattr__(self, name: str) -> Any:  # get_source, is_package, …
         return getattr(self.loader, name)
+
+
+_GATES = ("torch", "otel_gpu.calls.decorator")
+"""Modules whose loader is wrapped whenever a target is pending: a module imported while one
+of them initialises is instrumented once it has finished."""
+_waiting: list[str] = []
+
+
+def _gates_busy(name: str) -> bool:
+    """Whether a gate other than ``name`` is still initialising (its own flag stays set until
+    its loader returns)."""
+    return any(_initializing(gate) for gate in _GATES if gate != name)
+
+
+def _deliver(module: types.ModuleType) -> None:
+    """Instrument a freshly executed module, or defer it to its still-initialising package."""
+    name = module.__name__
+    top = name.partition(".")[0]
+    if top != name and _initializing(top) and _wanted(top):
+        # imported by its own package's __init__ (torch imports torch.distributed): wrapping
+        # now would import otel-gpu's torch-using modules from a half-initialised torch, so
+        # it waits for the package, whose loader is wrapped too (_wanted(top)).
+        _deferred.append(name)
+        return
+    if top == name and _deferred:
+        for sub in _take_deferred(top):
+            _on_import(sub)
+    _on_import(module)
 
 
 _deferred: list[str] = []
@@ -475,7 +592,7 @@ def _on_import(module: types.ModuleType) -> None:
         for spec, (inc, exc, fn_name) in list(_pending.items()):
             try:
                 if _GLOB & set(spec):
-                    if fnmatch.fnmatchcase(name, spec):
+                    if fnmatch.fnmatchcase(name, spec) and refused_module(name) is None:
                         _matched_globs.add(spec)
                         _apply(module, spec, inc, exc, None)
                     continue
@@ -517,5 +634,9 @@ def _reset_for_tests(targets: Iterable[str] = ()) -> None:
     uninstrument()
     _matched_globs.clear()
     _deferred.clear()
+    _waiting.clear()
+    global _applied_how, _seen_settings
+    _applied.clear()
+    _applied_how = _seen_settings = None
     if _finder is not None and _finder in sys.meta_path:
         sys.meta_path.remove(_finder)

@@ -20,7 +20,7 @@ def _instrument() -> None:
         # targets never imported; the Python processes it starts stay quiet
         program = config.run_program_pid()
         targets.report_at_exit(program is None or program == str(os.getpid()))
-        otel_gpu.instrument_from_settings()
+        otel_gpu.instrument_from_settings(via="otel-gpu run")
     except Exception as exc:  # never stop the program: say why and run it uninstrumented
         sys.stderr.write(
             f"otel-gpu: OTEL_GPU_INSTRUMENT not applied: {type(exc).__name__}: {exc}\n"
