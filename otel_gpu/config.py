@@ -457,11 +457,14 @@ SETTINGS: tuple[Setting, ...] = (
         "OTEL_GPU_INSTRUMENT",
         (),
         "comma-separated targets: module, pkg.mod.Class, pkg.mod.function, glob on module names "
-        "(pkg.*), flashinfer",
+        "(pkg.*), flashinfer; refused: the standard library, otel_gpu, opentelemetry, torch "
+        "internals and what torch needs to start (docs/instrument.md)",
         _patterns,
         "Code to instrument without editing it, applied by `otel-gpu run` and the "
-        "`opentelemetry-instrument` entry point (or `otel_gpu.instrument_from_settings()`): "
-        "modules not yet imported are instrumented when first imported.",
+        "`opentelemetry-instrument` entry point at start-up, and otherwise at the first "
+        "decorated function, configure() or instrument() of the process: modules not yet "
+        "imported are instrumented when first imported; a name a program bound itself "
+        "(from x import f) before that moment keeps the original.",
     ),
     Setting(
         "on_nonfinite",
