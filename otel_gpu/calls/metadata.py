@@ -349,14 +349,10 @@ def instance_dict(value: Any) -> dict[str, Any] | None:
     The descriptor is found along the type's MRO, once per type, and used only when it is the
     interpreter's own (a getset or member descriptor).
     """
-    tp = type(value)
-    reader = _DICT_READERS.get(tp, _UNKNOWN)
-    if reader is _UNKNOWN:
-        reader = _dict_reader(tp)
-        if len(_DICT_READERS) >= 1024:  # types made in a loop must not grow this without bound
-            _DICT_READERS.clear()
-        _DICT_READERS[tp] = reader
+    reader = _DICT_READERS.get(type(value))
     if reader is None:
+        reader = _remember_reader(type(value))
+    if reader is False:
         return None
     try:
         fields = reader(value)
@@ -365,7 +361,14 @@ def instance_dict(value: Any) -> dict[str, Any] | None:
     return fields if type(fields) is dict else None
 
 
-_UNKNOWN: Any = object()
+def _remember_reader(tp: type) -> Any:
+    reader = _dict_reader(tp) or False  # False: decided, none to use
+    if len(_DICT_READERS) >= 1024:  # types made in a loop must not grow this without bound
+        _DICT_READERS.clear()
+    _DICT_READERS[tp] = reader
+    return reader
+
+
 _DICT_READERS: dict[type, Any] = {}
 _C_DESCRIPTORS = (types.GetSetDescriptorType, types.MemberDescriptorType)
 _mro = type.__dict__["__mro__"].__get__
