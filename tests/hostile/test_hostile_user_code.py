@@ -139,6 +139,24 @@ def test_statistics_of_a_broadcast_view_equal_those_of_the_materialised_tensor(
             assert got[key] == value, key
 
 
+@pytest.mark.parametrize("make", list(BROADCASTS.values()), ids=list(BROADCASTS))
+def test_captured_statistics_of_a_broadcast_view_equal_the_materialised_ones(make: Any) -> None:
+    """The CUDA-graph capture kernels (run here on CPU: the same ops) narrow a broadcast view and
+    scale its counts on the device: the row read after a replay gives the materialised event."""
+    from otel_gpu.calls import stats
+
+    def captured(t: torch.Tensor) -> Any:
+        pending = stats.capture("x", t)
+        row = pending.vec.tolist()
+        return stats.captured_stats("x", pending.numel, pending.note, pending.integer, row)
+
+    view = make()
+    got, want = captured(view), captured(view.contiguous())
+    assert (got.numel, got.note, set(got.values)) == (want.numel, want.note, set(want.values))
+    for key, value in want.values.items():
+        assert math.isclose(got.values[key], value, rel_tol=1e-9, abs_tol=1e-12), key
+
+
 # --------------------------------------------------------------------------- deep lists
 
 
