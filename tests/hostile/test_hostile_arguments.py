@@ -114,7 +114,7 @@ def _start(otel_gpu_spans: Any, tmp_path: Any, level: int, ring: int) -> Any:
 @pytest.mark.parametrize(("level", "ring"), CONFIGS, ids=CONFIG_IDS)
 @pytest.mark.parametrize("payload", list(PAYLOADS), ids=list(PAYLOADS))
 def test_a_hostile_argument_costs_the_caller_nothing(
-    otel_gpu_spans: Any, tmp_path: Any, level: int, ring: int, payload: str
+    otel_gpu_spans: Any, tmp_path: Any, level: int, ring: int, payload: str, fresh_describer: None
 ) -> None:
     """Attack: an argument whose hooks raise SystemExit, sleep 5 s, or hold a million items.
     The call returns the function's own result object, within 1 s, and its span is exported."""
@@ -254,7 +254,7 @@ EXCEPTIONS = {
 @pytest.mark.parametrize(("level", "ring"), CONFIGS, ids=CONFIG_IDS)
 @pytest.mark.parametrize("kind", list(EXCEPTIONS), ids=list(EXCEPTIONS))
 def test_the_caller_gets_its_own_exception_object(
-    otel_gpu_spans: Any, tmp_path: Any, level: int, ring: int, kind: str
+    otel_gpu_spans: Any, tmp_path: Any, level: int, ring: int, kind: str, fresh_describer: None
 ) -> None:
     """Attack: an exception whose __traceback__, __str__, __repr__ or __class__ misbehave (and a
     KeyboardInterrupt from the function): the caller gets the very same object, within 1 s."""
