@@ -20,13 +20,23 @@ import inspect
 import itertools
 import operator
 import sys
+import types
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 from torch.utils import _pytree  # torch imports it itself; its registry is read per structure
 
-__all__ = ["Binder", "capture", "capture_output", "make_binder", "to_attributes"]
+from otel_gpu.calls import _subclass
+
+__all__ = [
+    "Binder",
+    "capture",
+    "capture_output",
+    "instance_dict",
+    "make_binder",
+    "to_attributes",
+]
 
 # Raw record kinds.
 TENSOR = (
@@ -207,6 +217,11 @@ def capture(
             out.append((key, TENSOR, _tensor_meta(value)))
             if tensors is not None:
                 tensors.append((key, value))
+        elif branch == _B_FOREIGN_TENSOR:  # its __torch_function__ is not torch's: not run
+            with _subclass.no_torch_function():
+                out.append((key, TENSOR, _tensor_meta(value)))
+            if tensors is not None:
+                tensors.append((key, value))
         elif branch == _B_VALUE:
             out.append((key, VALUE, value))
         elif branch == _B_LIST or branch == _B_TUPLE:
@@ -234,13 +249,23 @@ def capture(
 
 # How capture() treats a type, decided once per type: a KV cache's walk met ~40 issubclass
 # checks a call (the Mapping one through the ABC machinery). A class's bases do not change.
-_B_TENSOR, _B_VALUE, _B_LIST, _B_TUPLE, _B_NAMEDTUPLE, _B_DICT, _B_MAPPING, _B_OTHER = range(8)
+(
+    _B_TENSOR,
+    _B_VALUE,
+    _B_LIST,
+    _B_TUPLE,
+    _B_NAMEDTUPLE,
+    _B_DICT,
+    _B_MAPPING,
+    _B_OTHER,
+    _B_FOREIGN_TENSOR,
+) = range(9)
 _BRANCHES: dict[type, int] = {}
 
 
 def _branch_of(tp: type) -> int:
     if issubclass(tp, torch.Tensor):
-        branch = _B_TENSOR
+        branch = _B_TENSOR if _subclass.kind(tp) == _subclass.TORCH else _B_FOREIGN_TENSOR
     elif issubclass(tp, (enum.Enum, torch.dtype, torch.device)):
         branch = _B_VALUE
     elif issubclass(tp, list):
@@ -291,11 +316,8 @@ def _capture_structure(
         return True
     if depth >= MAX_DEPTH or issubclass(tp, _NOT_WALKED):
         return False
-    try:
-        fields = vars(value)
-    except BaseException:  # no __dict__, or a __dict__ property (user code) that raised
-        return False
-    if type(fields) is not dict:
+    fields = instance_dict(value)
+    if fields is None:
         return False
     mark = len(out)
     out.append((key, CONTAINER, (tp.__name__, len(fields))))
@@ -316,6 +338,51 @@ def _capture_structure(
 
 
 _NOT_WALKED = (torch.nn.Module, type, enum.Enum)
+
+
+def instance_dict(value: Any) -> dict[str, Any] | None:
+    """``value``'s instance ``__dict__``, read without running any of its class's code; None when
+    it has none, or when its class replaces it (a ``__dict__`` property is user code).
+
+    Not ``vars()``: that looks ``__dict__`` up through the class's ``__getattribute__`` and runs
+    a ``__dict__`` property, which may sleep or end the process (``os._exit`` cannot be caught).
+    The descriptor is found along the type's MRO, once per type, and used only when it is the
+    interpreter's own (a getset or member descriptor).
+    """
+    reader = _DICT_READERS.get(type(value))
+    if reader is None:
+        reader = _remember_reader(type(value))
+    if reader is False:
+        return None
+    try:
+        fields = reader(value)
+    except Exception:  # a C-level descriptor refusing this instance
+        return None
+    return fields if type(fields) is dict else None
+
+
+def _remember_reader(tp: type) -> Any:
+    reader = _dict_reader(tp) or False  # False: decided, none to use
+    if len(_DICT_READERS) >= 1024:  # types made in a loop must not grow this without bound
+        _DICT_READERS.clear()
+    _DICT_READERS[tp] = reader
+    return reader
+
+
+_DICT_READERS: dict[type, Any] = {}
+_C_DESCRIPTORS = (types.GetSetDescriptorType, types.MemberDescriptorType)
+_mro = type.__dict__["__mro__"].__get__
+_type_dict = type.__dict__["__dict__"].__get__
+
+
+def _dict_reader(tp: type) -> Any:
+    """The ``__get__`` of the ``__dict__`` descriptor ``tp`` inherits, if it is the interpreter's."""
+    for cls in _mro(tp):
+        namespace = _type_dict(cls)
+        if "__dict__" in namespace:
+            descriptor = namespace["__dict__"]
+            return descriptor.__get__ if type(descriptor) in _C_DESCRIPTORS else None
+    return None
 
 
 def _pytree_children(value: Any, tp: type) -> list[tuple[str, Any]] | None:
@@ -482,13 +549,14 @@ def capture_output(
             out.append(("", CONTAINER, (tp.__name__, len(result))))
         for i, item in enumerate(result[:max_items]):
             capture(out, str(i), item, max_items, tensors, 1)
-    elif isinstance(result, tuple) and hasattr(result, "_fields"):
-        for name, item in list(zip(result._fields, result))[:max_items]:
+    elif issubclass(tp, tuple) and _is_namedtuple(tp):  # tuple's own iterator, as capture() does
+        pairs = zip(_field_names(tp), tuple.__iter__(result))
+        for name, item in itertools.islice(pairs, max_items):
             capture(out, name, item, max_items, tensors, 1)
-    elif isinstance(result, dict):
-        for i, (k, item) in enumerate(result.items()):
+    elif issubclass(tp, dict):  # dict's own methods: a subclass's items()/__len__ never run
+        for i, (k, item) in enumerate(dict.items(result)):
             if i >= max_items:
-                out.append(("", CONTAINER, (tp.__name__, len(result))))
+                out.append(("", CONTAINER, (tp.__name__, dict.__len__(result))))
                 break
             capture(out, _key_part(k, i), item, max_items, tensors, 1)
     else:

@@ -15,6 +15,14 @@ Cost model (see docs/architecture.md):
 
 Every dtype gets a defined answer: a statistic that does not apply is left out and
 the result's ``note`` says why.
+
+A broadcast view (a stride-0 dimension, ``expand``) is reduced over the elements it stores,
+once each: min and max are the same, and every stored element stands for the same number of
+logical ones, so the sums and the NaN/Inf/finite counts are scaled by that number. The result
+is the one of the materialised tensor, counts included, at the cost of the stored elements.
+
+Tensor subclasses whose hooks are not torch's own code are read as :mod:`otel_gpu.calls._subclass`
+says: over a plain view of their data, or skipped with a note.
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ from otel_gpu.attributes import (
     STATS_STD,
     STATS_TENSOR,
 )
+from otel_gpu.calls import _subclass
 from otel_gpu.devices import cuda
 
 __all__ = [
@@ -83,7 +92,7 @@ class TensorStats:
 class Pending:
     """Statistics launched on the device but not yet read back."""
 
-    __slots__ = ("captured", "integer", "key", "note", "numel", "source", "vec")
+    __slots__ = ("captured", "integer", "key", "note", "numel", "scale", "source", "vec")
 
     def __init__(
         self,
@@ -93,6 +102,7 @@ class Pending:
         source: torch.Tensor | None,
         note: str | None,
         integer: bool = False,
+        scale: int = 1,
     ) -> None:
         self.key = key
         self.numel = numel
@@ -100,11 +110,15 @@ class Pending:
         self.source = source
         self.note = note
         self.integer = integer
+        self.scale = scale  # logical elements per stored one: a broadcast view's repeat
         self.captured = False  # vec is a static buffer a CUDA graph writes at each replay
 
 
 def skipped(key: str, numel: int, note: str) -> Pending:
     return Pending(key, numel, None, None, note)
+
+
+NESTED_NOTE = "statistics not supported for nested tensors"
 
 
 def _prepare(t: torch.Tensor) -> tuple[torch.Tensor | None, str | None, bool]:
@@ -137,22 +151,60 @@ def compute(key: str, t: torch.Tensor) -> Pending:
 
 
 def _launch(
-    key: str, t: torch.Tensor, vector: Callable[[torch.Tensor], tuple[torch.Tensor, Any]]
+    key: str, t: torch.Tensor, vector: Callable[[torch.Tensor, int], tuple[torch.Tensor, Any]]
 ) -> Pending:
-    """What :func:`compute` and :func:`capture` share: empty and unsupported tensors, then
-    ``vector(x)`` (the device vector and the source a refine pass may read again)."""
+    """What :func:`compute` and :func:`capture` share: subclasses, empty and unsupported
+    tensors, broadcast views, then ``vector(x, scale)`` (the device vector and the source a
+    refine pass may read again)."""
+    tp = type(t)
+    if tp is not torch.Tensor and tp is not torch.nn.Parameter:
+        kind = _subclass.kind(tp)
+        if kind != _subclass.TORCH:
+            with _subclass.no_torch_function():  # the subclass's own hooks never run
+                if kind == _subclass.DISPATCH or t.is_nested:
+                    return Pending(key, t.numel(), None, None, _dispatch_note(tp))
+                t = t.as_subclass(torch.Tensor)  # a plain view of its data: no copy
+    if t.is_nested:  # before numel's checks: a nested tensor has no strides to narrow
+        return Pending(key, t.numel(), None, None, NESTED_NOTE)
     numel = t.numel()
     if numel == 0:
         return Pending(key, 0, None, None, "empty tensor")
+    scale = 1
+    if t.layout is torch.strided and t.device.type != "meta":
+        t, scale = _stored(t)
     x, note, counts_apply = _prepare(t)
     if x is None:
         return Pending(key, numel, None, None, note)
-    vec, source = vector(x)
-    return Pending(key, numel, vec, source, note, integer=not counts_apply)
+    vec, source = vector(x, scale)
+    return Pending(key, numel, vec, source, note, integer=not counts_apply, scale=scale)
 
 
-def _moments_vector(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """[min, max, sum, sum of squares] in float64, and ``x`` for the refine pass."""
+def _dispatch_note(tp: type) -> str:
+    name = type.__dict__["__qualname__"].__get__(tp)
+    return (
+        f"statistics skipped: tensor subclass {name} has its own __torch_dispatch__, "
+        "code otel-gpu does not run"
+    )
+
+
+def _stored(t: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """``t`` with its broadcast (stride 0) dimensions narrowed to one element, and how many
+    logical elements each stored one stands for."""
+    stride = t.stride()
+    if 0 not in stride:
+        return t, 1
+    scale = 1
+    for d, (n, s) in enumerate(zip(t.shape, stride)):
+        if s == 0 and n > 1:
+            t = t.narrow(d, 0, 1)
+            scale *= n
+    return t, scale
+
+
+def _moments_vector(x: torch.Tensor, scale: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """[min, max, sum, sum of squares] in float64, and ``x`` for the refine pass.
+
+    The sums are of ``x``'s own elements: :func:`finish` scales them by ``scale``."""
     acc = _acc_dtype(x)
     mn, mx = torch.aminmax(x)
     total = x.sum(dtype=acc)
@@ -177,13 +229,16 @@ def capture(key: str, t: torch.Tensor) -> Pending:
     place. NaN/Inf counts and finite-only, float64 two-pass moments are computed on every
     replay, since no refine pass can run later: about a dozen kernels per tensor.
     """
-    pending = _launch(key, t, lambda x: (_captured_vector(x), None))
+    pending = _launch(key, t, lambda x, scale: (_captured_vector(x, scale), None))
     pending.captured = pending.vec is not None
     return pending
 
 
-def _captured_vector(x: torch.Tensor) -> torch.Tensor:
-    """[nan, inf, finite count, finite min, finite max, finite mean, sum of squared deviations]."""
+def _captured_vector(x: torch.Tensor, scale: int = 1) -> torch.Tensor:
+    """[nan, inf, finite count, finite min, finite max, finite mean, sum of squared deviations].
+
+    ``scale``: logical elements per element of ``x`` (a broadcast view's repeat); the counts
+    and the sum of squared deviations are scaled by it, the mean and extremes are unchanged."""
     xd = x.to(torch.float64)
     finite = torch.isfinite(xd)
     nan = torch.isnan(xd).sum()
@@ -193,7 +248,10 @@ def _captured_vector(x: torch.Tensor) -> torch.Tensor:
     hi = torch.where(finite, xd, -math.inf).amax()
     mean = torch.where(finite, xd, 0.0).sum() / count  # NaN when nothing is finite
     m2 = torch.where(finite, xd - mean, 0.0).square().sum()
-    parts = (nan.to(torch.float64), inf.to(torch.float64), count.to(torch.float64))
+    parts = [nan.to(torch.float64), inf.to(torch.float64), count.to(torch.float64)]
+    if scale != 1:  # scalar multiplications: capturable, no host-to-device copy
+        parts = [part * scale for part in parts]
+        m2 = m2 * scale
     return torch.stack([*parts, lo, hi, mean, m2])
 
 
@@ -253,6 +311,8 @@ def finish(pending: list[Pending], call: Any = None) -> list[TensorStats]:
         if row is None:
             continue
         mn, mx, total, sumsq = row
+        if p.scale != 1:  # a broadcast view: each stored element stands for p.scale ones
+            total, sumsq = total * p.scale, sumsq * p.scale
         if not (
             math.isfinite(mn)
             and math.isfinite(mx)
@@ -304,7 +364,7 @@ def _refine(items: list[tuple[TensorStats, Pending]]) -> None:
     vecs = []
     for _stats, p in items:
         assert p.source is not None
-        vecs.append(_captured_vector(p.source))
+        vecs.append(_captured_vector(p.source, p.scale))
     rows = cuda.read_scalars(vecs)
     for (stats, p), row in zip(items, rows):
         precise = captured_stats(p.key, p.numel, p.note, p.integer, row)

@@ -151,8 +151,11 @@ class Recorder:
         elif reason is None:
             try:
                 reason = self._record_inputs(call)
-            except OSError as exc:
-                reason = self._fail(exc)
+            except Exception as exc:  # a full disk, maybe wrapped by torch.save (_os_error)
+                full = _os_error(exc)
+                if full is None:
+                    raise
+                reason = self._fail(full)
         if reason is not None:
             call.span.set_attribute(ATTR_SKIPPED, reason)
 
@@ -172,8 +175,11 @@ class Recorder:
                 self._record_raised(call, call.exc, pending, saved)
             else:
                 self._record_outputs(call, pending, saved)
-        except OSError as exc:
-            self._fail(exc)
+        except Exception as exc:
+            full = _os_error(exc)
+            if full is None:
+                raise
+            self._fail(full)
 
     def flush(self, timeout: float = _CLOSE_TIMEOUT) -> bool:
         """Wait until queued outputs are on disk; True when the queue emptied within ``timeout`` s."""
@@ -447,9 +453,11 @@ class Recorder:
                     self._write_inputs(pending, copies)
                 else:
                     self._write_outputs(pending, copies)
-            except OSError as exc:
-                self._fail(exc)
             except Exception as exc:
+                full = _os_error(exc)
+                if full is not None:
+                    self._fail(full)
+                    continue  # the finally below still runs
                 try:
                     _guard.internal_error("dump", exc)
                 except Exception as raised:  # strict mode: re-raised by close()
@@ -458,6 +466,23 @@ class Recorder:
                 with self._lock:
                     self._queued_bytes -= nbytes
                 self._queue.task_done()
+
+
+def _os_error(exc: BaseException) -> OSError | None:
+    """The ``OSError`` behind ``exc`` (itself, its cause or its context), or None.
+
+    ``torch.save`` meets a full disk as an ``OSError`` and raises a ``RuntimeError`` while
+    handling it (its zip writer's end-of-file check): that is still a full disk, reported in
+    one line like any other, not an internal error with two tracebacks.
+    """
+    seen: BaseException | None = exc
+    for _ in range(8):  # a chain of causes is short; a cycle must not loop
+        if seen is None:
+            break
+        if isinstance(seen, OSError):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 def _touch(path: str) -> None:

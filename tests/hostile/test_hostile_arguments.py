@@ -114,7 +114,7 @@ def _start(otel_gpu_spans: Any, tmp_path: Any, level: int, ring: int) -> Any:
 @pytest.mark.parametrize(("level", "ring"), CONFIGS, ids=CONFIG_IDS)
 @pytest.mark.parametrize("payload", list(PAYLOADS), ids=list(PAYLOADS))
 def test_a_hostile_argument_costs_the_caller_nothing(
-    otel_gpu_spans: Any, tmp_path: Any, level: int, ring: int, payload: str
+    otel_gpu_spans: Any, tmp_path: Any, level: int, ring: int, payload: str, fresh_describer: None
 ) -> None:
     """Attack: an argument whose hooks raise SystemExit, sleep 5 s, or hold a million items.
     The call returns the function's own result object, within 1 s, and its span is exported."""
@@ -254,7 +254,7 @@ EXCEPTIONS = {
 @pytest.mark.parametrize(("level", "ring"), CONFIGS, ids=CONFIG_IDS)
 @pytest.mark.parametrize("kind", list(EXCEPTIONS), ids=list(EXCEPTIONS))
 def test_the_caller_gets_its_own_exception_object(
-    otel_gpu_spans: Any, tmp_path: Any, level: int, ring: int, kind: str
+    otel_gpu_spans: Any, tmp_path: Any, level: int, ring: int, kind: str, fresh_describer: None
 ) -> None:
     """Attack: an exception whose __traceback__, __str__, __repr__ or __class__ misbehave (and a
     KeyboardInterrupt from the function): the caller gets the very same object, within 1 s."""
@@ -330,9 +330,10 @@ def test_a_slow_exception_message_does_not_hold_the_export_thread(
 # --------------------------------------------------------------------------- the describer
 
 
-def test_the_describer_fills_in_a_repr_after_the_call(fresh_describer: None) -> None:
-    """An unsupported argument is recorded by type and id on the caller's thread; its repr
-    arrives later (cut at 200 characters), and a repr raising SystemExit is recorded as failed."""
+def test_the_describer_fills_in_a_description_after_the_call(fresh_describer: None) -> None:
+    """An unsupported argument is recorded by type and id on the caller's thread; its
+    description arrives later, formatted without running its ``__repr__`` (user code that
+    could end the process): one raising SystemExit is never called."""
 
     class Nice:
         def __repr__(self) -> str:
@@ -341,29 +342,36 @@ def test_the_describer_fills_in_a_repr_after_the_call(fresh_describer: None) -> 
     enc = _manifest.Encoder("input.", {}, {})
     nice = enc.encode(Nice(), "x")
     exits = enc.encode(ReprExits(), "y")
+    listed = enc.encode(LenIterExit([1, 2]), "z")
     assert nice["type"].endswith("Nice") and nice["id"].startswith("0x")
     assert _describe.drain(5.0)
-    assert nice["repr"].startswith("Nice(nnn") and len(nice["repr"]) == 200
-    assert exits["repr"] == "<failed: SystemExit>"
+    assert "Nice object at 0x" in nice["repr"] and "nnn" not in nice["repr"]
+    assert "ReprExits object at 0x" in exits["repr"]
+    assert listed["repr"] == "LenIterExit([1, 2])"
 
 
-def test_a_repr_over_budget_is_recorded_as_timed_out(fresh_describer: None) -> None:
-    """Attack: a repr slower than the 0.5 s budget. Its node says it timed out, objects queued
-    behind it are not described, and its type is never described again in the process."""
+class SlowError(Exception):
+    def __str__(self) -> str:
+        time.sleep(_describe.BUDGET_S + 0.3)
+        return "slow"
 
-    class Slow:
-        def __repr__(self) -> str:
-            time.sleep(_describe.BUDGET_S + 0.3)
-            return "Slow()"
 
-    enc = _manifest.Encoder("input.", {}, {})
-    slow = enc.encode(Slow(), "a")
-    behind = enc.encode(ReprExits(), "b")
+class ExitError(Exception):
+    def __str__(self) -> str:
+        raise SystemExit("hostile __str__")
+
+
+def test_a_description_over_budget_is_recorded_as_timed_out(fresh_describer: None) -> None:
+    """Attack: an exception whose ``__str__`` is slower than the 0.5 s budget. Its record says
+    it timed out, records queued behind it are not described, and its type is never described
+    again in the process."""
+    slow = _describe.exception_record(SlowError(), None, wait=0.0)
+    behind = _describe.exception_record(ExitError(), None, wait=0.0)
     assert _describe.drain(5.0)
-    assert slow["repr"].startswith("<not described: took")
-    assert behind["repr"] == "<not described: queued behind a description that timed out>"
-    again = enc.encode(Slow(), "c")
-    assert again["repr"].startswith("<not described: describing a")
+    assert slow["traceback"].startswith("<not described: took")
+    assert behind["traceback"] == "<not described: queued behind a description that timed out>"
+    again = _describe.exception_record(SlowError(), None, wait=0.0)
+    assert again["traceback"].startswith("<not described: describing a")
 
 
 # --------------------------------------------------------------------------- jagged tensors
