@@ -22,6 +22,7 @@ import torch
 
 from otel_gpu import _files
 from otel_gpu.calls import _describe
+from otel_gpu.calls.metadata import instance_dict
 from otel_gpu.recorder.kernel_choices import implementation_choices
 
 __all__ = [
@@ -150,18 +151,16 @@ _NOT_WALKED = (
 
 
 def public_fields(value: Any) -> list[tuple[str, Any]] | None:
-    """Public instance attributes of a plain object (``vars()``), None for what is not walked.
+    """Public instance attributes of a plain object, None for what is not walked.
 
-    ``vars()`` may run a ``__dict__`` property: anything it raises means None. At most
-    :data:`_MAX_FIELDS` attributes are looked at.
+    Read through the interpreter's own ``__dict__`` descriptor (``instance_dict``), never
+    ``vars()``, which runs a ``__dict__`` property: user code that may sleep or end the process.
+    At most :data:`_MAX_FIELDS` attributes are looked at.
     """
     if issubclass(type(value), _NOT_WALKED) or callable(value):
         return None
-    try:
-        attrs = vars(value)
-    except BaseException:  # a __dict__ property is user code
-        return None
-    if type(attrs) is not dict:
+    attrs = instance_dict(value)
+    if attrs is None:
         return None
     return [
         (k, v)

@@ -243,15 +243,8 @@ EXIT_CASES = [
     pytest.param("__repr__", 5, 4, id="repr-level5-ring"),
     pytest.param("__dict__ property", 3, 0, id="dict-level3"),
     pytest.param("__dict__ property", 5, 0, id="dict-level5"),
-    pytest.param(
-        "__dict__ property",
-        10,
-        0,
-        id="dict-level10",
-        marks=pytest.mark.xfail(
-            reason="the flight recorder's encoder still reads public fields with vars()"
-        ),
-    ),
+    pytest.param("__dict__ property", 10, 0, id="dict-level10"),
+    pytest.param("__dict__ property", 5, 4, id="dict-level5-ring"),
     pytest.param("__torch_function__", 3, 0, id="torch-function-level3"),
     pytest.param("__torch_function__", 5, 0, id="torch-function-level5"),
     pytest.param("__torch_function__", 10, 0, id="torch-function-level10"),
