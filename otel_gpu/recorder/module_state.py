@@ -249,8 +249,10 @@ def load_state(call_dir: str, name: str) -> dict[str, torch.Tensor]:
     """The recorded state (tensors only: ``weights_only`` loading, nothing unpickled).
 
     Raises :class:`otel_gpu.recorder.manifest.DumpFileError` naming the file when it is missing, corrupt,
-    not inside the dump's own ``modules/`` folder (that folder or the file a symlink), or when its
-    contents do not match the SHA-256 its name carries (changed after it was recorded).
+    not inside the dump's own ``modules/`` folder (that folder or the file a symlink), when its
+    archive's entries hold more bytes than the file itself (compressed entries that would inflate
+    in memory; the recorder writes none), or when its contents do not match the SHA-256 its name
+    carries (changed after it was recorded).
     """
     path = state_path(call_dir, name)
     folder = os.path.dirname(path)
@@ -259,7 +261,11 @@ def load_state(call_dir: str, name: str) -> dict[str, torch.Tensor]:
             f"receiver.state: refusing {STATE_DIR}/{name}: the {STATE_DIR}/ folder is a symlink "
             "(replay reads only files inside the dump)"
         )
-    state = tensor_files.load_tensors(folder, name, f"receiver.state ({STATE_DIR}/)")
+    try:  # the archive's entries may not hold more than the file's own bytes (no inflating)
+        on_disk: int | None = os.lstat(path).st_size
+    except OSError:
+        on_disk = None  # missing: load_tensors says so, naming the file
+    state = tensor_files.load_tensors(folder, name, f"receiver.state ({STATE_DIR}/)", on_disk)
     if _content_hash(state) + ".pt" != name:
         raise manifest.DumpFileError(
             f"receiver.state: {STATE_DIR}/{name} does not match the SHA-256 its name carries "
