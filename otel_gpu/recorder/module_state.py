@@ -6,8 +6,16 @@ call and every identical module) and the arguments to construct it again: each p
 class's ``__init__`` is taken from the module's attribute of the same name (``config``,
 ``layer_idx``, ``in_features``…); a tensor attribute for a ``bool`` parameter means ``True``
 (``nn.Linear(bias=True)`` keeps its bias tensor); parameters with defaults may be absent.
-Replay constructs the class with them and loads the state strictly. What cannot be rebuilt that
-way is said, and the call is skipped with that reason.
+The state file also holds what ``state_dict`` leaves out: non-persistent buffers
+(``register_buffer(..., persistent=False)``, e.g. a scale the constructor was given) and plain
+tensor attributes, each of the module or of its submodules; the manifest lists their names
+(``buffers``, ``attributes``).
+
+Replay checks the file against the SHA-256 its name carries (a mismatch is an error naming the
+file), constructs the class with the arguments, loads the state strictly and puts the recorded
+buffers and attributes back in place of the constructor's. What cannot be rebuilt that way (a
+recorded buffer the rebuilt module lacks, one it has that was not recorded) is said, and the
+call is skipped with that reason: it is never replayed with the constructor's defaults.
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ import torch
 from otel_gpu import _files
 from otel_gpu.recorder import manifest, tensor_files
 
-__all__ = ["STATE_DIR", "CannotRebuild", "load_state", "record", "state_path"]
+__all__ = ["STATE_DIR", "CannotRebuild", "load_state", "record", "restore", "state_path"]
 
 STATE_DIR = "modules"
 _STATE_NAME = re.compile(r"^[0-9a-f]{64}\.pt$")
@@ -53,7 +61,14 @@ def record(
         known = _recorded.get(module)
     if known is None:
         init = _init_arguments(module)
-        state = {k: v.detach().to("cpu").contiguous() for k, v in module.state_dict().items()}
+        extras = _extras(module)
+        try:
+            state = {k: _host(v) for k, v in module.state_dict().items()}
+            state.update((k, _host(getattr(owner, leaf))) for k, (owner, leaf, _) in extras.items())
+        except Exception as exc:  # extra state that is not a tensor, a tensor with no data
+            raise CannotRebuild(
+                f"its state could not be recorded ({type(exc).__name__}: {str(exc)[:200]})"
+            ) from None
         nbytes = sum(t.numel() * t.element_size() for t in state.values())
         with _lock:
             if _written_bytes + nbytes > max_bytes:
@@ -68,7 +83,13 @@ def record(
         except OSError as exc:  # this call goes without its module; the dump goes on
             raise CannotRebuild(f"its state could not be written: {exc}") from None
         device = next((str(t.device) for t in module.state_dict().values()), "cpu")
-        known = {"init": init, "state": name, "device": device}
+        known = {
+            "init": init,
+            "state": name,
+            "device": device,
+            "buffers": sorted(k for k, v in extras.items() if v[2] == "buffer"),
+            "attributes": sorted(k for k, v in extras.items() if v[2] == "attribute"),
+        }
         with _lock:
             _recorded[module] = known
     return {
@@ -78,7 +99,75 @@ def record(
         "state": known["state"],
         "device": known["device"],
         "training": module.training,
+        "buffers": known["buffers"],
+        "attributes": known["attributes"],
     }
+
+
+def _host(value: Any) -> torch.Tensor:
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"a {type(value).__name__} in the state is not a tensor")
+    return value.detach().to("cpu").contiguous()
+
+
+def _extras(module: torch.nn.Module) -> dict[str, tuple[torch.nn.Module, str, str]]:
+    """What ``state_dict`` leaves out: ``{dotted name: (owner, name, "buffer" | "attribute")}``
+    for every non-persistent buffer and plain tensor attribute of ``module`` and its submodules."""
+    found: dict[str, tuple[torch.nn.Module, str, str]] = {}
+    for prefix, sub in module.named_modules():
+        dot = prefix + "." if prefix else ""
+        for leaf in sorted(getattr(sub, "_non_persistent_buffers_set", ())):
+            if sub._buffers.get(leaf) is not None:
+                found[dot + leaf] = (sub, leaf, "buffer")
+        for leaf, value in vars(sub).items():
+            if isinstance(value, torch.Tensor):
+                found[dot + leaf] = (sub, leaf, "attribute")
+    return found
+
+
+def restore(module: torch.nn.Module, rec: dict[str, Any], state: dict[str, torch.Tensor]) -> None:
+    """Load ``state`` into the rebuilt ``module``: its ``state_dict`` strictly, then the recorded
+    non-persistent buffers and tensor attributes in place of those the constructor made.
+
+    Raises :class:`CannotRebuild` when the rebuilt module's buffers and tensor attributes are not
+    the recorded ones (one missing, one more, a dump recorded without them), and
+    :class:`~otel_gpu.recorder.manifest.DumpFileError` when the manifest names ones the file lacks.
+    Only names the rebuilt module already holds as tensors are set.
+    """
+    now = _extras(module)
+    listed = {"buffer": rec.get("buffers"), "attribute": rec.get("attributes")}
+    if any(v is None for v in listed.values()):
+        if now:
+            raise CannotRebuild(
+                f"it has state outside its state_dict ({', '.join(sorted(now)[:3])}) that was "
+                "not recorded (a dump of an older otel-gpu): replay would use the "
+                "constructor's values"
+            )
+        listed = {"buffer": [], "attribute": []}
+    recorded: dict[str, str] = {}
+    for kind, names in listed.items():
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise manifest.DumpFileError(f"receiver.{kind}s: not a list of names")
+        for n in names:
+            if n not in state:
+                raise manifest.DumpFileError(
+                    f"receiver.{kind}s: {n!r} is not in the module's state file"
+                )
+            recorded[n] = kind
+    for n, kind in recorded.items():
+        if n not in now or now[n][2] != kind:
+            raise CannotRebuild(
+                f"the recorded module had a {kind} {n!r} that the rebuilt one lacks"
+            )
+    for n, (_, _, kind) in now.items():
+        if n not in recorded:
+            raise CannotRebuild(f"the rebuilt module has a {kind} {n!r} that was not recorded")
+    module.load_state_dict({k: v for k, v in state.items() if k not in recorded}, strict=True)
+    for n, (owner, leaf, kind) in now.items():
+        if kind == "buffer":
+            owner._buffers[leaf] = state[n]
+        else:
+            object.__setattr__(owner, leaf, state[n])
 
 
 def _write_state(root: str, name: str, state: dict[str, torch.Tensor]) -> None:
@@ -157,10 +246,13 @@ def state_path(call_dir: str, name: str) -> str:
 
 
 def load_state(call_dir: str, name: str) -> dict[str, torch.Tensor]:
-    """The recorded ``state_dict`` (tensors only: ``weights_only`` loading, nothing unpickled).
+    """The recorded state (tensors only: ``weights_only`` loading, nothing unpickled).
 
-    Raises :class:`otel_gpu.recorder.manifest.DumpFileError` naming the file when it is missing, corrupt
-    or not inside the dump's own ``modules/`` folder (that folder or the file a symlink).
+    Raises :class:`otel_gpu.recorder.manifest.DumpFileError` naming the file when it is missing, corrupt,
+    not inside the dump's own ``modules/`` folder (that folder or the file a symlink), when its
+    archive's entries hold more bytes than the file itself (compressed entries that would inflate
+    in memory; the recorder writes none), or when its contents do not match the SHA-256 its name
+    carries (changed after it was recorded).
     """
     path = state_path(call_dir, name)
     folder = os.path.dirname(path)
@@ -169,7 +261,17 @@ def load_state(call_dir: str, name: str) -> dict[str, torch.Tensor]:
             f"receiver.state: refusing {STATE_DIR}/{name}: the {STATE_DIR}/ folder is a symlink "
             "(replay reads only files inside the dump)"
         )
-    return tensor_files.load_tensors(folder, name, f"receiver.state ({STATE_DIR}/)")
+    try:  # the archive's entries may not hold more than the file's own bytes (no inflating)
+        on_disk: int | None = os.lstat(path).st_size
+    except OSError:
+        on_disk = None  # missing: load_tensors says so, naming the file
+    state = tensor_files.load_tensors(folder, name, f"receiver.state ({STATE_DIR}/)", on_disk)
+    if _content_hash(state) + ".pt" != name:
+        raise manifest.DumpFileError(
+            f"receiver.state: {STATE_DIR}/{name} does not match the SHA-256 its name carries "
+            "(its contents changed after it was recorded)"
+        )
+    return state
 
 
 def _reset_for_tests() -> None:

@@ -391,7 +391,11 @@ def _module(rec: dict[str, Any], cls: type, decoder: _Decoder) -> Any:
     state = module_state.load_state(directory, rec.get("state", ""))
     try:
         module = cls(**init)
-        module.load_state_dict(state, strict=True)
+        module_state.restore(module, rec, state)
+    except _manifest.DumpFileError:
+        raise
+    except module_state.CannotRebuild as exc:
+        raise Skip(f"stateful method: {rec['type']} cannot be rebuilt as recorded: {exc}") from None
     except Exception as exc:
         raise Skip(
             f"stateful method: {rec['type']} could not be rebuilt from its recorded constructor "

@@ -103,7 +103,10 @@ def add_parser(sub: Any) -> None:
         "--rtol", type=float, default=None, help="relative tolerance (default: per dtype)"
     )
     p.add_argument(
-        "--atol", type=float, default=None, help="absolute tolerance (default: per dtype)"
+        "--atol",
+        type=float,
+        default=None,
+        help="absolute tolerance (default: per dtype, scaled down for outputs below 1)",
     )
     p.add_argument(
         "--include",

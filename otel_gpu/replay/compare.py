@@ -3,6 +3,11 @@
 Default tolerances per dtype are those of ``torch.testing.assert_close``; float8 types,
 which it does not cover, get one unit in the last place at 1.0 as ``rtol``. Unlike
 ``assert_close``, NaN matches NaN: a NaN that was recorded and comes back is reproduced.
+
+The default ``atol`` follows the recorded tensor's scale (its largest finite magnitude): in full
+at scale 1 and above, as in ``assert_close``, proportionally less below it, so that outputs near
+1e-3 are not all within an absolute 1e-5 of anything; never below the dtype's smallest normal
+number (all-zero outputs). An ``atol`` given by the caller is absolute, as before.
 """
 
 from __future__ import annotations
@@ -18,7 +23,14 @@ import torch
 
 from otel_gpu.recorder.manifest import public_fields, pytree_children, type_ref
 
-__all__ = ["DEFAULT_TOLERANCES", "Mismatch", "compare", "compare_tensors", "tolerance"]
+__all__ = [
+    "DEFAULT_TOLERANCES",
+    "Mismatch",
+    "compare",
+    "compare_tensors",
+    "scaled_atol",
+    "tolerance",
+]
 
 DEFAULT_TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
     torch.float16: (1e-3, 1e-5),
@@ -44,6 +56,16 @@ def tolerance(dtype: torch.dtype, rtol: float | None, atol: float | None) -> tup
     """``(rtol, atol)`` for ``dtype``: the flag when given, else the dtype's default."""
     default = DEFAULT_TOLERANCES.get(dtype, (0.0, 0.0))
     return (default[0] if rtol is None else rtol, default[1] if atol is None else atol)
+
+
+def scaled_atol(atol: float, expected: torch.Tensor, dtype: torch.dtype) -> float:
+    """A dtype's default ``atol`` at the scale of ``expected``: ``atol * min(1, max |finite|)``,
+    at least the smallest normal number of ``dtype`` (of its real part for a complex dtype)."""
+    finite = expected.abs()[expected.isfinite()]
+    scale = float(finite.max()) if finite.numel() else 0.0
+    real = dtype.to_real() if dtype.is_complex else dtype
+    floor = float(torch.finfo(real).tiny) if real.is_floating_point else 0.0
+    return max(atol * min(1.0, scale), floor)
 
 
 @dataclass
@@ -102,6 +124,8 @@ def compare_tensors(
     rt, at = tolerance(e.dtype, rtol, atol)
     wide = torch.complex128 if e.is_complex() else torch.float64
     a64, e64 = a.to(wide), e.to(wide)
+    if atol is None and at > 0:
+        at = scaled_atol(at, e64, e.dtype)
     diff = (a64 - e64).abs()
     close = diff <= at + rt * e64.abs()
     if e.is_floating_point() or e.is_complex():

@@ -326,6 +326,25 @@ def test_a_module_state_name_that_is_not_a_content_hash_is_refused(module_dump, 
     )
 
 
+def test_a_module_state_that_inflates_in_memory_is_refused_unread(module_dump, tmp_path):
+    """Attack: a 64 KiB state file whose archive holds a deflated 64 MiB weight (the recorder
+    writes stored entries only): refused by its entries' sizes before torch reads any of it."""
+    import zipfile
+
+    m, root, _ = module_dump
+    (state,) = os.listdir(root / "modules")
+    plain = tmp_path / "plain.pt"
+    torch.save({"proj.weight": torch.zeros(16 * 2**20)}, plain)
+    with zipfile.ZipFile(plain) as src, zipfile.ZipFile(root / "modules" / state, "w") as dst:
+        for info in src.infolist():
+            dst.writestr(info.filename, src.read(info.filename), zipfile.ZIP_DEFLATED)
+    assert os.path.getsize(root / "modules" / state) < 2**20
+    results = _replay(m, root)
+    assert [r.verdict for r in results] == ["error"] * 3
+    assert f"refusing {state}" in results[0].detail
+    assert "by its archive's entries" in results[0].detail
+
+
 def test_a_module_state_symlinked_out_of_the_dump_is_not_followed(module_dump, tmp_path):
     """Attack: modules/<sha256>.pt is a symlink to a valid copy outside the dump."""
     m, root, _ = module_dump
