@@ -114,8 +114,12 @@ def test_repr_limit_is_capped_at_2048():
 
 
 def test_settings_table_documents_every_field():
-    """Every Settings field has exactly one row (env var, default, allowed, doc) in the table."""
-    fields = {f for f in config.Settings.__dataclass_fields__ if f != "dest_explicit"}
+    """Every Settings field has exactly one row (env var, default, allowed, doc) in the table;
+    the only others say whether a setting was set explicitly (``dest_explicit``)."""
+    every = set(config.Settings.__dataclass_fields__)
+    explicit = {f for f in every if f.endswith("_explicit")}
+    fields = every - explicit
+    assert {f.removesuffix("_explicit") for f in explicit} <= fields
     assert {s.field for s in config.SETTINGS} == fields
     for row in config.settings_table():
         assert row["env"].startswith("OTEL_") and row["doc"] and row["allowed"]
