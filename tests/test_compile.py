@@ -451,6 +451,64 @@ def test_a_compile_beside_eager_threads_keeps_both_correct(
     assert all(s.parent is not None and s.parent.span_id in by_id for s in scales)
 
 
+@pytest.mark.transformers
+def test_a_tiny_gpt2_compiles_beside_eager_threads(otel_gpu_spans, gpt2_reference):
+    """The same with a transformers GPT2 instrumented whole (level 3, aot_eager): the compile
+    succeeds with no graph break, gives the eager logits, and each run is one compiled span per
+    submodule call, while the eager threads' spans keep their arguments."""
+    import threading
+
+    import tiny_models
+
+    spans = otel_gpu_spans(level=3)
+    ids, mask, expected = gpt2_reference
+    model = tiny_models.gpt2()
+    otel_gpu.instrument_module(model)
+    with torch.no_grad():
+        model(ids, attention_mask=mask)
+    per_forward = sorted(s.name for s in spans.get())  # one span per submodule called
+    spans.clear()
+
+    @otel_gpu.api
+    def served(x):
+        return x + 1
+
+    stop = threading.Event()
+    eager_calls = [0, 0, 0]
+
+    def serve(i: int) -> None:
+        x = torch.ones(8)
+        while not stop.is_set():
+            served(x)
+            eager_calls[i] += 1
+
+    threads = [threading.Thread(target=serve, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    try:
+        compiled = _compile(model, "aot_eager")
+        with torch.no_grad():
+            for _ in range(2):
+                torch.testing.assert_close(
+                    compiled(ids, attention_mask=mask).logits, expected, rtol=1e-4, atol=1e-5
+                )
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert _graph_breaks() == 0
+    got = spans.get()
+    eager = [s for s in got if s.name.endswith(".served")]
+    assert len(eager) == sum(eager_calls)
+    assert all(
+        "otel_gpu.input.x.shape" in s.attributes and not s.attributes.get("otel_gpu.compiled")
+        for s in eager
+    )
+    compiled_spans = [s for s in got if not s.name.endswith(".served")]
+    assert sorted(s.name for s in compiled_spans) == sorted(per_forward * 2)
+    assert all(s.attributes["otel_gpu.compiled"] is True for s in compiled_spans)
+
+
 MODEL = """
 import torch
 import otel_gpu
