@@ -3,6 +3,8 @@ per runtime call of every decorated function inside the graph, nested as called.
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import warnings
 
 import pytest
@@ -45,6 +47,35 @@ def _compile(fn, backend):
 
 # torch's own: inductor compiles raise it with or without otel-gpu (checked with a bare model)
 _TORCH_OWN = ("`torch.jit.script_method` is deprecated",)
+
+
+@contextlib.contextmanager
+def _eager_threads(n: int = 3):
+    """``n`` threads calling a decorated ``served(x)`` eagerly at full speed until the block
+    ends; yields the list of their call counts (final once the block has ended)."""
+
+    @otel_gpu.api
+    def served(x):
+        return x + 1
+
+    stop = threading.Event()
+    calls = [0] * n
+
+    def serve(i: int) -> None:
+        x = torch.ones(8)
+        while not stop.is_set():
+            torch.testing.assert_close(served(x), x + 1)
+            calls[i] += 1
+
+    threads = [threading.Thread(target=serve, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    try:
+        yield calls
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
 
 
 def _otel_warnings(caught) -> list[str]:
@@ -404,39 +435,16 @@ def test_a_compile_beside_eager_threads_keeps_both_correct(
     is lost and no internal error happens (strict mode). ``torch.compiler.is_compiling()`` is
     true on every thread while any thread compiles: eager calls took the compiled path, lost
     their arguments and spans, and broke the compile's guards."""
-    import threading
-
     spans = otel_gpu_spans(level=level)
     lib = module_factory(LIB)
-
-    @otel_gpu.api
-    def served(x):
-        return x + 1
-
-    stop = threading.Event()
-    eager_calls = [0, 0, 0]
-
-    def serve(i: int) -> None:
-        x = torch.ones(8)
-        while not stop.is_set():
-            torch.testing.assert_close(served(x), x + 1)
-            eager_calls[i] += 1
-
-    threads = [threading.Thread(target=serve, args=(i,)) for i in range(3)]
-    for t in threads:
-        t.start()
     compiled_runs = 0
-    try:
+    with _eager_threads() as eager_calls:
         for _ in range(3):  # each a fresh compile while the threads run
             compiled = _compile(lib.block, backend)
             x, y = torch.randn(4), torch.randn(4)
             for _ in range(2):
                 torch.testing.assert_close(compiled(x, y), x * 2 + y.sin())
                 compiled_runs += 1
-    finally:
-        stop.set()
-        for t in threads:
-            t.join()
     got = spans.get()
     eager = [s for s in got if s.name.endswith(".served")]
     assert len(eager) == sum(eager_calls)
@@ -456,8 +464,6 @@ def test_a_tiny_gpt2_compiles_beside_eager_threads(otel_gpu_spans, gpt2_referenc
     """The same with a transformers GPT2 instrumented whole (level 3, aot_eager): the compile
     succeeds with no graph break, gives the eager logits, and each run is one compiled span per
     submodule call, while the eager threads' spans keep their arguments."""
-    import threading
-
     import tiny_models
 
     spans = otel_gpu_spans(level=3)
@@ -468,34 +474,13 @@ def test_a_tiny_gpt2_compiles_beside_eager_threads(otel_gpu_spans, gpt2_referenc
         model(ids, attention_mask=mask)
     per_forward = sorted(s.name for s in spans.get())  # one span per submodule called
     spans.clear()
-
-    @otel_gpu.api
-    def served(x):
-        return x + 1
-
-    stop = threading.Event()
-    eager_calls = [0, 0, 0]
-
-    def serve(i: int) -> None:
-        x = torch.ones(8)
-        while not stop.is_set():
-            served(x)
-            eager_calls[i] += 1
-
-    threads = [threading.Thread(target=serve, args=(i,)) for i in range(3)]
-    for t in threads:
-        t.start()
-    try:
+    with _eager_threads() as eager_calls:
         compiled = _compile(model, "aot_eager")
         with torch.no_grad():
             for _ in range(2):
                 torch.testing.assert_close(
                     compiled(ids, attention_mask=mask).logits, expected, rtol=1e-4, atol=1e-5
                 )
-    finally:
-        stop.set()
-        for t in threads:
-            t.join()
     assert _graph_breaks() == 0
     got = spans.get()
     eager = [s for s in got if s.name.endswith(".served")]
