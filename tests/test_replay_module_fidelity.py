@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import tiny_models
 import torch
 
 import otel_gpu
@@ -26,28 +27,11 @@ pytestmark = [pytest.mark.transformers, pytest.mark.usefixtures("fresh_module_st
 TARGET = "transformers.models.gemma3.modeling_gemma3"
 
 
-def _gemma3():
-    from transformers import Gemma3TextConfig, Gemma3TextModel
-
-    cfg = Gemma3TextConfig(
-        vocab_size=64,
-        hidden_size=64,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=32,
-        max_position_embeddings=64,
-    )
-    torch.manual_seed(0)
-    return Gemma3TextModel(cfg).eval()
-
-
 def _record(otel_gpu_spans, tmp_path, part):
     """One call of one of the model's modules (``embed`` or ``mlp``), recorded with its module."""
     root = tmp_path / "d"
     otel_gpu_spans(level=10, dump_dir=str(root), dump_modules=True)
-    model = _gemma3()
+    model = tiny_models.gemma3()
     assert float(model.embed_tokens.embed_scale) == 8.0  # sqrt(hidden_size), not the default 1
     otel_gpu.instrument(TARGET)
     gen = torch.Generator().manual_seed(1)

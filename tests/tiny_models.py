@@ -38,6 +38,25 @@ def llama() -> Any:
     return LlamaForCausalLM(cfg).eval()
 
 
+def gemma3() -> Any:
+    """A one-layer Gemma3 text model: its embedding scales by sqrt(hidden_size), a constructor
+    argument kept as a non-persistent buffer."""
+    from transformers import Gemma3TextConfig, Gemma3TextModel
+
+    cfg = Gemma3TextConfig(
+        vocab_size=64,
+        hidden_size=64,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=32,
+        max_position_embeddings=64,
+    )
+    torch.manual_seed(0)
+    return Gemma3TextModel(cfg).eval()
+
+
 def inputs() -> tuple[torch.Tensor, torch.Tensor]:
     ids = torch.randint(1, 1000, (2, 8), generator=torch.Generator().manual_seed(1))
     return ids, torch.ones_like(ids)
