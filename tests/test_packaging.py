@@ -1,14 +1,21 @@
-"""Packaging: `exporters/` ships as `otel_gpu.exporters` in wheels and editable installs alike."""
+"""Packaging: `exporters/` ships as `otel_gpu.exporters` in wheels and editable installs alike,
+and a wheel holds every package of the source tree.
+
+The tests import otel-gpu from the source tree (an editable install), so a package missing from
+pyproject's list goes unnoticed until someone installs a wheel: the first run on a GPU machine
+found ``otel_gpu.metrics`` missing that way."""
 
 from __future__ import annotations
 
 import importlib.metadata
 import pathlib
+import shutil
 import subprocess
 import sys
 import zipfile
 
 import pytest
+import tomllib
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -78,3 +85,65 @@ def test_wheel_contains_otel_gpu_exporters_and_no_top_level_exporters(tmp_path):
     entry = next(n for n in names if n.endswith("entry_points.txt"))
     text = zipfile.ZipFile(wheel).read(entry).decode()
     assert "[opentelemetry_traces_exporter]" in text and "[opentelemetry_resource_detector]" in text
+
+
+def _tree_packages() -> set[str]:
+    found = {"otel_gpu.exporters"}
+    for init in (ROOT / "otel_gpu").rglob("__init__.py"):
+        if "__pycache__" not in init.parts:
+            found.add(".".join(init.parent.relative_to(ROOT).parts))
+    return found
+
+
+def test_every_package_of_the_tree_is_listed_in_pyproject():
+    """A folder with an ``__init__.py`` under otel_gpu/ that pyproject does not list is left out of
+    every wheel: the list must name exactly the tree's packages."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert set(config["packages"]) == _tree_packages()
+    assert config["package-dir"]["otel_gpu.exporters"] == "exporters"
+
+
+@pytest.mark.slow
+def test_the_wheel_holds_every_module_of_the_tree(tmp_path):
+    """The wheel built from the tree holds every module of otel_gpu/ and exporters/ (the latter as
+    otel_gpu/exporters/), and the bootstrap file of ``otel-gpu run``."""
+    # from a copy: a stale build/ folder in the tree would otherwise lend the wheel its files
+    src = tmp_path / "src"
+    skip = shutil.ignore_patterns("__pycache__", "*.egg-info")
+    for name in ("otel_gpu", "exporters"):
+        shutil.copytree(ROOT / name, src / name, ignore=skip)
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src / name)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "-w",
+            str(tmp_path),
+            str(src),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (wheel,) = tmp_path.glob("otel_gpu-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    expected = {
+        str(p.relative_to(ROOT))
+        for p in (ROOT / "otel_gpu").rglob("*.py")
+        if "__pycache__" not in p.parts
+    }
+    expected |= {
+        "otel_gpu/exporters/" + str(p.relative_to(ROOT / "exporters"))
+        for p in (ROOT / "exporters").rglob("*.py")
+        if "__pycache__" not in p.parts
+    }
+    assert expected - names == set()
+    assert "otel_gpu/py.typed" in names
