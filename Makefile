@@ -14,7 +14,7 @@ TEST_CONSTRAINTS ?= .ci/constraints-test.txt
 PHOENIX_CONSTRAINTS ?= .ci/constraints-phoenix.txt
 LATEST_VENV ?= .ci/.latest-venv
 
-.PHONY: demo test test-quick test-gpu test-latest install install-test lint lock
+.PHONY: demo test test-quick test-gpu test-latest install install-test lint lock gpu-kit
 
 install:
 	@$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install torch==2.13.0
@@ -57,6 +57,12 @@ test-quick: install-test
 test-gpu: install-test
 	@$(PYTHON) -c "import torch; print('==> the GPU suite on', torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no CUDA device: every test is skipped')"
 	$(PYTHON) -m pytest tests/gpu -v -rs -p no:cacheprovider --benchmark-disable
+
+## gpu-kit: the wheels a GPU machine with no network lacks (CPython 3.12, manylinux x86_64;
+## GPU_KIT_PYTHON=3.11 for another), into .gpu-kit/; there, `bash tests/gpu/run.sh` runs the
+## GPU suite on the machine's own torch (docs/gpu.md)
+gpu-kit:
+	PYTHON=$(PYTHON) bash .ci/gpu-kit.sh
 
 ## test-latest: the tests (without Phoenix) on the newest releases of every test dependency,
 ## unpinned, in a virtualenv of its own ($(LATEST_VENV)): shows the day an upstream release breaks
