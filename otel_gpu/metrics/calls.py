@@ -9,6 +9,10 @@ exemplar, and a latency spike on a dashboard links to the span that caused it.
 
 The counters are summed per chunk (one ``add`` per function and chunk, not per call); the
 histogram takes one ``record`` per call, which the exemplars need.
+
+A call whose span carries its device time (``otel_gpu.device.duration``, set on the call's span
+before the span is built) is also recorded in the device histogram, with the same attributes
+and exemplar; a resolver that learns it later calls :meth:`CallMetrics.record_device`.
 """
 
 from __future__ import annotations
