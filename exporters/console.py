@@ -181,6 +181,49 @@ def _dump_lines(attrs: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+_DEVICE_DURATION = "otel_gpu.device.duration"  # seconds of the call's GPU work (device time)
+_DEVICE_UNRESOLVED = "otel_gpu.device.unresolved"  # its GPU work had not finished in time
+
+
+def _took(attrs: Mapping[str, Any], host_ms: float) -> str:
+    """``0.050 ms`` (host), or ``device 12.300 ms (host 0.010 ms)`` where the span has device time."""
+    device = attrs.get(_DEVICE_DURATION)
+    if (type(device) is float or type(device) is int) and math.isfinite(device) and device >= 0:
+        return f"device {device * 1e3:.3f} ms (host {host_ms:.3f} ms)"
+    if attrs.get(_DEVICE_UNRESOLVED) is True:
+        return f"{host_ms:.3f} ms (host; device time unresolved)"
+    return f"{host_ms:.3f} ms"
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):.1f} MiB"
+
+
+def _memory_line(attrs: Mapping[str, Any]) -> str:
+    """``memory: +64.0 MiB allocated, peak 1024.0 MiB``; on an out-of-memory error the
+    allocator's summary. Empty when the span has no memory attribute (level < 3, no CUDA)."""
+    parts = []
+    delta = attrs.get(attr.MEMORY_ALLOCATED_DELTA)
+    if type(delta) is int:
+        parts.append(f"{delta / (1 << 20):+.1f} MiB allocated")
+    peak = attrs.get(attr.MEMORY_PEAK)
+    if type(peak) is int:
+        parts.append(f"peak {_mib(peak)}")
+    summary = [
+        f"{label} {_mib(value)}"
+        for key, label in (
+            (attr.MEMORY_RESERVED, "reserved"),
+            (attr.MEMORY_ALLOCATED, "allocated"),
+            (attr.MEMORY_LARGEST_FREE_BLOCK, "largest free block"),
+            (attr.MEMORY_DEVICE_FREE, "device free"),
+        )
+        if type(value := attrs.get(key)) is int
+    ]
+    if summary:
+        parts.append("out of memory: " + ", ".join(summary))
+    return "memory: " + ", ".join(parts) if parts else ""
+
+
 def _timestamp(ns: int | None) -> str:
     if not ns:
         return "?"
@@ -287,12 +330,14 @@ class ConsoleSpanExporter(SpanExporter):
             lines.append("  " + s.red("⚠ NaN/Inf found in this call's tensors"))
         # Here, not in the ▶ block: the recorder names the directory after the ▶ block is printed.
         lines.extend(_dump_lines(attrs))
+        memory = _memory_line(attrs)
+        if memory:
+            lines.append("  " + (s.red(memory) if "out of memory" in memory else s.dim(memory)))
+        took = s.dim(_took(attrs, duration))
         if span.status.status_code is StatusCode.ERROR:
-            lines.append(
-                f"  {s.red('✘ ERROR')} {printable(span.status.description or '')}  {s.dim(f'{duration:.3f} ms')}"
-            )
+            lines.append(f"  {s.red('✘ ERROR')} {printable(span.status.description or '')}  {took}")
         else:
-            lines.append(f"  {s.green('✔ OK')}  {s.dim(f'{duration:.3f} ms')}")
+            lines.append(f"  {s.green('✔ OK')}  {took}")
         return "\n".join(lines) + "\n"
 
     def _header(self, resource: Any) -> str:

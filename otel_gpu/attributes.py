@@ -45,6 +45,16 @@ DUMP_OUTPUTS_UNSUPPORTED = "otel_gpu.dump.outputs_unsupported"  # the parts not 
 # --- Ring, level >= 3 with OTEL_GPU_RING ---
 RING_DUMP_DIR = "otel_gpu.ring.dump.dir"  # the ring dump this call triggered
 
+# --- Memory per call (calls/memory.py), level >= 3 where CUDA is initialised ---
+MEMORY_PREFIX = "otel_gpu.device.memory."  # every otel_gpu.device.memory.* key below
+MEMORY_ALLOCATED_DELTA = "otel_gpu.device.memory.allocated_delta"  # bytes allocated after - before
+MEMORY_PEAK = "otel_gpu.device.memory.peak"  # outermost call that raised the high-water mark
+MEMORY_RESERVED = "otel_gpu.device.memory.reserved"  # out of memory: allocator's reserved bytes
+MEMORY_ALLOCATED = "otel_gpu.device.memory.allocated"  # out of memory: allocated bytes
+MEMORY_LARGEST_FREE_BLOCK = "otel_gpu.device.memory.largest_free_block"  # out of memory
+MEMORY_DEVICE_FREE = "otel_gpu.device.memory.device_free"  # out of memory: driver's free bytes
+MEMORY_DEVICE_TOTAL = "otel_gpu.device.memory.device_total"  # out of memory: the device's size
+
 # --- Modules (instrument_module) ---
 MODULE_PREFIX = "otel_gpu.module."  # every otel_gpu.module.* key below
 MODULE_CLASS = "otel_gpu.module.class"  # <module>.<qualname> of the submodule's class

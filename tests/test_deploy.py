@@ -427,6 +427,17 @@ METRICS_CONTRACT: dict[str, tuple[str, str, frozenset[str]]] = {
             }
         ),
     ),
+    "otel_gpu.call.device.duration": (
+        "histogram",
+        "s",
+        frozenset(
+            {
+                "otel_gpu_call_device_duration_seconds_bucket",
+                "otel_gpu_call_device_duration_seconds_sum",
+                "otel_gpu_call_device_duration_seconds_count",
+            }
+        ),
+    ),
     "otel_gpu.calls": ("counter", "{call}", frozenset({"otel_gpu_calls_total"})),
     "otel_gpu.call.errors": ("counter", "{call}", frozenset({"otel_gpu_call_errors_total"})),
     "otel_gpu.call.nonfinite": ("counter", "{call}", frozenset({"otel_gpu_call_nonfinite_total"})),
@@ -652,6 +663,8 @@ def test_dashboard_queries_only_the_contract_metrics_and_labels() -> None:
     shown = PROMETHEUS_METRICS - {
         "otel_gpu_call_duration_seconds_sum",
         "otel_gpu_call_duration_seconds_count",
+        "otel_gpu_call_device_duration_seconds_sum",
+        "otel_gpu_call_device_duration_seconds_count",
     }
     assert used >= shown, shown - used
     typo = 'sum by (code_function_nme) (rate(otel_gpu_calls_totl{job=~"$service"}[5m]))'

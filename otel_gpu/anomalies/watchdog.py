@@ -119,7 +119,7 @@ class Watchdog:
         span = self._span(call, thread_id, seconds)
         ctx = call.span.get_span_context()
         _guard.logger.warning(
-            "otel-gpu: %s (span %016x, trace %032x) has been running for %.1f s "
+            "otel-gpu: %s (span %016x, trace %032x) has been running for %.1f s of host time "
             "(OTEL_GPU_STUCK_AFTER=%g); its thread's stack and every other thread's are in "
             "the span %r",
             call.plan.name,

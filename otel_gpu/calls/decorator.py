@@ -30,7 +30,7 @@ from otel_gpu.attributes import (
     STATS_INF_COUNT,
     STATS_NAN_COUNT,
 )
-from otel_gpu.calls import _context, compiled, metadata, record, stats
+from otel_gpu.calls import _context, compiled, memory, metadata, record, stats
 from otel_gpu.calls.record import Call, CallSpan
 from otel_gpu.devices import cuda
 from otel_gpu.export import pipeline
@@ -86,6 +86,7 @@ class _Plan:
         "instrumented",
         "level",
         "max_items",
+        "memory",
         "module",
         "name",
         "on_nonfinite",
@@ -150,6 +151,8 @@ class _Plan:
         self.capture_stats: Callable[[], bool] | None = None
         if self.level >= 5:
             self.capture_stats = cuda.is_capturing if cuda.cuda_available() else None
+        # Memory per call: only where CUDA exists, decided now (no per-call cost without it)
+        self.memory = self.level >= 3 and cuda.cuda_available()
 
 
 class _Shape:
@@ -344,6 +347,7 @@ def _make_wrapper(
     level = plan.level
     get_pipeline = pipeline.get
     internal = _guard.internal_error
+    reads_memory = plan.memory
 
     def before(call: Call, pipe: pipeline.Pipeline, args: tuple, kwargs: dict) -> list | None:
         """Work before the call runs: inputs captured and stats launched (level 3+), observers told."""
@@ -363,9 +367,20 @@ def _make_wrapper(
                 observer.start(call)
             except BaseException as exc:  # user hooks run here
                 internal("observer", exc)
+        if reads_memory:  # last, so nothing of otel-gpu's own is counted in the call's memory
+            try:
+                call.memory = memory.begin()
+            except BaseException as exc:
+                internal("memory", exc)
         return pending
 
     def after(call: Call, pipe: pipeline.Pipeline, result: Any, pending: list | None) -> None:
+        if reads_memory:  # first, before the output statistics allocate
+            try:
+                memory.end(call, getattr(call, "memory", None))
+            except BaseException as exc:
+                internal("memory", exc)
+            call.memory = None
         if level >= 3 and call.exc is None:
             tensors: list | None = [] if level >= 5 else None
             try:

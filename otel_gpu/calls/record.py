@@ -226,6 +226,7 @@ class Call:
         "end_ns",
         "exc",
         "inputs",
+        "memory",  # set only where memory is read (calls/memory.py): no per-call cost elsewhere
         "outputs",
         "parent",
         "plan",
@@ -236,6 +237,8 @@ class Call:
         "tb",
         "token",
     )
+
+    memory: Any  # the allocator's counters at the start (calls/memory.py); not set elsewhere
 
     def __init__(
         self, plan: Any, span: CallSpan, parent: SpanContext | None, start_ns: int

@@ -9,18 +9,24 @@ exemplar, and a latency spike on a dashboard links to the span that caused it.
 
 The counters are summed per chunk (one ``add`` per function and chunk, not per call); the
 histogram takes one ``record`` per call, which the exemplars need.
+
+A call whose span carries its device time (``otel_gpu.device.duration``, set on the call's span
+before the span is built) is also recorded in the device histogram, with the same attributes
+and exemplar; a resolver that learns it later calls :meth:`CallMetrics.record_device`.
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry.context import Context
 from opentelemetry.trace import NonRecordingSpan, set_span_in_context
 
 from otel_gpu.metrics.names import (
+    CALL_DEVICE_DURATION,
     CALL_DURATION,
     CALL_ERRORS,
     CALL_NONFINITE,
@@ -59,6 +65,14 @@ class CallMetrics:
             CALL_DURATION.name,
             unit=CALL_DURATION.unit,
             description=CALL_DURATION.description,
+            explicit_bucket_boundaries_advisory=list(DURATION_BUCKETS),
+        )
+        # Beside the host histogram, same attributes and buckets: recorded for a call whose span
+        # carries its device time (resolved before the span is built, see record())
+        self.device_duration = meter.create_histogram(
+            CALL_DEVICE_DURATION.name,
+            unit=CALL_DEVICE_DURATION.unit,
+            description=CALL_DEVICE_DURATION.description,
             explicit_bucket_boundaries_advisory=list(DURATION_BUCKETS),
         )
         self.calls = meter.create_counter(
@@ -113,12 +127,22 @@ class CallMetrics:
             if checks:
                 nonfinite = bool(call.stats) and any(r.nonfinite for r in call.stats)
                 tally.checked(attrs, nonfinite)
-            record(
-                (call.end_ns - call.start_ns) / 1e9,
-                point,
-                context=set_span_in_context(NonRecordingSpan(call.span.get_span_context()), _EMPTY),
-            )
+            context = set_span_in_context(NonRecordingSpan(call.span.get_span_context()), _EMPTY)
+            record((call.end_ns - call.start_ns) / 1e9, point, context=context)
+            extra = call.span.attributes  # None for most calls: one read per call
+            if extra:
+                seconds = device_seconds(extra)
+                if seconds is not None:
+                    self.device_duration.record(seconds, point, context=context)
         tally.flush(self)
+
+    def record_device(self, call: Call, seconds: float) -> None:
+        """Record the device time of a call whose span is already counted (export thread), for
+        a resolver that learns it after the span was built; exemplar as in :meth:`record`."""
+        attrs = (self._function.get(call.plan) or self._plan(call.plan))[0]
+        point = attrs if call.exc is None else self._error(attrs, type(call.exc))
+        context = set_span_in_context(NonRecordingSpan(call.span.get_span_context()), _EMPTY)
+        self.device_duration.record(seconds, point, context=context)
 
     def record_unsampled(self, queue: deque[tuple[Any, int, Any]]) -> None:
         """Record the calls the head sampler dropped, taken off ``queue`` (export thread): the
@@ -133,6 +157,18 @@ class CallMetrics:
             tally.add(attrs, point)
             record(duration_ns / 1e9, point, context=_EMPTY)
         tally.flush(self)
+
+
+DEVICE_DURATION = "otel_gpu.device.duration"  # the span's device time, seconds (a float)
+
+
+def device_seconds(attrs: Mapping[str, Any]) -> float | None:
+    """A span's ``otel_gpu.device.duration`` when it is a finite number of seconds ≥ 0, else
+    None (an unresolved span has none)."""
+    value = attrs.get(DEVICE_DURATION)
+    if (type(value) is float or type(value) is int) and math.isfinite(value) and value >= 0:
+        return float(value)
+    return None
 
 
 class _Tally:

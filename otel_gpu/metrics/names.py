@@ -32,6 +32,12 @@ CALL_DURATION = Metric(
     "s",
     "Duration of decorated calls, as the span's (host wall-clock, call start to return).",
 )
+CALL_DEVICE_DURATION = Metric(
+    "otel_gpu.call.device.duration",
+    "s",
+    "GPU time of decorated calls (otel_gpu.device.duration on the span): from the call's first "
+    "to its last work on the device stream, for the calls whose device time was measured.",
+)
 CALLS = Metric("otel_gpu.calls", "{call}", "Decorated calls that ended (returned or raised).")
 CALL_ERRORS = Metric("otel_gpu.call.errors", "{call}", "Decorated calls that raised.")
 CALL_NONFINITE = Metric(

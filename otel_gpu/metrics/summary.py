@@ -15,7 +15,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from otel_gpu._text import printable
 from otel_gpu.config import expand_path
-from otel_gpu.metrics.names import CALL_DURATION, CALL_NONFINITE, FUNCTION
+from otel_gpu.metrics.names import CALL_DEVICE_DURATION, CALL_DURATION, CALL_NONFINITE, FUNCTION
 
 if TYPE_CHECKING:
     from otel_gpu.export.pipeline import Pipeline
@@ -51,7 +51,7 @@ def _duration(seconds: float | None) -> str:
 
 
 class _Row:
-    __slots__ = ("bounds", "buckets", "calls", "errors", "max", "nonfinite")
+    __slots__ = ("bounds", "buckets", "calls", "device", "errors", "max", "nonfinite")
 
     def __init__(self) -> None:
         self.calls = 0
@@ -60,6 +60,7 @@ class _Row:
         self.max = 0.0
         self.bounds: tuple[float, ...] = ()
         self.buckets: list[int] = []
+        self.device: _Row | None = None  # the device-time histogram's, where calls have one
 
 
 def _rows(data: Any) -> dict[str, _Row]:
@@ -69,11 +70,14 @@ def _rows(data: Any) -> dict[str, _Row]:
     for rm in getattr(data, "resource_metrics", None) or ():
         for sm in rm.scope_metrics:
             for metric in sm.metrics:
-                if metric.name not in (CALL_DURATION.name, CALL_NONFINITE.name):
+                if metric.name not in _READ:
                     continue
                 for point in metric.data.data_points:
                     attrs = point.attributes or {}
                     row = rows.setdefault(str(attrs.get(FUNCTION, "?")), _Row())
+                    if metric.name == CALL_DEVICE_DURATION.name:
+                        row.device = row.device or _Row()
+                        row = row.device
                     if metric.name == CALL_NONFINITE.name:
                         row.nonfinite = (row.nonfinite or 0) + int(point.value)
                         continue
@@ -90,19 +94,28 @@ def _rows(data: Any) -> dict[str, _Row]:
     return rows
 
 
+_READ = (CALL_DURATION.name, CALL_DEVICE_DURATION.name, CALL_NONFINITE.name)
+
+
 def render(data: Any) -> str:
     """The table for one collection, or "" when no call was recorded."""
     rows = _rows(data)
     if not rows:
         return ""
     width = min(max(len(name) for name in rows), 60)
+    device = any(r.device is not None for r in rows.values())
     header = (
         f"{'function':<{width}}  {'calls':>9}  {'errors':>7}  {'NaN/Inf':>7}  "
         f"{'p50':>10}  {'p99':>10}  {'max':>10}"
+    ) + (f"  {'dev calls':>9}  {'dev p50':>10}  {'dev p99':>10}" if device else "")
+    clocks = (
+        "p50/p99/max: host time; dev: device time of the calls that have it"
+        if device
+        else "p50/p99/max: host time"
     )
     lines = [
         f"otel-gpu metrics: {sum(r.calls for r in rows.values())} calls of "
-        f"{len(rows)} function(s) (p50/p99: upper bound of the histogram bucket; "
+        f"{len(rows)} function(s) ({clocks}; p50/p99: upper bound of the histogram bucket; "
         "NaN/Inf '-': not checked, level < 5)",
         header,
     ]
@@ -119,9 +132,21 @@ def render(data: Any) -> str:
             f"{'-' if row.nonfinite is None else row.nonfinite:>7}  "
             f"{'≤ ' + _duration(p50) if p50 is not None else '-':>10}  "
             f"{'≤ ' + _duration(p99) if p99 is not None else '-':>10}  "
-            f"{_duration(row.max):>10}"
+            f"{_duration(row.max):>10}" + (_device_columns(row.device) if device else "")
         )
     return "\n".join(lines) + "\n"
+
+
+def _device_columns(row: _Row | None) -> str:
+    if row is None:
+        return f"  {0:>9}  {'-':>10}  {'-':>10}"
+    counts = tuple(row.buckets)
+    p50 = bucket_quantile(0.5, row.bounds, counts)
+    p99 = bucket_quantile(0.99, row.bounds, counts)
+    return (
+        f"  {row.calls:>9}  {'≤ ' + _duration(p50) if p50 is not None else '-':>10}  "
+        f"{'≤ ' + _duration(p99) if p99 is not None else '-':>10}"
+    )
 
 
 class Summary:

@@ -52,7 +52,7 @@ from otel_gpu.attributes import (
     STUCK_SPAN_NAME,
     STUCK_THREAD,
 )
-from otel_gpu.traces import reader
+from otel_gpu.traces import device, reader
 
 __all__ = ["EXIT_AGREE", "EXIT_FOUND", "EXIT_USAGE", "Report", "analyse", "load", "ranks"]
 
@@ -87,6 +87,8 @@ class Call:
     members: tuple[int, ...] = ()
     seq: int | None = None
     signature: dict[str, Any] = field(default_factory=dict)  # input shapes and dtypes
+    device: float | None = None  # seconds of its GPU work, where the span has device time
+    unresolved: bool = False  # its GPU work had not finished when its span was exported
 
 
 @dataclass
@@ -165,9 +167,9 @@ def _line(payload: Any, where: str, position: int, ranks: dict[int, Rank]) -> No
 
 
 def _wanted(key: str) -> bool:
-    return key.startswith((COLLECTIVE_PREFIX, "otel_gpu.stuck", RECOVERED)) or (
-        key.startswith(INPUT_PREFIX) and key.endswith((".shape", ".dtype"))
-    )
+    return key.startswith(
+        (COLLECTIVE_PREFIX, "otel_gpu.stuck", RECOVERED, device.DEVICE_PREFIX)
+    ) or (key.startswith(INPUT_PREFIX) and key.endswith((".shape", ".dtype")))
 
 
 def _span(raw: dict[str, Any], where: str, rank: Rank) -> None:
@@ -192,6 +194,8 @@ def _span(raw: dict[str, Any], where: str, rank: Rank) -> None:
         end=base.end,
         completed=attrs.get(RECOVERED) is not True,
         error=base.error,
+        device=device.seconds(attrs),
+        unresolved=device.unresolved(attrs),
     )
     op = attrs.get(COLLECTIVE_OP)
     if isinstance(op, str):
@@ -355,7 +359,7 @@ def _wavefront(
             if not missing:
                 continue
         some = next(iter(calls.values()))
-        waited = _waited(calls.values(), ranks)
+        waited, clock = _waited(calls.values(), ranks)
         out["completed"] = _point(completed, line)
         out["stalled"] = {
             "seq": number,
@@ -363,6 +367,8 @@ def _wavefront(
             "entered": sorted(calls),
             "missing": missing,
             "waited_s": waited,
+            "waited_time": clock,
+            "device_unresolved": sorted(r for r, c in calls.items() if c.unresolved),
         }
         out["behind"] = [_where(ranks.get(m), m) for m in missing]
         return out
@@ -379,15 +385,22 @@ def _point(number: int | None, line: dict[int, dict[int, Call]]) -> dict[str, An
     return {"seq": number, "call": some.op or some.name}
 
 
-def _waited(calls: Iterable[Call], ranks: dict[int, Rank]) -> float:
-    """How long the ranks that entered have waited in it: the longest of their stuck reports
-    and, for a call in flight when its process died, its start to the process's last heartbeat."""
-    longest = 0.0
+def _waited(calls: Iterable[Call], ranks: dict[int, Rank]) -> tuple[float, str]:
+    """How long the ranks that entered have waited in it, and on which clock (``host`` or
+    ``device``): the longest of their stuck reports, of their calls' host durations (for a call
+    in flight when its process died, its start to the process's last heartbeat) and of their
+    calls' device times (a collective launched asynchronously returns at once on the host while
+    its kernel waits on the GPU for the other ranks)."""
+    longest, clock = 0.0, "host"
     for call in calls:
         report = ranks[call.rank].stuck.get(call.span_id)
         reported = report[1] if report is not None else 0.0
-        longest = max(longest, (call.end - call.start) / 1e9, reported)
-    return round(longest, 3)
+        host = max((call.end - call.start) / 1e9, reported)
+        if host > longest:
+            longest, clock = host, "host"
+        if call.device is not None and call.device > longest:
+            longest, clock = call.device, "device"
+    return round(longest, 3), clock
 
 
 def _where(rank: Rank | None, number: int) -> dict[str, Any]:
@@ -524,8 +537,14 @@ def _print(report: Report, out: IO[str]) -> None:
         say(
             f"  stalled at #{stalled['seq']} {stalled['call']}: entered by "
             f"{_ranks(stalled['entered'])}, never by {_ranks(stalled['missing'])}; "
-            f"the others have waited {stalled['waited_s']:.1f} s"
+            f"the others have waited {stalled['waited_s']:.1f} s "
+            f"({stalled.get('waited_time', 'host')} time)"
         )
+        if stalled.get("device_unresolved"):
+            say(
+                f"  device time unresolved on {_ranks(stalled['device_unresolved'])}: their GPU "
+                "work in it had not finished when their spans were exported"
+            )
         for behind in group["behind"]:
             if not behind["seen"]:
                 say(f"  rank {behind['rank']} is behind: no span of it in the files")
@@ -539,7 +558,8 @@ def _print(report: Report, out: IO[str]) -> None:
             if behind["open"]:
                 for call in behind["open"]:
                     say(
-                        f"    in flight: {call['name']} (span {call['span_id']}, {call['seconds']:.1f} s)"
+                        f"    in flight: {call['name']} (span {call['span_id']}, "
+                        f"{call['seconds']:.1f} s host time)"
                     )
             else:
                 say("    in flight: no otel-gpu call (it is in the program's own code)")

@@ -77,6 +77,7 @@ _SPAN_KEYS = (
     NONFINITE,
     DUMP_PREFIX,
     "otel_gpu.ring.dump.",
+    "otel_gpu.device.",  # device time and memory per call
     STUCK,
     EVENTS_OMITTED,
 )

@@ -24,6 +24,7 @@ from typing import IO, Any
 
 from otel_gpu import attributes as attr
 from otel_gpu._text import printable
+from otel_gpu.traces import device
 from otel_gpu.traces.reader import (
     Span,
     Trace,
@@ -309,12 +310,22 @@ def _tree(w: _Writer, traces: list[Trace], matched: set[Span] | None, limit: int
             stack.extend((c, inner, i == len(kids) - 1) for i, c in reversed(list(enumerate(kids))))
     fill(span for span, _, _ in rows if span is not None)  # attributes of the drawn spans only
     next_header = iter(headers)
+    clocks = device.Clocks()
     for drawn, prefix, last in rows:
         if drawn is None:
             w.line(*next(next_header))
             continue
         context = matched is not None and drawn not in matched
         w.line((prefix + ("└─ " if last else "├─ "), "dim"), *_describe(drawn, context))
+        clocks.add(device.seconds(drawn.attrs) is not None)
+    if clocks.device:  # a tree without device time says so in docs/show.md, not on each run
+        w.line(
+            (
+                f"durations: {clocks.label()} (device: otel_gpu.device.duration; "
+                "host: the span's start to end)",
+                "dim",
+            )
+        )
     if shown < total:
         w.line(
             (f"… {_n(total - shown, 'more span')} not shown (--limit {limit}; ", ""),
@@ -332,6 +343,9 @@ def _describe(span: Span, context: bool) -> list[Segment]:
     io = _io(span)
     if io:
         segments.append(("  " + io, ""))
+    memory = device.memory(span.attrs)
+    if memory:
+        segments.append(("  " + memory, "red" if span.error else "dim"))
     bad = _bad(span, "input") + _bad(span, "output")
     if bad:
         segments.append(("  NaN/Inf: " + ", ".join(bad), "bold red"))
@@ -345,7 +359,7 @@ def _describe(span: Span, context: bool) -> list[Segment]:
         segments.append((f"  ring dump {span.attrs[attr.RING_DUMP_DIR]}", "cyan"))
     if span.attrs.get(attr.STUCK):
         seconds = span.attrs.get(attr.STUCK_SECONDS, "?")
-        segments.append((f"  STUCK: running for {seconds} s when reported", "bold red"))
+        segments.append((f"  STUCK: running for {seconds} s (host time) when reported", "bold red"))
     if span.cycle:
         segments.append((f"  [root: parent {span.parent_id} would close a cycle]", "yellow"))
     elif span.parent is None and span.parent_id:
@@ -354,6 +368,17 @@ def _describe(span: Span, context: bool) -> list[Segment]:
 
 
 def _duration(span: Span) -> str:
+    """The device time where the span has it, with the host's beside it; else the host's."""
+    host = _host_duration(span)
+    measured = device.seconds(span.attrs)
+    if measured is not None:
+        return f"device {device.human(measured * 1e9)} (host {host})"
+    if device.unresolved(span.attrs):
+        return f"{host} (host; device time unresolved)"
+    return host
+
+
+def _host_duration(span: Span) -> str:
     ns = span.end - span.start
     if not span.start or not span.end or ns < 0:
         return "?"
