@@ -315,3 +315,75 @@ def test_a_forked_child_never_reuses_the_parents_events(otel_gpu_spans, module_f
     result = os.read(read, 1)
     os.waitpid(pid, 0)
     assert result == b"\x00"
+
+
+def test_each_read_replay_of_a_cuda_graph_carries_its_device_time(
+    otel_gpu_spans, fake, monkeypatch
+):
+    """Two reused events around each CUDA-graph replay; the reader thread, once the replay's
+    copy completed, puts the replay's device time on each of its spans."""
+    from test_cuda_graphs import _Capture, _captured, _FakeCopies, _gpu_runs
+
+    from otel_gpu.attributes import CUDA_GRAPH_REPLAY, CUDA_GRAPH_REPLAY_DEVICE_DURATION
+    from otel_gpu.devices import cuda, cuda_graphs
+
+    class FakeGraph:
+        def capture_begin(self, *args, **kwargs) -> None:
+            _Capture.on = fake.capturing = True
+
+        def capture_end(self) -> None:
+            _Capture.on = fake.capturing = False
+
+        def replay(self):
+            return None
+
+    copies = _FakeCopies()
+    monkeypatch.setattr(cuda, "cuda_available", lambda: True)
+    monkeypatch.setattr(cuda, "is_capturing", lambda: _Capture.on)
+    monkeypatch.setattr(cuda, "is_cuda_tensor", lambda t: True)
+    monkeypatch.setattr(cuda, "pinned_empty", copies.pinned_empty)
+    monkeypatch.setattr(cuda, "copy_to_host", copies.copy_to_host)
+    monkeypatch.setattr(cuda, "wait_copy", copies.wait_copy)
+    monkeypatch.setattr(cuda_graphs, "graph_class", lambda: FakeGraph)
+    spans = otel_gpu_spans(level=5, graph_stats_every=1)
+
+    @otel_gpu_api
+    def scale(x):
+        return x * 2
+
+    graph = FakeGraph()
+    x = torch.ones(3)
+    try:
+        with _captured(graph):
+            scale(x)
+        assert fake.records == 0  # nothing recorded into the capture
+        spans.get()
+        spans.clear()
+        created = []
+        for ms in (2.0, 5.0):
+            copies.gate = threading.Event()  # the reader waits until the device "ran" it
+            _gpu_runs(graph, [x, x * 2])
+            graph.replay()
+            start, end = fake.recorded[-2:]
+            now = time.time_ns()
+            fake.complete(start, now, 0.0)
+            fake.complete(end, now, ms)
+            copies.gate.set()
+            assert cuda_graphs.flush(5.0)
+            created.append(fake.created)
+        got = sorted(spans.get(), key=lambda s: s.attributes[CUDA_GRAPH_REPLAY])
+        assert [s.attributes[CUDA_GRAPH_REPLAY_DEVICE_DURATION] for s in got] == pytest.approx(
+            [0.002, 0.005]
+        )
+        assert created[0] == created[1]  # the second replay reused the first one's events
+    finally:
+        copies.gate = None
+        cuda_graphs.flush(5.0)
+        cuda_graphs.uninstall()
+        _Capture.on = False
+
+
+def otel_gpu_api(fn):
+    import otel_gpu
+
+    return otel_gpu.api(fn)

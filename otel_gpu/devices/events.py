@@ -126,7 +126,7 @@ class CudaEvents:
         cuda = self._cuda
         stream = self._streams.get(device)
         if stream is None:
-            stream = self._streams[device] = cuda.Stream(device=device)
+            stream = self._streams[device] = cuda.Stream(device=device, priority=-1)
         event = cuda.Event(enable_timing=True)
         before = time.time_ns()
         event.record(stream)  # an idle stream of our own: it runs at once
