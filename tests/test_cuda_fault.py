@@ -237,7 +237,7 @@ def test_the_crash_journal_keeps_the_suspect_for_recovery(otel_gpu_spans, module
     lib.step(1)
     fake.complete(fake.recorded[0], time.time_ns(), 0)
     _drain()
-    pairs = list(pipeline.current().device_time.active.values())
+    pairs = list(pipeline.current().device_time.active)
     suspect = format(pairs[0].call.span.span_id, "016x")
     fake.fail()
     with pytest.raises(RuntimeError):

@@ -76,10 +76,9 @@ def _name(pair: Pair) -> str:
 
 
 def find(pairs: list[Pair], device: int, error: str) -> Verdict:
-    """The verdict for ``device`` from the pending pairs' noted flags (record order)."""
-    pending = sorted(
-        (p for p in pairs if p.device == device and not p.end_seen), key=lambda p: p.seq
-    )
+    """The verdict for ``device`` from the pending pairs' noted flags (``pairs`` in record
+    order)."""
+    pending = [p for p in pairs if p.device == device and not p.end_seen]
     running = [p for p in pending if p.start_seen]
     if running and len({p.stream_id for p in running}) == 1:
         return Verdict(device, error, running[-1], [])  # the innermost open call

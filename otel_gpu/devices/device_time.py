@@ -23,7 +23,6 @@ Every query also notes what it saw (start reached, end reached) for the fault su
 from __future__ import annotations
 
 import collections
-import itertools
 import os
 import random
 import threading
@@ -69,7 +68,6 @@ class Pair:
         "name",
         "owner",
         "seen_ns",
-        "seq",
         "span_id",
         "start",
         "start_seen",
@@ -86,7 +84,6 @@ class Pair:
         self.stream: Any = None
         self.stream_id: int | str = 0
         self.device = 0
-        self.seq = 0
         self.ended = False  # the end event was recorded
         self.start_seen = False  # a query found the start event complete
         self.end_seen = False
@@ -113,21 +110,24 @@ class DeviceTime:
 
     def __init__(self, settings: Settings, pipeline: Pipeline, backend: events.EventBackend):
         self.backend = backend
+        self._record = backend.record
+        self._stream = backend.stream
         self.pipeline = pipeline
         self.wait = settings.device_time_wait
         self.force = settings.device_time == "on"  # measure without waiting for CUDA's init
         self.spans_from = {"auto": 3, "on": 1, "off": 99}[settings.device_spans]
         self.pid = os.getpid()
         self.free: list[Pair] = []
+        self._pop, self._push = self.free.pop, self.free.append
         self.created = 0
-        self.active: dict[int, Pair] = {}  # seq -> pair in use, in record order
+        # pairs in use, in record order (a dict keeps insertion order; set and del are atomic)
+        self.active: dict[Pair, None] = {}
         self.held: collections.deque[Call] = collections.deque()
         self.unmeasured = 0  # calls that found the pool empty
         self._noted = 0
         self.live = False
         self.broken = False  # a CUDA error: every query fails from now on
         self.faults: dict[int, cuda_fault.Verdict] = {}
-        self._seq = itertools.count(1)
         self._lock = threading.Lock()  # held, active's flags, calibration, faults
         self._grow_lock = threading.Lock()
         self._calibration: dict[int, tuple[int, Any, float]] = {}  # device -> host ns, ref, when
@@ -158,36 +158,39 @@ class DeviceTime:
             return pair
 
     def start(self, call: Call) -> None:
+        # Hot path (every call at level >= 1): bound methods, flags reset off the caller's
+        # thread when the pair is freed; ~0.6 µs with fake events (otel-gpu bench device_time).
         if not self.live and not self._go_live():
             return
         try:
-            pair: Pair | None = self.free.pop()  # list.pop/append are atomic under the GIL
+            pair: Pair | None = self._pop()  # list.pop/append are atomic under the GIL
         except IndexError:
             pair = self._grow()
         if pair is None:
             return
         try:
-            where = self.backend.stream()
+            where = self._stream()
             if where is None:  # capturing a CUDA graph: replays are timed instead
-                self.free.append(pair)
+                self._push(pair)
                 return
-            stream, pair.stream_id, pair.device = where
-            self.backend.record(pair.start, stream)
+            pair.stream, pair.stream_id, pair.device = where
+            self._record(pair.start, pair.stream)
         except Exception as exc:
-            self.free.append(pair)
+            self._push(pair)
             self._record_failed(exc)
             return
-        pair.stream = stream
         pair.call = call
-        pair.ended = pair.start_seen = pair.end_seen = False
-        pair.seq = seq = next(self._seq)
-        self.active[seq] = pair
+        self.active[pair] = None
         call.device = pair
 
     def end(self, call: Call) -> None:
         pair = call.device
         if pair is not None and not pair.ended:
-            self.record_end(pair)
+            pair.ended = True
+            try:
+                self._record(pair.end, pair.stream)
+            except Exception as exc:
+                self._record_failed(exc)
         if call.exc is not None and events.is_cuda_error(call.exc):
             self.raised(call)
 
@@ -216,7 +219,7 @@ class DeviceTime:
         cuda_fault.journal(self.pipeline, verdict)
 
     def _any_device(self) -> int:
-        for pair in self.active.values():
+        for pair in self.active:
             return pair.device
         return 0
 
@@ -257,7 +260,7 @@ class DeviceTime:
         """Query every pending pair once, in record order; a stream's later events cannot have
         completed when an earlier one has not, so its queries stop there."""
         stalled: set[Any] = set()
-        for pair in list(self.active.values()):
+        for pair in list(self.active):
             if pair.end_seen or (pair.device, pair.stream_id) in stalled:
                 continue
             if not self._look(pair):
@@ -296,7 +299,7 @@ class DeviceTime:
         if verdict is None:
             self.broken = True
             self.live = False
-            verdict = cuda_fault.find(list(self.active.values()), device, error)
+            verdict = cuda_fault.find(list(self.active), device, error)
             self.faults[device] = verdict
             cuda_fault.mark_suspects(verdict)
         return verdict
@@ -343,8 +346,9 @@ class DeviceTime:
         self._free(pair)
 
     def _free(self, pair: Pair) -> None:
-        self.active.pop(pair.seq, None)
+        self.active.pop(pair, None)
         pair.call = None
+        pair.ended = pair.start_seen = pair.end_seen = False
         self.free.append(pair)
 
     def _host_ns(self, pair: Pair, call_start_ns: int) -> int | None:
