@@ -29,6 +29,17 @@ OUTPUT_LENGTH = "otel_gpu.output.length"  # true size of that container
 CUDA_GRAPH_CAPTURE = "otel_gpu.cuda_graph.capture"  # true on a call captured into a CUDA graph
 CUDA_GRAPH_REPLAY = "otel_gpu.cuda_graph.replay"  # replay number of a captured call's span
 
+# --- Device time (devices/device_time.py) and CUDA faults (devices/cuda_fault.py), level >= 1 ---
+DEVICE_DURATION = "otel_gpu.device.duration"  # seconds between the call's two device events
+DEVICE_QUEUE_DELAY = "otel_gpu.device.queue_delay"  # seconds from host start to device start
+DEVICE_STREAM = "otel_gpu.device.stream"  # id of the stream current when the call started
+DEVICE_UNRESOLVED = "otel_gpu.device.unresolved"  # true: events did not complete in the wait
+DEVICE_UNMEASURED = "otel_gpu.device.unmeasured_calls"  # calls since the last span: pool empty
+CUDA_FAULT = "otel_gpu.cuda.fault"  # kernel | surfaced | candidate
+CUDA_FAULT_SUSPECT = "otel_gpu.cuda.fault.suspect"  # span id of the call whose kernel faulted
+CUDA_FAULT_CANDIDATES = "otel_gpu.cuda.fault.candidates"  # span ids, when not told apart
+CUDA_GRAPH_REPLAY_DEVICE_DURATION = "otel_gpu.cuda_graph.replay.device.duration"  # whole replay
+
 # --- Flags and summaries ---
 COMPILED = "otel_gpu.compiled"  # true on a call that ran inside a torch.compile graph
 NONFINITE = "otel_gpu.nonfinite"  # true when a tensor of the call held NaN/Inf (level >= 5)

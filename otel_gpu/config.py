@@ -672,6 +672,38 @@ SETTINGS: tuple[Setting, ...] = (
         "CUDA-graph capture (docs/nvtx.md).",
     ),
     Setting(
+        "device_time",
+        "OTEL_GPU_DEVICE_TIME",
+        "auto",
+        "auto, on, off",
+        _str_choice(("auto", "on", "off")),
+        "At level >= 1, time each call on the GPU with two CUDA events from a reused pool, "
+        "recorded around it on the current stream and read off the caller's thread: "
+        "otel_gpu.device.duration and otel_gpu.device.queue_delay on its span (docs/levels.md, "
+        "Device time). auto: once the program has initialised CUDA; on: whenever CUDA is "
+        "available (the first call may initialise it); off: never. Nothing on a machine "
+        "without CUDA.",
+    ),
+    Setting(
+        "device_spans",
+        "OTEL_GPU_DEVICE_SPANS",
+        "auto",
+        "auto, on, off",
+        _str_choice(("auto", "on", "off")),
+        "Where a call has device time, also a child span '<name> [device]' whose start and end "
+        "are the device's, on the host clock, so trace viewers draw the GPU work under the "
+        "call. auto: for functions decorated at level >= 3; on: at every level; off: never.",
+    ),
+    Setting(
+        "device_time_wait",
+        "OTEL_GPU_DEVICE_TIME_WAIT",
+        5.0,
+        _non_negative_float.text,
+        _non_negative_float,
+        "How long a call's span waits, off the caller's thread, for its device events to "
+        "complete; then it is exported with otel_gpu.device.unresolved = true and no duration.",
+    ),
+    Setting(
         "service_name",
         "OTEL_SERVICE_NAME",
         None,
@@ -949,6 +981,9 @@ class Settings:
     metrics: bool = False
     metrics_interval: float = 10.0
     nvtx: bool = False
+    device_time: str = "auto"
+    device_spans: str = "auto"
+    device_time_wait: float = 5.0
     service_name: str | None = None
     dest_explicit: bool = False
     """True when OTEL_GPU_LOGDEST or configure(dest=...) set the destination (not the default)."""

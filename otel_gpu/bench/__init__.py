@@ -98,7 +98,7 @@ SECTIONS = ("otel_gpu.bench.tools",)
 (``--only`` takes it): ``measure(rounds=, spans=, log=)`` returns a section with ``budgets``,
 ``problems`` and what its ``render(section)`` turns into lines."""
 # Rows measured by their own module's row(quick), after the per-call configurations.
-_ROWS = {"sustained": "otel_gpu.bench.sustained"}
+_ROWS = {"sustained": "otel_gpu.bench.sustained", "device_time": "otel_gpu.bench.device_time"}
 
 _MAX_QUEUED = (
     1024  # otel_gpu.export.pipeline._WAKE_AT: production never defers more calls than this

@@ -238,6 +238,8 @@ def _begin(plan_id: int, depth: int, names: str, tensors: list[torch.Tensor]) ->
         if pending:
             call.stats = [stats.compute("input." + k, t) for k, t in pending]
     entries.append(call)
+    if pipe.device_time is not None:  # device time: the start event, as eager calls record it
+        pipe.device_time.start(call)
     call.start_ns = decorator._time_ns()
 
 
@@ -251,6 +253,8 @@ def _end(depth: int, names: str, tensors: list[torch.Tensor]) -> None:
     if not isinstance(call, Call):
         return
     call.end_ns = end_ns
+    if call.device is not None:  # device time: the end event, before any statistics kernel
+        call.device.owner.end(call)
     plan = call.plan
     pending: list[Any] | None = call.stats
     call.stats = None

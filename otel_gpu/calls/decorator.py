@@ -32,7 +32,7 @@ from otel_gpu.attributes import (
 )
 from otel_gpu.calls import _context, compiled, memory, metadata, record, stats
 from otel_gpu.calls.record import Call, CallSpan
-from otel_gpu.devices import cuda
+from otel_gpu.devices import cuda, device_time
 from otel_gpu.export import pipeline
 from otel_gpu.instrumentation import targets as _targets
 
@@ -375,6 +375,8 @@ def _make_wrapper(
         return pending
 
     def after(call: Call, pipe: pipeline.Pipeline, result: Any, pending: list | None) -> None:
+        if call.device is not None:  # device time: its end event before any statistics kernel
+            device_time.stop(call)
         if reads_memory:  # first, before the output statistics allocate
             try:
                 memory.end(call, getattr(call, "memory", None))

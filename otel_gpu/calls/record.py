@@ -223,6 +223,7 @@ class Call:
     __slots__ = (
         "args",
         "bound",
+        "device",
         "end_ns",
         "exc",
         "inputs",
@@ -254,6 +255,7 @@ class Call:
         self.outputs: Sequence[tuple[str, int, Any]] | None = None
         self.stats: Any = None
         self.token: Any = None  # observers' per-call state, e.g. a journal slot
+        self.device: Any = None  # device time's events, then its result (devices/device_time.py)
         # Live argument values and return value: set only while observers run, then cleared,
         # so queued records never keep user tensors alive.
         self.bound: list[tuple[str, Any, bool]] | None = None

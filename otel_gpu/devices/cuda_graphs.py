@@ -40,8 +40,12 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanContext, TraceFlags
 
 from otel_gpu import _guard, config
-from otel_gpu.attributes import CUDA_GRAPH_CAPTURE, CUDA_GRAPH_REPLAY
-from otel_gpu.devices import cuda
+from otel_gpu.attributes import (
+    CUDA_GRAPH_CAPTURE,
+    CUDA_GRAPH_REPLAY,
+    CUDA_GRAPH_REPLAY_DEVICE_DURATION,
+)
+from otel_gpu.devices import cuda, replay_timing
 
 __all__ = [
     "ATTR_CAPTURE",
@@ -121,7 +125,16 @@ class CapturedCall:
 class _Graph:
     """What one captured graph's replays need; kept with the graph object (weakly)."""
 
-    __slots__ = ("calls", "dump_every", "free", "lock", "replays", "skipped", "stats_every")
+    __slots__ = (
+        "calls",
+        "dump_every",
+        "free",
+        "lock",
+        "replays",
+        "skipped",
+        "stats_every",
+        "timers",
+    )
 
     def __init__(self, calls: list[CapturedCall], settings: config.Settings) -> None:
         self.calls = calls
@@ -131,6 +144,7 @@ class _Graph:
         self.dump_every = settings.graph_dump_every
         self.free: list[torch.Tensor] = []  # pinned host buffers not being read
         self.lock = threading.Lock()
+        self.timers: list[list[Any]] = []  # [backend, start, end] event pairs not being read
 
 
 _capturing: dict[int, dict[int, CapturedCall]] = {}  # thread id -> span id -> record
@@ -185,11 +199,18 @@ def install() -> None:
 
         def patched_replay(self: Any, *args: Any, **kwargs: Any) -> Any:
             start_ns = time.time_ns()
-            result = replay(self, *args, **kwargs)  # the user's exception passes through as is
             graph = _graphs.get(self)
+            timer = None
             if graph is not None:
                 try:
-                    _after_replay(graph, start_ns)
+                    timer = replay_timing.start(graph.timers)  # device time of the replay
+                except Exception as exc:
+                    _guard.internal_error("cuda_graph", exc)
+            result = replay(self, *args, **kwargs)  # the user's exception passes through as is
+            if graph is not None:
+                try:
+                    replay_timing.end(timer)
+                    _after_replay(graph, start_ns, timer)
                 except Exception as exc:
                     _guard.internal_error("cuda_graph", exc)
             return result
@@ -227,7 +248,7 @@ def uninstall() -> None:
 # --------------------------------------------------------------------------- caller's thread
 
 
-def _after_replay(graph: _Graph, start_ns: int) -> None:
+def _after_replay(graph: _Graph, start_ns: int, timer: list[Any] | None = None) -> None:
     """After a replay: copies started and queued for the reader when the replay is due; no wait."""
     with graph.lock:
         graph.replays += 1
@@ -235,6 +256,7 @@ def _after_replay(graph: _Graph, start_ns: int) -> None:
     stats_due = (n - 1) % graph.stats_every == 0
     dump_due = (n - 1) % graph.dump_every == 0 and any(c.snapshot for c in graph.calls)
     if not (stats_due or dump_due):
+        replay_timing.give_back(graph.timers, timer)
         return
     from otel_gpu.export import pipeline
 
@@ -272,8 +294,10 @@ def _after_replay(graph: _Graph, start_ns: int) -> None:
             if c.snapshot is not None:
                 dirs[i] = c.snapshot(n, contexts[i], parent, start_ns, end_ns)
     job = _Job(pipe, graph, n, contexts, parent, start_ns, end_ns, host, event, dirs)
+    job.timer = timer
     if not _reader.put(job):
         graph.skipped += 1
+        replay_timing.give_back(graph.timers, timer)
         if host is not None:
             with graph.lock:
                 graph.free.append(host)
@@ -294,6 +318,7 @@ class _Job:
         "parent",
         "pipe",
         "start_ns",
+        "timer",
     )
 
     def __init__(
@@ -319,6 +344,7 @@ class _Job:
         self.host = host
         self.event = event
         self.dirs = dirs
+        self.timer: list[Any] | None = None  # the replay's device-time events (replay_timing)
 
 
 # --------------------------------------------------------------------------- reader thread
@@ -394,6 +420,8 @@ def _emit(job: _Job) -> None:
     if job.host is not None:
         cuda.wait_copy(job.event)
         rows = job.host.tolist()  # host memory, copy complete: no device sync
+    # the copy's event follows the replay's end event on the stream: both complete now
+    device = replay_timing.seconds(job.graph.timers, job.timer)
     offset = 0
     for c, ctx, directory in zip(job.graph.calls, job.contexts, job.dirs):
         call = Call(c.plan, CallSpan(ctx, c.name), job.parent, job.start_ns)
@@ -401,6 +429,8 @@ def _emit(job: _Job) -> None:
         call.inputs = c.inputs
         call.outputs = c.outputs
         call.span.set_attribute(ATTR_REPLAY, job.n)
+        if device is not None:
+            call.span.set_attribute(CUDA_GRAPH_REPLAY_DEVICE_DURATION, device)
         call.span.add_link(c.context)
         if directory is not None:
             call.span.set_attribute(ATTR_DIR, directory)

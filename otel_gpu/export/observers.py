@@ -109,6 +109,14 @@ def _nvtx(settings: Settings, pipeline: Pipeline) -> Observer | None:
     return nvtx.make_observer()
 
 
+def _device_time(settings: Settings, pipeline: Pipeline) -> Observer | None:
+    if settings.device_time == "off":
+        return None
+    from otel_gpu.devices import device_time
+
+    return device_time.make_observer(settings, pipeline)
+
+
 REGISTRY: tuple[Entry, ...] = (
     Entry("console", 3, _console),  # level 1 prints only the end-of-call line
     Entry("journal", 1, _journal),
@@ -116,7 +124,10 @@ REGISTRY: tuple[Entry, ...] = (
     Entry("snapshot", 1, _snapshot),  # answers otel-gpu snapshot; never on the caller's path
     Entry("ring", 3, _ring),  # the bound arguments exist from level 3
     Entry("dump", 10, _recorder),  # the flight recorder
-    Entry("nvtx", 1, _nvtx),  # last: its range opens after the others' start work
+    Entry("nvtx", 1, _nvtx),  # its range opens after the others' start work
+    # last: its start event is recorded right before the call runs (its end event right after
+    # it returns: calls/decorator.py records it before any statistics kernel)
+    Entry("device_time", 1, _device_time),
 )
 
 

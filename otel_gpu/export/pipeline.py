@@ -56,6 +56,7 @@ from otel_gpu.export.spans import SCOPE as SCOPE  # noqa: E402
 from otel_gpu.export.spans import SpanBuilder, _HashedResource  # noqa: E402
 
 if TYPE_CHECKING:
+    from otel_gpu.devices.device_time import DeviceTime
     from otel_gpu.export.observers import Observer
     from otel_gpu.exporters.console import ConsoleSpanExporter
     from otel_gpu.metrics.provider import Metrics
@@ -97,6 +98,7 @@ class Pipeline(SpanBuilder):
         self.consoles: tuple[ConsoleSpanExporter, ...] = ()
         self.root_sampler: Callable[[int, str], bool] | None = None
         self.ring: Ring | None = None  # the in-memory ring, when OTEL_GPU_RING is on
+        self.device_time: DeviceTime | None = None  # set by its observer (devices/device_time.py)
         self.errors: list[BaseException] = []
         self._wake = threading.Event()
         self._drain_lock = threading.Lock()
@@ -337,6 +339,9 @@ class Pipeline(SpanBuilder):
         append = spans.append
         metrics = self.metrics
         calls: list[Call] | None = [] if metrics is not None else None
+        device = self.device_time  # device time: calls whose events still run wait beside the
+        if device is not None:  # queue (devices/device_time.py); those now done come first
+            device.release(queue)
         # Spans and the SDK encoders' objects (~100 GC-tracked per span) live only for a
         # chunk; with the collector on they get promoted and trigger full collections,
         # which in a torch process walk ~200k objects (100-300 ms each). Pause it per chunk
@@ -353,9 +358,13 @@ class Pipeline(SpanBuilder):
                     on_time = False
                     break
                 call = queue.popleft()
+                if call.device is not None and device is not None and device.hold(call):
+                    continue
                 self.taken += 1
                 try:
                     append(build(call))
+                    if call.device is not None and device is not None:
+                        device.children(call, build, append)  # its `<name> [device]` span
                 except Exception as exc:
                     self._internal("export", exc)
                     continue

@@ -22,6 +22,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from otel_gpu import attributes
 from otel_gpu.attributes import (
     ATTRIBUTES_OMITTED,
+    CUDA_FAULT,
     EVENT_EXCEPTION,
     EVENT_STATS,
     EVENTS_OMITTED,
@@ -33,6 +34,7 @@ from otel_gpu.attributes import (
 from otel_gpu.calls import metadata, stats
 from otel_gpu.calls.record import Call, exception_attributes
 from otel_gpu.config import Settings
+from otel_gpu.devices import cuda_fault
 from otel_gpu.exporters.spandata import SpanData
 
 __all__ = ["SCOPE", "SpanBuilder"]
@@ -311,9 +313,10 @@ class SpanBuilder:
             exc = call.exc
             exc_attrs = exception_attributes(exc, call.tb, off_thread=True)
             events.append(Event(EVENT_EXCEPTION, exc_attrs, call.end_ns))
-            status = Status(
-                StatusCode.ERROR, f"{type(exc).__name__}: {exc_attrs[EXCEPTION_MESSAGE]}"[:limit]
-            )
+            text = f"{type(exc).__name__}: {exc_attrs[EXCEPTION_MESSAGE]}"
+            if span.attributes and span.attributes.get(CUDA_FAULT) == "surfaced":
+                text = cuda_fault.surfaced_status(span.attributes, text)  # caused earlier
+            status = Status(StatusCode.ERROR, text[:limit])
         if self.max_events is not None and len(events) > self.max_events:
             # keep the exception event (last) and count what the event limit cuts
             tail = events[-1:] if call.exc is not None else []

@@ -85,6 +85,8 @@ class JournalFile:
     host: str | None
     resource: dict[str, Any]
     records: list[Record] = field(default_factory=list)
+    fault: dict[str, Any] | None = None
+    """A CUDA fault's verdict (devices/cuda_fault.py): suspect span id, or candidates."""
 
 
 def read(path: str) -> JournalFile:
@@ -185,6 +187,7 @@ def _parse(path: str, mm: Any, size: int) -> JournalFile:
         closed=state == CLOSED,
         host=host if isinstance(host, str) else None,
         resource=resource if isinstance(resource, dict) else {},
+        fault=_fault(meta.get("cuda_fault")),
     )
     for slot in range(count):
         offset = base + slot * stride
@@ -296,3 +299,21 @@ def _valid_record(e: Any) -> bool:
     if kind == metadata.OBJECT:
         return len(payload) == 1 and type(payload[0]) is str
     return kind in (metadata.DEFAULT, metadata.REDACTED) and not payload
+
+
+def _fault(raw: Any) -> dict[str, Any] | None:
+    """A recorded CUDA fault verdict, its fields checked (a journal is untrusted input)."""
+    if not isinstance(raw, dict):
+        return None
+    suspect = raw.get("suspect")
+    candidates = raw.get("candidates")
+    names = raw.get("names")
+    hexes = (
+        [c for c in candidates if isinstance(c, str)][:64] if isinstance(candidates, list) else []
+    )
+    return {
+        "suspect": suspect[:16] if isinstance(suspect, str) else None,
+        "candidates": [c[:16] for c in hexes],
+        "names": [str(n)[:256] for n in names][:64] if isinstance(names, list) else [],
+        "error": str(raw.get("error", ""))[:512],
+    }

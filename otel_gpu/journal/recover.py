@@ -145,6 +145,20 @@ def _resource(attrs: dict[str, Any]) -> Any:
     return Resource(clean)
 
 
+def _fault_attributes(fault: dict[str, Any], span_id: str, attrs: dict[str, Any]) -> None:
+    from otel_gpu.attributes import CUDA_FAULT, CUDA_FAULT_CANDIDATES, CUDA_FAULT_SUSPECT
+
+    if fault.get("suspect"):
+        if fault["suspect"] == span_id:
+            attrs[CUDA_FAULT] = "kernel"
+        else:
+            attrs[CUDA_FAULT] = "surfaced"
+            attrs[CUDA_FAULT_SUSPECT] = fault["suspect"]
+    elif fault.get("candidates"):
+        attrs[CUDA_FAULT] = "candidate" if span_id in fault["candidates"] else "surfaced"
+        attrs[CUDA_FAULT_CANDIDATES] = list(fault["candidates"])
+
+
 def spans_of(journal: JournalFile, limit: int = 256) -> list[Any]:
     """The in-flight records of ``journal`` as SDK ``ReadableSpan``s with status ERROR."""
     from opentelemetry.attributes import BoundedAttributes
@@ -170,6 +184,8 @@ def spans_of(journal: JournalFile, limit: int = 256) -> list[Any]:
             attrs[RECOVERED_INPUTS_TRUNCATED] = True
         attrs[THREAD_ID] = record.thread_id
         attrs[RECOVERED] = True
+        if journal.fault:  # the process saw a CUDA fault: which call caused it
+            _fault_attributes(journal.fault, format(record.span_id, "016x"), attrs)
         parent = None
         if record.parent_span_id:
             parent = SpanContext(

@@ -536,12 +536,30 @@ class Journal:
         attrs = {str(k): list(v) if isinstance(v, tuple) else v for k, v in resource.items()}
         argv = [str(a)[:256] for a in sys.argv[:16]]
         meta = {"host": socket.gethostname(), "resource": attrs, "argv": argv}
+        self._write_meta_dict(meta)
+
+    def note_fault(self, verdict: dict[str, Any]) -> None:
+        """Keep a CUDA fault's verdict (devices/cuda_fault.py) in the header, for recovery."""
+        mm = self._mm
+        if mm is None:
+            return
+        (length,) = _U32.unpack_from(mm, _HEADER.size - 4)
+        meta = json.loads(bytes(mm[_META_AT : _META_AT + length]) or b"{}")
+        meta["cuda_fault"] = verdict
+        self._write_meta_dict(meta)
+
+    def _write_meta_dict(self, meta: dict[str, Any]) -> None:
+        mm = self._mm
+        if mm is None:
+            return
+        attrs = meta.get("resource") or {}
         data = json.dumps(meta, default=str).encode("utf-8")
         room = HEADER_SIZE - _META_AT
         while len(data) > room and attrs:  # drop the longest values until it fits
             del attrs[max(attrs, key=lambda k: len(str(attrs[k])))]
             data = json.dumps(meta, default=str).encode("utf-8")
         data = data[:room]
+        _U32.pack_into(mm, _HEADER.size - 4, 0)  # a rewrite never leaves a torn entry readable
         mm[_META_AT : _META_AT + len(data)] = data
         _U32.pack_into(mm, _HEADER.size - 4, len(data))
         self.bytes_written += 4 + len(data)

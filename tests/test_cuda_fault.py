@@ -1,0 +1,252 @@
+"""The call whose kernel faulted (``otel_gpu.cuda.fault``), through fake CUDA events: the
+innermost call the resolver saw running and never saw finish is the suspect, the call the error
+surfaced in names it; when the resolver saw nothing that tells the calls apart, the range of
+candidates is named and the status says so. The crash journal keeps the verdict."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from opentelemetry.trace import StatusCode
+
+from otel_gpu.attributes import (
+    CUDA_FAULT,
+    CUDA_FAULT_CANDIDATES,
+    CUDA_FAULT_SUSPECT,
+    DEVICE_DURATION,
+    DEVICE_UNRESOLVED,
+)
+from otel_gpu.devices import events
+from otel_gpu.export import pipeline
+
+LIB = """
+import otel_gpu
+
+@otel_gpu.api
+def step(x):
+    return x + 1
+
+@otel_gpu.api
+def outer(x):
+    return step(x) * 2
+
+@otel_gpu.api
+def sync(exc):
+    if exc is not None:
+        raise exc
+"""
+
+_ERROR = RuntimeError("CUDA error: device-side assert triggered")
+
+
+@pytest.fixture
+def fake():
+    backend = events.FakeEvents()
+    events.use(backend)
+    yield backend
+    events.use(None)
+
+
+def _drain() -> None:
+    pipe = pipeline.current()
+    assert pipe is not None
+    pipe.drain()
+
+
+def _hex(span) -> str:
+    return format(span.context.span_id, "016x")
+
+
+def _by_name(spans) -> dict:
+    out: dict = {}
+    for s in spans:
+        out.setdefault(s.name.rsplit(".", 1)[1], []).append(s)
+    return out
+
+
+def test_the_call_seen_running_and_never_finished_is_the_suspect(
+    otel_gpu_spans, module_factory, fake
+):
+    """step #1 finished, step #2 was seen started and never finished, step #3 never started:
+    after the sticky error, step #2 is ERROR with fault = "kernel"; the call that raised names
+    it in otel_gpu.cuda.fault.suspect, and its status says the error surfaced there."""
+    spans = otel_gpu_spans(level=1)
+    lib = module_factory(LIB)
+    for i in range(3):
+        lib.step(i)
+    e = fake.recorded
+    now = time.time_ns()
+    fake.complete(e[0], now, 0)
+    fake.complete(e[1], now, 1)  # step 1 done
+    fake.complete(e[2], now, 2)  # step 2 started
+    _drain()  # the resolver looks
+    fake.fail("device-side assert triggered")
+    with pytest.raises(RuntimeError) as raised:
+        lib.sync(_ERROR)
+    assert raised.value is _ERROR
+    got = _by_name(spans.get())
+    first, second, third = got["step"]
+    (surfaced,) = got["sync"]
+    assert DEVICE_DURATION in first.attributes and CUDA_FAULT not in first.attributes
+    assert second.attributes[CUDA_FAULT] == "kernel"
+    assert second.status.status_code is StatusCode.ERROR
+    assert "device-side assert" in second.status.description
+    assert CUDA_FAULT not in third.attributes and third.attributes[DEVICE_UNRESOLVED] is True
+    assert surfaced.attributes[CUDA_FAULT] == "surfaced"
+    assert surfaced.attributes[CUDA_FAULT_SUSPECT] == _hex(second)
+    assert surfaced.status.description.startswith(
+        f"CUDA error surfaced here, caused earlier by span {_hex(second)}"
+    )
+
+
+def test_when_nothing_tells_the_calls_apart_the_range_of_candidates_is_named(
+    otel_gpu_spans, module_factory, fake
+):
+    """The fault came before the resolver looked: no call was seen running, so every call not
+    seen finished is a candidate, earliest first, the raising call included; each candidate's
+    span says so, and the raising call's status says they could not be told apart."""
+    spans = otel_gpu_spans(level=1)
+    lib = module_factory(LIB)
+    lib.step(0)
+    now = time.time_ns()
+    fake.complete(fake.recorded[0], now, 0)
+    fake.complete(fake.recorded[1], now, 1)
+    _drain()  # step 0 seen finished
+    lib.step(1)
+    lib.step(2)
+    fake.fail()
+    with pytest.raises(RuntimeError):
+        lib.sync(_ERROR)
+    got = _by_name(spans.get())
+    ok, one, two = got["step"]
+    (surfaced,) = got["sync"]
+    ids = [_hex(one), _hex(two), _hex(surfaced)]
+    assert surfaced.attributes[CUDA_FAULT_CANDIDATES] == tuple(ids)
+    assert CUDA_FAULT_SUSPECT not in surfaced.attributes
+    assert "one of 3 calls that could not be told apart" in surfaced.status.description
+    for span in (one, two):
+        assert span.attributes[CUDA_FAULT] == "candidate"
+        assert span.attributes[CUDA_FAULT_CANDIDATES] == tuple(ids)
+    assert CUDA_FAULT not in ok.attributes
+
+
+def test_nested_calls_blame_the_innermost_open_one(otel_gpu_spans, module_factory, fake):
+    """outer(step): both seen started, neither finished: the inner call holds the kernel."""
+    spans = otel_gpu_spans(level=1)
+    lib = module_factory(LIB)
+    lib.outer(1)
+    o_start, i_start, _, _ = fake.recorded
+    now = time.time_ns()
+    fake.complete(o_start, now, 0)
+    fake.complete(i_start, now, 1)
+    _drain()
+    fake.fail()
+    with pytest.raises(RuntimeError):
+        lib.sync(_ERROR)
+    got = _by_name(spans.get())
+    assert got["step"][0].attributes[CUDA_FAULT] == "kernel"
+    assert CUDA_FAULT not in got["outer"][0].attributes
+    assert got["sync"][0].attributes[CUDA_FAULT_SUSPECT] == _hex(got["step"][0])
+
+
+def test_the_resolver_finding_the_error_first_marks_the_suspect(
+    otel_gpu_spans, module_factory, fake
+):
+    """No call raised yet: the resolver's own query hits the sticky error; the call it saw
+    running is ERROR with fault = "kernel" and unresolved, and a call raising later names it."""
+    spans = otel_gpu_spans(level=1)
+    lib = module_factory(LIB)
+    lib.step(1)
+    fake.complete(fake.recorded[0], time.time_ns(), 0)
+    _drain()
+    fake.fail()
+    _drain()
+    with pytest.raises(RuntimeError):
+        lib.sync(_ERROR)
+    got = _by_name(spans.get())
+    (step,) = got["step"]
+    assert step.attributes[CUDA_FAULT] == "kernel" and step.attributes[DEVICE_UNRESOLVED]
+    assert got["sync"][0].attributes[CUDA_FAULT_SUSPECT] == _hex(step)
+
+
+def test_a_call_that_faulted_itself_is_the_suspect_without_a_surfaced_note(
+    otel_gpu_spans, module_factory, fake
+):
+    """The raising call was itself seen running (it synchronised inside): it is the suspect."""
+    spans = otel_gpu_spans(level=1)
+    seen = []
+
+    def hook():
+        fake.complete(fake.recorded[0], time.time_ns(), 0)
+        _drain()
+        fake.fail()
+        seen.append(True)
+        raise _ERROR
+
+    # the error raised from inside the call, after the resolver saw its start
+    import otel_gpu
+
+    @otel_gpu.api
+    def synchronising():
+        hook()
+
+    with pytest.raises(RuntimeError):
+        synchronising()
+    (span,) = [s for s in spans.get() if s.name.endswith("synchronising")]
+    assert span.attributes[CUDA_FAULT] == "kernel"
+    assert CUDA_FAULT_SUSPECT not in span.attributes
+    assert span.status.status_code is StatusCode.ERROR
+
+
+def test_a_non_cuda_exception_names_no_suspect(otel_gpu_spans, module_factory, fake):
+    """A ValueError is the user's, not a CUDA fault: no fault attribute anywhere."""
+    spans = otel_gpu_spans(level=1)
+    lib = module_factory(LIB)
+    lib.step(1)
+    with pytest.raises(ValueError):
+        lib.sync(ValueError("bad"))
+    fake.fail()
+    assert not any(CUDA_FAULT in s.attributes for s in spans.exporter.get_finished_spans())
+
+
+@pytest.mark.parametrize(
+    "exc, expected",
+    [
+        (RuntimeError("CUDA error: an illegal memory access was encountered"), True),
+        (RuntimeError("CUDA error: unspecified launch failure"), True),
+        (RuntimeError("shape mismatch"), False),
+        (ValueError("CUDA error: looks like one but is not a RuntimeError"), False),
+        (type("AcceleratorError", (RuntimeError,), {})("device-side assert triggered"), True),
+    ],
+)
+def test_cuda_errors_are_recognised_by_type_and_message(exc, expected):
+    """torch.AcceleratorError, or a RuntimeError whose message says CUDA error / device-side
+    assert / illegal memory access / launch failure."""
+    assert events.is_cuda_error(exc) is expected
+
+
+def test_the_crash_journal_keeps_the_suspect_for_recovery(otel_gpu_spans, module_factory, fake):
+    """The verdict is written to the process's journal when the error surfaces, so the spans
+    `otel-gpu recover` rebuilds of a process that then died name the suspect."""
+    from otel_gpu.journal import reader, recover
+    from otel_gpu.journal.writer import Journal
+
+    otel_gpu_spans(level=1)
+    lib = module_factory(LIB)
+    lib.step(1)
+    fake.complete(fake.recorded[0], time.time_ns(), 0)
+    _drain()
+    pairs = list(pipeline.current().device_time.active)
+    suspect = format(pairs[0].call.span.span_id, "016x")
+    fake.fail()
+    with pytest.raises(RuntimeError):
+        lib.sync(_ERROR)
+    (journal,) = [o for o in pipeline.current().observers if isinstance(o, Journal)]
+    read = reader.read(journal.path)
+    assert read.fault is not None and read.fault["suspect"] == suspect
+    assert "step" in read.fault["names"][0]
+    # a call in flight when the process died: its recovered span names the suspect
+    attrs: dict = {}
+    recover._fault_attributes(read.fault, "00000000000000aa", attrs)
+    assert attrs[CUDA_FAULT] == "surfaced" and attrs[CUDA_FAULT_SUSPECT] == suspect
