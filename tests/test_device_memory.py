@@ -351,3 +351,30 @@ def test_real_seams_on_a_cpu_only_torch_never_raise_or_initialise():
     assert torch.cuda.is_initialized() is False
     assert torch.OutOfMemoryError in devices.OUT_OF_MEMORY
     assert torch.cuda.OutOfMemoryError in devices.OUT_OF_MEMORY
+
+
+def test_memory_attributes_follow_a_cached_layout_with_each_calls_own_values(alloc, tmp_path):
+    """Spans written by the native encoders keep the per-layout attribute cache with memory per
+    call on: each span has its inputs and its own call's memory, never a cached call's."""
+    from jsonl_spans import read_spans
+
+    from otel_gpu.export import pipeline
+
+    otel_gpu.configure(level=3, dest=str(tmp_path / "spans.jsonl"))
+    sizes = iter((MiB, 2 * MiB, 3 * MiB))
+
+    @otel_gpu.api
+    def grow(x, n):
+        alloc.allocate(next(sizes))
+        return x
+
+    x = torch.ones(2, 3)
+    for _ in range(3):
+        grow(x, n=4)  # the same layout each time, a different allocation
+    assert otel_gpu.flush(timeout=10)
+    assert pipeline.current()._layouts  # the layout path was taken
+    spans = read_spans(tmp_path / "spans.jsonl", plain=True)
+    assert [s["attrs"]["otel_gpu.input.x.shape"] for s in spans] == [[2, 3]] * 3
+    assert [s["attrs"]["otel_gpu.input.n.value"] for s in spans] == [4] * 3
+    assert [s["attrs"][MEMORY_ALLOCATED_DELTA] for s in spans] == [MiB, 2 * MiB, 3 * MiB]
+    assert [s["attrs"][MEMORY_PEAK] for s in spans] == [MiB, 3 * MiB, 6 * MiB]

@@ -140,13 +140,23 @@ class SpanBuilder:
                 SCOPE,
                 fixed=(plan, n),
             )
-        if not (call.stats or span.attributes or span.events or self._notes) and call.exc is None:
+        own = span.attributes
+        if (
+            not (call.stats or span.events or self._notes)
+            and call.exc is None
+            and (not own or _device_readings(own))
+        ):
             # Level 3 and 4: the attributes are a function of the plan and the captured layout,
             # which a serving loop or a model repeats: built, checked and encoded once per layout.
             layout = self._layout(call)
             if layout is not None:
                 shared, hint, dropped = layout
-                return self._span_data(call, shared, [], span.status or _UNSET, hint, dropped)
+                limit = self.max_attributes
+                if own and (limit is None or len(shared) + len(own) <= limit):
+                    if own.keys().isdisjoint(shared):  # after the shared ones: the hint holds
+                        shared, own = {**shared, **own}, None
+                if not own:
+                    return self._span_data(call, shared, [], span.status or _UNSET, hint, dropped)
         attrs, events, status = self._contents(call)
         # The plan's attributes lead every span of the plan unchanged unless something was put
         # before them (the events-omitted count) or a user attribute overwrote one of them.
@@ -345,6 +355,24 @@ class SpanBuilder:
         )
         kept[ATTRIBUTES_OMITTED] = metadata._truncate(summary, metadata.MAX_VALUE_BYTES)
         return kept
+
+
+def _device_readings(own: dict[str, Any]) -> bool:
+    """Whether a call's own attributes are all device readings (``otel_gpu.device.*`` ints,
+    floats and flags, as memory per call and device time write them): values that need no
+    cleaning, so they can follow a layout's shared attributes as they are."""
+    for key, value in own.items():
+        kind = type(value)
+        if (
+            type(key) is not str
+            or not key.startswith(_DEVICE_PREFIX)
+            or not (kind is int or kind is float or kind is bool)
+        ):
+            return False
+    return True
+
+
+_DEVICE_PREFIX = "otel_gpu.device."  # readings of the call's device: memory, device time
 
 
 def _needs_cleaning(attrs: dict[str, Any], max_len: int | None, skip: int = 0) -> bool:
