@@ -438,3 +438,19 @@ def test_at_level_5_the_end_event_precedes_the_statistics_kernels(
         ("input.x", 0),
         ("output.0", 2),
     ]  # inputs before the start, outputs after the end
+
+
+def test_at_exit_waiting_calls_go_out_unresolved_not_lost(otel_gpu_spans, module_factory, fake):
+    """Shutting the pipeline down (exit, reconfiguration) exports the calls still waiting for
+    their events at once, marked unresolved, rather than waiting out OTEL_GPU_DEVICE_TIME_WAIT
+    or dropping them."""
+    spans = otel_gpu_spans(level=1, device_time_wait=600.0)
+    lib = module_factory(LIB)
+    lib.inner(1)
+    _drain()  # taken off the queue: it now waits beside it
+    assert pipeline.current().device_time.held
+    start = time.monotonic()
+    pipeline.reset(timeout=5.0)
+    assert time.monotonic() - start < 60  # a hang guard only
+    (span,) = spans.exporter.get_finished_spans()
+    assert span.attributes[DEVICE_UNRESOLVED] is True
