@@ -250,3 +250,48 @@ def test_the_crash_journal_keeps_the_suspect_for_recovery(otel_gpu_spans, module
     attrs: dict = {}
     recover._fault_attributes(read.fault, "00000000000000aa", attrs)
     assert attrs[CUDA_FAULT] == "surfaced" and attrs[CUDA_FAULT_SUSPECT] == suspect
+
+
+@pytest.mark.parametrize("looked", [True, False], ids=["suspect", "candidates"])
+def test_show_fault_prints_the_suspect_with_its_inputs(
+    tmp_path, module_factory, fake, capsys, looked
+):
+    """`otel-gpu show --fault FILE`: where the error surfaced, then the suspect call with its
+    inputs' metadata (level 3), or each candidate when no single call was singled out."""
+    import otel_gpu
+    from otel_gpu.cli import main
+
+    path = tmp_path / "trace.jsonl"
+    otel_gpu.configure(level=3, dest=str(path), strict=True)
+    lib = module_factory(LIB)
+    lib.step(41)
+    if looked:
+        fake.complete(fake.recorded[0], time.time_ns(), 0)
+        _drain()
+    fake.fail()
+    with pytest.raises(RuntimeError):
+        lib.sync(_ERROR)
+    assert otel_gpu.flush()
+    assert main(["show", "--fault", str(path)]) == 0
+    text = capsys.readouterr().out
+    assert "CUDA fault surfaced in " in text and ".sync (span " in text
+    assert "x.value = 41" in text
+    if looked:
+        assert "caused by span " in text
+    else:
+        assert "could not be told apart" in text
+
+
+def test_show_fault_without_a_fault_says_so(tmp_path, module_factory, fake, capsys):
+    """A trace with no CUDA fault: exit 1 and one line saying why nothing is shown."""
+    import otel_gpu
+    from otel_gpu.cli import main
+
+    path = tmp_path / "trace.jsonl"
+    otel_gpu.configure(level=1, dest=str(path), strict=True)
+    module_factory(LIB).step(1)
+    for event in fake.recorded:
+        fake.complete(event, time.time_ns())
+    assert otel_gpu.flush()
+    assert main(["show", "--fault", str(path)]) == 1
+    assert "No CUDA fault in" in capsys.readouterr().out

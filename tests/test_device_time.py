@@ -387,3 +387,70 @@ def otel_gpu_api(fn):
     import otel_gpu
 
     return otel_gpu.api(fn)
+
+
+def test_info_says_why_a_cpu_only_machine_has_no_device_time(monkeypatch, capsys):
+    """`otel-gpu info` on a machine without CUDA: one line saying calls carry no device time
+    and why; with CUDA available it says nothing about it."""
+    from otel_gpu.cli import main
+    from otel_gpu.devices import cuda
+
+    events.use(None)
+    monkeypatch.setattr(events, "_backend", None)
+    monkeypatch.setattr(cuda, "cuda_available", lambda: False)
+    monkeypatch.setenv("OTEL_GPU_LOGLEVEL", "1")
+    assert main(["info"]) == 0
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if "OTEL_GPU_DEVICE_TIME:" in ln]
+    assert lines == [
+        "  note: OTEL_GPU_DEVICE_TIME: no call carries device time: no CUDA device is available "
+        "to this process (torch.cuda.is_available() is false)"
+    ]
+    monkeypatch.setattr(cuda, "cuda_available", lambda: True)
+    assert main(["info"]) == 0
+    assert "OTEL_GPU_DEVICE_TIME:" not in capsys.readouterr().out
+
+
+def test_at_level_5_the_end_event_precedes_the_statistics_kernels(
+    otel_gpu_spans, fake, monkeypatch
+):
+    """The end event is recorded right after the call returns, before the output statistics are
+    launched, so a level-5 call's device time is its own work, not otel-gpu's reductions."""
+    import otel_gpu
+    from otel_gpu.calls import stats
+
+    seen: list[tuple[str, int]] = []
+    real = stats.compute
+
+    def compute(key, tensor):
+        seen.append((key, fake.records))
+        return real(key, tensor)
+
+    monkeypatch.setattr(stats, "compute", compute)
+    otel_gpu_spans(level=5)
+
+    @otel_gpu.api
+    def double(x):
+        return x * 2
+
+    double(torch.ones(4))
+    assert [k for k, _ in seen] == ["input.x", "output.0"]
+    assert seen == [
+        ("input.x", 0),
+        ("output.0", 2),
+    ]  # inputs before the start, outputs after the end
+
+
+def test_at_exit_waiting_calls_go_out_unresolved_not_lost(otel_gpu_spans, module_factory, fake):
+    """Shutting the pipeline down (exit, reconfiguration) exports the calls still waiting for
+    their events at once, marked unresolved, rather than waiting out OTEL_GPU_DEVICE_TIME_WAIT
+    or dropping them."""
+    spans = otel_gpu_spans(level=1, device_time_wait=600.0)
+    lib = module_factory(LIB)
+    lib.inner(1)
+    _drain()  # taken off the queue: it now waits beside it
+    assert pipeline.current().device_time.held
+    start = time.monotonic()
+    pipeline.reset(timeout=5.0)
+    assert time.monotonic() - start < 60  # a hang guard only
+    (span,) = spans.exporter.get_finished_spans()
+    assert span.attributes[DEVICE_UNRESOLVED] is True

@@ -76,6 +76,19 @@ def _instrument(settings: Any) -> dict[str, Any]:
     }
 
 
+def _device_time(settings: Any) -> str | None:
+    """One line saying why calls carry no device time in a program with these settings, or
+    None when they may (with ``auto``, once the program initialises CUDA)."""
+    from otel_gpu.devices import events
+
+    if settings.device_time == "off":
+        return "off: no call carries device time"
+    if settings.level == 0:
+        return "no device time: OTEL_GPU_LOGLEVEL is 0"
+    why = events.why_not()
+    return f"no call carries device time: {why}" if why else None
+
+
 def _main(args: argparse.Namespace) -> int:
     from otel_gpu import config
     from otel_gpu._text import printable
@@ -94,6 +107,7 @@ def _main(args: argparse.Namespace) -> int:
                     "standard": standard,
                     "resource": dict(resource.attributes),
                     "instrument": _instrument(settings),
+                    "device_time": _device_time(settings),
                 },
                 indent=2,
                 default=str,
@@ -107,6 +121,9 @@ def _main(args: argparse.Namespace) -> int:
         if isinstance(value, tuple):
             value = ",".join(value)
         print(f"  {row.env:28} = {value}")
+    device = _device_time(settings)
+    if device:  # why calls carry no device time (devices/device_time.py)
+        print(f"  note: OTEL_GPU_DEVICE_TIME: {device}")
     instrument = _instrument(settings)
     if instrument:
         print(

@@ -32,6 +32,10 @@ def _limit(raw: str) -> int:
 def _main(args: argparse.Namespace) -> int:
     from otel_gpu.config import no_color
 
+    if args.fault:  # the call whose kernel faulted (traces/fault.py)
+        from otel_gpu.traces.fault import show_fault
+
+        return show_fault(args.files)
     color = not args.no_color and not no_color() and sys.stdout.isatty()
     return traces_show.show(
         args.files,
@@ -83,6 +87,12 @@ def register(sub: Any) -> None:
         action="store_true",
         help="show the valid lines even if some lines are invalid or some files cannot be read "
         "(each is reported; exit code 1). A torn last line is skipped without it",
+    )
+    p.add_argument(
+        "--fault",
+        action="store_true",
+        help="print the call whose CUDA kernel faulted (otel_gpu.cuda.fault), with its inputs' "
+        "metadata and dump directory, or the candidates when it could not be singled out",
     )
     p.add_argument("--no-color", action="store_true", help="plain text (also when NO_COLOR is set)")
     p.set_defaults(func=_main, reads_settings=False)  # a trace file, never the environment

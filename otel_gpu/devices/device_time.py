@@ -399,10 +399,7 @@ class DeviceTime:
         then export them, resolved or not."""
         deadline = time.monotonic() + timeout
         while self.held and time.monotonic() < deadline:
-            with self.pipeline._drain_lock:
-                self.release(self.pipeline.queue)
-            if self.pipeline.queue:
-                self.pipeline.drain(deadline)
+            self.pipeline.drain(deadline)  # each drain releases what completed (release())
             if self.held:
                 time.sleep(0.002)
         return not self.held

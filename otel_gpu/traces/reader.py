@@ -30,6 +30,7 @@ from typing import Any
 
 from otel_gpu._text import brief
 from otel_gpu.attributes import (
+    CUDA_FAULT,
     DUMP_PREFIX,
     EVENT_STATS,
     EVENTS_OMITTED,
@@ -75,6 +76,7 @@ _ERROR_CODES = (2, "2", "STATUS_CODE_ERROR", "ERROR")
 # What the tree and the NaN/Inf analysis read; other attributes are not kept.
 _SPAN_KEYS = (
     NONFINITE,
+    CUDA_FAULT,  # otel_gpu.cuda.fault*: show --fault (traces/fault.py)
     DUMP_PREFIX,
     "otel_gpu.ring.dump.",
     "otel_gpu.device.",  # device time and memory per call
