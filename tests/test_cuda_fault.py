@@ -297,3 +297,24 @@ def test_show_fault_without_a_fault_says_so(tmp_path, module_factory, fake, caps
     assert otel_gpu.flush()
     assert main(["show", "--fault", str(path)]) == 1
     assert "No CUDA fault in" in capsys.readouterr().out
+
+
+def test_a_fault_the_resolver_finds_is_journaled_before_any_call_raises(
+    otel_gpu_spans, module_factory, fake
+):
+    """The export thread's query hits the sticky error first: the verdict is in the journal at
+    once, for a process killed before its program ever raises."""
+    from otel_gpu.journal import reader
+    from otel_gpu.journal.writer import Journal
+
+    otel_gpu_spans(level=1)
+    lib = module_factory(LIB)
+    lib.step(1)
+    fake.complete(fake.recorded[0], time.time_ns(), 0)
+    _drain()
+    (pair,) = list(pipeline.current().device_time.active)
+    suspect = format(pair.call.span.span_id, "016x")
+    fake.fail()
+    _drain()
+    (journal,) = [o for o in pipeline.current().observers if isinstance(o, Journal)]
+    assert reader.read(journal.path).fault["suspect"] == suspect

@@ -217,7 +217,6 @@ class DeviceTime:
         with self._lock:
             verdict = self._verdict(device, _text(call.exc))
         cuda_fault.mark_raising(call, verdict)
-        cuda_fault.journal(self.pipeline, verdict)
 
     def _any_device(self) -> int:
         for pair in self.active:
@@ -303,6 +302,8 @@ class DeviceTime:
             verdict = cuda_fault.find(list(self.active), device, error)
             self.faults[device] = verdict
             cuda_fault.mark_suspects(verdict)
+            # in the journal at once: the process may die before any call raises the error
+            cuda_fault.journal(self.pipeline, verdict)
         return verdict
 
     def _settle(self, pair: Pair, deadline: float, now: float | None = None) -> bool:
