@@ -76,7 +76,7 @@ def test_the_call_seen_running_and_never_finished_is_the_suspect(
     for i in range(3):
         lib.step(i)
     e = fake.recorded
-    now = time.time_ns()
+    now = time.time_ns() - 50_000_000
     fake.complete(e[0], now, 0)
     fake.complete(e[1], now, 1)  # step 1 done
     fake.complete(e[2], now, 2)  # step 2 started
@@ -109,7 +109,7 @@ def test_when_nothing_tells_the_calls_apart_the_range_of_candidates_is_named(
     spans = otel_gpu_spans(level=1)
     lib = module_factory(LIB)
     lib.step(0)
-    now = time.time_ns()
+    now = time.time_ns() - 50_000_000
     fake.complete(fake.recorded[0], now, 0)
     fake.complete(fake.recorded[1], now, 1)
     _drain()  # step 0 seen finished
@@ -137,7 +137,7 @@ def test_nested_calls_blame_the_innermost_open_one(otel_gpu_spans, module_factor
     lib = module_factory(LIB)
     lib.outer(1)
     o_start, i_start, _, _ = fake.recorded
-    now = time.time_ns()
+    now = time.time_ns() - 50_000_000
     fake.complete(o_start, now, 0)
     fake.complete(i_start, now, 1)
     _drain()
@@ -216,13 +216,15 @@ def test_a_non_cuda_exception_names_no_suspect(otel_gpu_spans, module_factory, f
         (RuntimeError("CUDA error: an illegal memory access was encountered"), True),
         (RuntimeError("CUDA error: unspecified launch failure"), True),
         (RuntimeError("shape mismatch"), False),
+        (RuntimeError("CUDA error: invalid argument"), False),  # not sticky: no kernel blamed
+        (RuntimeError("CUDA error: misaligned address"), True),
         (ValueError("CUDA error: looks like one but is not a RuntimeError"), False),
         (type("AcceleratorError", (RuntimeError,), {})("device-side assert triggered"), True),
     ],
 )
 def test_cuda_errors_are_recognised_by_type_and_message(exc, expected):
-    """torch.AcceleratorError, or a RuntimeError whose message says CUDA error / device-side
-    assert / illegal memory access / launch failure."""
+    """A RuntimeError (torch.AcceleratorError is one) whose message names a sticky kernel
+    fault: device-side assert, illegal memory access, launch failure, misaligned address."""
     assert events.is_cuda_error(exc) is expected
 
 
@@ -295,3 +297,24 @@ def test_show_fault_without_a_fault_says_so(tmp_path, module_factory, fake, caps
     assert otel_gpu.flush()
     assert main(["show", "--fault", str(path)]) == 1
     assert "No CUDA fault in" in capsys.readouterr().out
+
+
+def test_a_fault_the_resolver_finds_is_journaled_before_any_call_raises(
+    otel_gpu_spans, module_factory, fake
+):
+    """The export thread's query hits the sticky error first: the verdict is in the journal at
+    once, for a process killed before its program ever raises."""
+    from otel_gpu.journal import reader
+    from otel_gpu.journal.writer import Journal
+
+    otel_gpu_spans(level=1)
+    lib = module_factory(LIB)
+    lib.step(1)
+    fake.complete(fake.recorded[0], time.time_ns(), 0)
+    _drain()
+    (pair,) = list(pipeline.current().device_time.active)
+    suspect = format(pair.call.span.span_id, "016x")
+    fake.fail()
+    _drain()
+    (journal,) = [o for o in pipeline.current().observers if isinstance(o, Journal)]
+    assert reader.read(journal.path).fault["suspect"] == suspect

@@ -44,10 +44,14 @@ def fake():
     events.use(None)
 
 
-def _complete_all(fake: events.FakeEvents, host_ns: int, step_ms: float = 1.0) -> None:
-    """Complete every recorded event, the i-th at ``host_ns`` + i * ``step_ms``."""
+def _complete_all(fake: events.FakeEvents, step_ms: float = 1.0) -> None:
+    """Complete every recorded event, ``step_ms`` apart, after the calls were made and before
+    now, as a device does: the last one 1 ms ago."""
+    n = len(fake.recorded)
+    time.sleep((n * step_ms + 2) / 1e3)
+    now = time.time_ns()
     for i, event in enumerate(fake.recorded):
-        fake.complete(event, host_ns, i * step_ms)
+        fake.complete(event, now, (i - n) * step_ms)
 
 
 def _drain() -> None:
@@ -67,7 +71,8 @@ def test_completed_events_put_duration_queue_delay_and_stream_on_the_span(
     fake.current = 42
     lib.inner(1)
     start, end = fake.recorded
-    call_start = time.time_ns()
+    time.sleep(0.03)
+    call_start = time.time_ns() - 20_000_000  # after the call started, before now
     fake.complete(start, call_start, 0.0)
     fake.complete(end, call_start, 2.5)
     (span,) = spans.get()
@@ -87,7 +92,8 @@ def test_level_1_has_no_device_span_level_3_has_one_on_the_device_clock(
     spans = otel_gpu_spans(level=3)
     lib = module_factory(LIB)
     lib.inner(1)
-    t0 = time.time_ns() + 3_000_000
+    time.sleep(0.03)
+    t0 = time.time_ns() - 20_000_000  # after the call started, before now
     fake.complete(fake.recorded[0], t0, 0.0)
     fake.complete(fake.recorded[1], t0, 4.0)
     got = spans.get()
@@ -105,7 +111,7 @@ def test_device_spans_on_gives_level_1_calls_a_child(otel_gpu_spans, module_fact
     spans = otel_gpu_spans(level=1, device_spans="on")
     lib = module_factory(LIB)
     lib.inner(1)
-    _complete_all(fake, time.time_ns())
+    _complete_all(fake)
     assert sorted(s.name.endswith("[device]") for s in spans.get()) == [False, True]
 
 
@@ -116,7 +122,7 @@ def test_events_come_from_a_reused_pool_not_one_per_call(otel_gpu_spans, module_
     lib = module_factory(LIB)
     for i in range(500):
         lib.inner(i)
-        _complete_all(fake, time.time_ns())
+        _complete_all(fake)
         fake.recorded.clear()
         if i % 50 == 0:
             _drain()
@@ -156,7 +162,7 @@ def test_a_waiting_call_does_not_hold_back_spans_resolved_after_it(
     fake.current = 9  # another stream
     lib.inner(2)
     first, second = fake.recorded[:2], fake.recorded[2:]
-    now = time.time_ns()
+    now = time.time_ns() - 50_000_000
     fake.complete(second[0], now, 0)
     fake.complete(second[1], now, 1)
     _drain()
@@ -176,7 +182,7 @@ def test_nested_calls_each_get_their_own_pair(otel_gpu_spans, module_factory, fa
     lib = module_factory(LIB)
     lib.outer(1)
     o_start, i_start, i_end, o_end = fake.recorded
-    now = time.time_ns()
+    now = time.time_ns() - 50_000_000
     for event, at in ((o_start, 0), (i_start, 1), (i_end, 3), (o_end, 10)):
         fake.complete(event, now, at)
     by_name = {s.name.rsplit(".", 1)[1]: s for s in spans.get()}
@@ -196,10 +202,10 @@ def test_an_empty_pool_measures_no_more_calls_and_counts_them(
     for i in range(5):
         lib.inner(i)
     assert fake.created == 4 and len(fake.recorded) == 4  # two calls measured
-    _complete_all(fake, time.time_ns())
+    _complete_all(fake)
     _drain()  # resolved: the pool has its pairs back
     lib.inner(9)
-    _complete_all(fake, time.time_ns())
+    _complete_all(fake)
     got = spans.get()
     assert sum(DEVICE_DURATION in s.attributes for s in got) == 3
     assert sum(s.attributes.get(DEVICE_UNMEASURED, 0) for s in got) == 3
@@ -286,7 +292,7 @@ def test_compiled_fullgraph_calls_record_events_in_the_runtime_operators(
     assert torch.equal(compiled(x), (x + 1) * 3)
     assert sum(counters["graph_break"].values()) == 0
     assert len(fake.recorded) == 2
-    _complete_all(fake, time.time_ns(), 1.5)
+    _complete_all(fake, 1.5)
     (span,) = spans.get()
     assert span.attributes[DEVICE_DURATION] == pytest.approx(0.0015)
 
@@ -365,7 +371,7 @@ def test_each_read_replay_of_a_cuda_graph_carries_its_device_time(
             _gpu_runs(graph, [x, x * 2])
             graph.replay()
             start, end = fake.recorded[-2:]
-            now = time.time_ns()
+            now = time.time_ns() - 50_000_000
             fake.complete(start, now, 0.0)
             fake.complete(end, now, ms)
             copies.gate.set()

@@ -52,6 +52,7 @@ POOL = 1024
 _GROW = 64  # pairs created at a time (never per call)
 _RECALIBRATE = 1.0  # seconds between reference events: clock drift stays far below 50 µs
 _REFERENCE_TIMEOUT = 0.05  # seconds the export thread polls a reference event
+_MARGIN_NS = 1_000_000  # a reference this much older than a call's host start preceded it
 _RESOLVED = ()  # call.device once resolved without a device span
 
 
@@ -216,7 +217,6 @@ class DeviceTime:
         with self._lock:
             verdict = self._verdict(device, _text(call.exc))
         cuda_fault.mark_raising(call, verdict)
-        cuda_fault.journal(self.pipeline, verdict)
 
     def _any_device(self) -> int:
         for pair in self.active:
@@ -286,8 +286,8 @@ class DeviceTime:
         return pair.end_seen
 
     def _query_failed(self, exc: Exception, device: int) -> None:
-        self.broken = True
-        self.live = False
+        """A query or elapsed time raised: a kernel fault stops every query from now on (it is
+        sticky) and names the suspect; anything else costs only this call its device time."""
         if events.is_cuda_error(exc):
             self._verdict(device, _text(exc))
         else:
@@ -302,6 +302,8 @@ class DeviceTime:
             verdict = cuda_fault.find(list(self.active), device, error)
             self.faults[device] = verdict
             cuda_fault.mark_suspects(verdict)
+            # in the journal at once: the process may die before any call raises the error
+            cuda_fault.journal(self.pipeline, verdict)
         return verdict
 
     def _settle(self, pair: Pair, deadline: float, now: float | None = None) -> bool:
@@ -314,8 +316,9 @@ class DeviceTime:
             try:
                 self._resolve(call, pair)
             except Exception as exc:
-                self._query_failed(exc, pair.device)
                 self._unresolved(call)
+                self._free(pair)
+                self._query_failed(exc, pair.device)
             return True
         if self.broken or (now is not None and now >= deadline):
             self._unresolved(call)
@@ -355,17 +358,20 @@ class DeviceTime:
         """Host time (ns) at which the device reached ``pair.start``, from a reference event:
         ``elapsed`` is measured forwards, from whichever of the two the device reached first."""
         cal = self._calibration.get(pair.device)
+        # the start event was recorded just before call_start_ns: a reference 1 ms older surely
+        # ran before it; one taken after the end was seen complete surely ran after it
+        before = call_start_ns - _MARGIN_NS
         if (
             cal is None
             or time.monotonic() - cal[2] > _RECALIBRATE
-            or not (cal[0] < call_start_ns or cal[0] > pair.seen_ns)
+            or not (cal[0] < before or cal[0] > pair.seen_ns)
         ):
             found = self.backend.reference(pair.device, _REFERENCE_TIMEOUT)
             if found is None:
                 return None
             cal = self._calibration[pair.device] = (found[0], found[1], time.monotonic())
         host, ref = cal[0], cal[1]
-        if host < call_start_ns:  # the reference ran before the call's start was recorded
+        if host < before:  # the reference ran before the call's start was recorded
             return host + round(self.backend.elapsed_ms(ref, pair.start) * 1e6)
         return host - round(self.backend.elapsed_ms(pair.start, ref) * 1e6)
 

@@ -63,29 +63,33 @@ class EventBackend(Protocol):
         ...
 
 
-_CUDA_ERROR_WORDS = (
-    "CUDA error",
-    "cudaError",
+_FAULT_WORDS = (
     "device-side assert",
     "illegal memory access",
     "illegal address",
     "unspecified launch failure",
-    "CUDA_ERROR",
+    "misaligned address",
+    "illegal instruction",
+    "hardware stack error",
+    "invalid program counter",
+    "CUDA_ERROR_ILLEGAL",
+    "CUDA_ERROR_LAUNCH_FAILED",
+    "CUDA_ERROR_ASSERT",
 )
 
 
 def is_cuda_error(exc: BaseException) -> bool:
-    """Whether ``exc`` reports a CUDA fault (illegal address, device-side assert, launch failure):
-    ``torch.AcceleratorError`` or a ``RuntimeError`` whose message says so."""
+    """Whether ``exc`` reports a sticky CUDA fault of a kernel (illegal address, device-side
+    assert, launch failure, misaligned address, illegal instruction): a ``RuntimeError``
+    (``torch.AcceleratorError`` is one) whose message says so. Other CUDA errors (an invalid
+    argument, out of memory) leave the context usable and blame no kernel."""
     try:
-        if type(exc).__name__ == "AcceleratorError":
-            return True
         if not isinstance(exc, RuntimeError):
             return False
         text = str(exc)
     except BaseException:  # a hostile __str__ is not a CUDA error
         return False
-    return any(word in text for word in _CUDA_ERROR_WORDS)
+    return any(word in text for word in _FAULT_WORDS)
 
 
 class CudaEvents:
@@ -207,6 +211,8 @@ class FakeEvents:
             raise RuntimeError(f"CUDA error: {self.error}")
         if start.time_ms is None or end.time_ms is None or not (start.done and end.done):
             raise RuntimeError("elapsed time of an event that has not completed")
+        if end.time_ms < start.time_ms:  # not relied on: device time measures forwards
+            raise RuntimeError("elapsed time backwards: the end event ran before the start")
         return end.time_ms - start.time_ms
 
     def reference(self, device: int, timeout: float) -> tuple[int, Any] | None:
