@@ -1,6 +1,6 @@
 """Reading a crash journal back: the file's header, its process, and the calls in flight.
 
-The layout is the writer's (:mod:`otel_gpu.journal.writer`); this is its only decoder, used by
+The layout is :mod:`otel_gpu.journal.layout`, the writer's and this reader's; this is its only decoder, used by
 ``otel-gpu recover`` (:mod:`otel_gpu.journal.recover`) and the tests. Everything read is
 checked before it is used: a journal may be truncated, torn or planted.
 """
@@ -8,49 +8,42 @@ checked before it is used: a journal may be truncated, torn or planted.
 from __future__ import annotations
 
 import errno
-import io
 import json
 import mmap
 import os
-import pickle
 import stat
 from dataclasses import dataclass, field
 from typing import Any
 
-from otel_gpu.calls import metadata
-from otel_gpu.journal.writer import (
-    _BODY,
-    _COMMIT,
-    _COMMITTED,
-    _HEADER,
-    _INPUTS_AT,
-    _META_AT,
-    _U32,
+from otel_gpu.journal.inputs import decode as decode_inputs
+from otel_gpu.journal.layout import (
+    BODY,
     CLOSED,
+    COMMIT,
+    COMMITTED,
     F_INPUTS,
     F_INPUTS_FAILED,
     F_PARENT,
     F_PARENT_REMOTE,
     F_TRUNCATED,
+    HEADER,
     HEADER_SIZE,
+    INPUTS_AT,
     LARGE_SLOT,
     MAGIC,
+    MAX_SIZE,
+    META_AT,
     PLANS_SIZE,
+    SLOT_LIMITS,
     SLOTS_LARGE,
     SLOTS_SMALL,
     SMALL_SLOT,
+    U32,
     VERSION,
 )
 from otel_gpu.traces.reader import too_deep
 
 __all__ = ["MAX_SIZE", "JournalFile", "Record", "decode_inputs", "read"]
-
-# What the writer can produce, and so all a reader ever needs to look at: a crafted header
-# (a billion slots, a 16 GB sparse file, megabytes of "metadata") is refused before it is
-# mapped, so reading a journal costs a small multiple of these sizes whatever the file says.
-_SLOT_LIMITS = {SMALL_SLOT: SLOTS_SMALL, LARGE_SLOT: SLOTS_LARGE}
-MAX_SIZE = HEADER_SIZE + PLANS_SIZE + max(s * n for s, n in _SLOT_LIMITS.items())
-"""The largest journal the writer makes (1.1 MiB); a larger file is refused unread."""
 
 
 @dataclass
@@ -132,7 +125,7 @@ def _parse(path: str, mm: Any, size: int) -> JournalFile:
         heartbeat,
         state,
         meta_len,
-    ) = _HEADER.unpack_from(mm, 0)
+    ) = HEADER.unpack_from(mm, 0)
     if magic != MAGIC:
         raise ValueError("not an otel-gpu journal")
     if version != VERSION:
@@ -140,13 +133,13 @@ def _parse(path: str, mm: Any, size: int) -> JournalFile:
     base = header_size + plans_size
     if (
         stride < SMALL_SLOT
-        or header_size < _META_AT
+        or header_size < META_AT
         or base + stride * count > size
-        or meta_len > header_size - _META_AT
+        or meta_len > header_size - META_AT
     ):
         raise ValueError("inconsistent journal header")
     # The writer's layout, not merely a consistent one: each part within what it writes.
-    limit = _SLOT_LIMITS.get(stride)
+    limit = SLOT_LIMITS.get(stride)
     if limit is None or count > limit:
         raise ValueError(
             f"its header claims {count} slots of {stride} bytes; otel-gpu writes at most "
@@ -157,13 +150,13 @@ def _parse(path: str, mm: Any, size: int) -> JournalFile:
             f"its header claims a {header_size}-byte header and {plans_size} bytes of plans; "
             f"otel-gpu writes {HEADER_SIZE} and at most {PLANS_SIZE}"
         )
-    meta = _json(bytes(mm[_META_AT : _META_AT + meta_len])) if meta_len else {}
+    meta = _json(bytes(mm[META_AT : META_AT + meta_len])) if meta_len else {}
     if not isinstance(meta, dict):
         meta = {}
     plans: list[tuple[str, dict[str, Any]]] = []
     at = header_size
     while at + 4 <= base:
-        (length,) = _U32.unpack_from(mm, at)
+        (length,) = U32.unpack_from(mm, at)
         if not length or at + 4 + length > base:
             break
         try:
@@ -188,10 +181,10 @@ def _parse(path: str, mm: Any, size: int) -> JournalFile:
     )
     for slot in range(count):
         offset = base + slot * stride
-        (commit,) = _COMMIT.unpack_from(mm, offset)
-        if commit != _COMMITTED:
+        (commit,) = COMMIT.unpack_from(mm, offset)
+        if commit != COMMITTED:
             continue
-        hi, lo, span_id, parent_id, start, thread, plan, flags, size = _BODY.unpack_from(
+        hi, lo, span_id, parent_id, start, thread, plan, flags, size = BODY.unpack_from(
             mm, offset + 8
         )
         trace_id = hi << 64 | lo
@@ -200,9 +193,9 @@ def _parse(path: str, mm: Any, size: int) -> JournalFile:
         name, code = plans[plan] if plan < len(plans) else ("unknown", {})
         inputs = None
         error = None
-        if flags & F_INPUTS and size and _INPUTS_AT + size <= stride:
+        if flags & F_INPUTS and size and INPUTS_AT + size <= stride:
             try:
-                inputs = decode_inputs(bytes(mm[offset + _INPUTS_AT : offset + _INPUTS_AT + size]))
+                inputs = decode_inputs(bytes(mm[offset + INPUTS_AT : offset + INPUTS_AT + size]))
             except Exception as exc:
                 error = f"{type(exc).__name__}: {exc}"
         elif flags & F_INPUTS_FAILED:
@@ -242,57 +235,3 @@ def _json(raw: bytes) -> Any:
         return json.loads(raw)
     except (ValueError, RecursionError):
         return None
-
-
-class _NoGlobals(pickle.Unpickler):
-    """Journal entries are tuples of builtins: refuse anything that would import or call."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        raise pickle.UnpicklingError(f"journal entries hold no objects ({module}.{name})")
-
-
-def decode_inputs(blob: bytes) -> list[tuple[Any, ...]]:
-    """The compact input records of a journal slot (raises on anything malformed).
-
-    Each record must have exactly the shape the journal writes (``writer._compact``): a key,
-    a kind and atoms (str, int, float, bool, None, tuples of ints). Anything else, such as a
-    nested container (a nesting bomb) or a shared reference expanding on a walk, is refused
-    before it is used.
-    """
-    entries = _NoGlobals(io.BytesIO(blob)).load()
-    if not isinstance(entries, list) or not all(map(_valid_record, entries)):
-        raise ValueError("malformed journal input records")
-    return entries
-
-
-_ATOMS = (str, int, float, bool, type(None))
-
-
-def _ints(value: Any) -> bool:
-    return type(value) is tuple and all(type(v) is int for v in value)
-
-
-def _valid_record(e: Any) -> bool:
-    """Whether ``e`` is one of the record shapes ``writer._compact`` writes."""
-    if type(e) is not tuple or len(e) < 2 or type(e[0]) is not str or type(e[1]) is not int:
-        return False
-    kind, payload = e[1], e[2:]
-    if kind == metadata.TENSOR:
-        if len(payload) == 1:
-            return type(payload[0]) is str
-        return (
-            len(payload) == 6
-            and _ints(payload[0])
-            and type(payload[1]) is str
-            and type(payload[2]) is str
-            and (payload[3] is None or _ints(payload[3]))
-            and type(payload[4]) is bool
-            and type(payload[5]) is bool
-        )
-    if kind == metadata.VALUE:
-        return len(payload) == 1 and type(payload[0]) in _ATOMS
-    if kind == metadata.CONTAINER:
-        return len(payload) == 2 and type(payload[0]) is str and type(payload[1]) is int
-    if kind == metadata.OBJECT:
-        return len(payload) == 1 and type(payload[0]) is str
-    return kind in (metadata.DEFAULT, metadata.REDACTED) and not payload
