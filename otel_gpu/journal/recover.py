@@ -45,6 +45,7 @@ __all__ = [
     "TERMINAL",
     "Outcome",
     "judge",
+    "pid_state",
     "recover",
     "spans_of",
 ]
@@ -82,7 +83,7 @@ class Outcome:
 # --------------------------------------------------------------------------- liveness
 
 
-def _pid_state(pid: int) -> str:
+def pid_state(pid: int) -> str:
     """alive or dead, for a pid on this host (zombies count as dead)."""
     info = _writer.process_start_ticks(pid)
     if info is not None:
@@ -107,7 +108,7 @@ def judge(journal: JournalFile) -> str:
         return "dead"  # written before the last reboot
     info = _writer.process_start_ticks(journal.pid)
     if info is None:
-        return _pid_state(journal.pid)
+        return pid_state(journal.pid)
     ticks, state = info
     if state in ("Z", "X", "x"):
         return "dead"
@@ -346,7 +347,7 @@ def _recover_one(
         owner = claimer.partition("-")[0]
         if not owner.isdigit():
             return Outcome(path, "invalid", detail="unexpected file name for a claimed journal")
-        if int(owner) == os.getpid() or _pid_state(int(owner)) == "alive":
+        if int(owner) == os.getpid() or pid_state(int(owner)) == "alive":
             return Outcome(path, "taken", detail=f"claimed by pid {owner}, which is running")
     try:
         journal = read(path)

@@ -83,7 +83,15 @@ if TYPE_CHECKING:
     from otel_gpu.calls.record import Call
     from otel_gpu.export.pipeline import Pipeline
 
-__all__ = ["Journal", "default_dir", "journal_dir", "make_observer", "start_recovery"]
+__all__ = [
+    "Journal",
+    "default_dir",
+    "journal_dir",
+    "make_observer",
+    "open_journals",
+    "private_dir",
+    "start_recovery",
+]
 
 # Bound once: module globals, not attribute lookups, on the caller's thread.
 _pack_body = BODY.pack_into
@@ -130,7 +138,7 @@ def journal_dir(settings: Settings) -> str:
     return default_dir()
 
 
-def _private_dir(path: str, shared_parent: bool) -> None:
+def private_dir(path: str, shared_parent: bool) -> None:
     """Create ``path`` 0700, and its missing parents 0700 too (whatever the umask); refuse a
     default directory another user created or a symlink, and a chosen one
     (``OTEL_GPU_JOURNAL_DIR``) that another user owns or may write in.
@@ -205,6 +213,11 @@ def process_start_ticks(pid: int) -> tuple[int, str] | None:
 # --------------------------------------------------------------------------- the observer
 
 _open_journals: weakref.WeakSet[Journal] = weakref.WeakSet()
+
+
+def open_journals() -> list[Journal]:
+    """The journals this process has open now (one per pipeline that keeps one)."""
+    return list(_open_journals)
 
 
 class Journal:
@@ -518,7 +531,7 @@ def make_observer(settings: Settings, pipeline: Pipeline) -> Journal | None:
     """
     directory = journal_dir(settings)
     try:
-        _private_dir(directory, shared_parent=not settings.journal_dir)
+        private_dir(directory, shared_parent=not settings.journal_dir)
         journal = Journal(directory, settings, pipeline)
     except OSError as exc:
         _guard.warn_once(
