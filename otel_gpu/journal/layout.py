@@ -10,7 +10,8 @@ words; a journal is read on the host that wrote it)::
     slots    N x S    one record per call in flight (S = 64 bytes at level 1,
                       4 KiB at level >= 3, where the input metadata follows)
 
-Each slot begins with a commit word (:data:`COMMIT`), stored last when a call starts and
+The header names its process by pid, start time and boot (:func:`process_start_ticks`,
+:func:`boot_id`). Each slot begins with a commit word (:data:`COMMIT`), stored last when a call starts and
 cleared first when it ends: a slot holds a record only while that word is :data:`COMMITTED`.
 The input metadata of a large slot is :mod:`otel_gpu.journal.inputs`'s encoding.
 """
@@ -51,6 +52,8 @@ __all__ = [
     "SUFFIX",
     "U32",
     "VERSION",
+    "boot_id",
+    "process_start_ticks",
 ]
 
 MAGIC = b"OTGPUJNL"
@@ -95,3 +98,39 @@ NO_PLAN = 0xFFFFFFFF
 SLOT_LIMITS = {SMALL_SLOT: SLOTS_SMALL, LARGE_SLOT: SLOTS_LARGE}
 MAX_SIZE = HEADER_SIZE + PLANS_SIZE + max(s * n for s, n in SLOT_LIMITS.items())
 """The largest journal the writer makes (1.1 MiB); a larger file is refused unread."""
+
+
+# --------------------------------------------------------------------------- process identity
+# What the header's start_ticks and boot_id fields hold: they tell a dead process from a live
+# one that reuses its pid, and a journal written before the last reboot.
+
+_boot_id: bytes | None = None
+
+
+def boot_id() -> bytes:
+    """This boot's id (16 bytes; zeros where unknown): tells a reboot from a live pid."""
+    global _boot_id
+    if _boot_id is None:
+        try:
+            with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+                _boot_id = bytes.fromhex(f.read().strip().replace("-", ""))[:16].ljust(16, b"\0")
+        except (OSError, ValueError):
+            _boot_id = bytes(16)
+    return _boot_id
+
+
+def process_start_ticks(pid: int) -> tuple[int, str] | None:
+    """(start time in clock ticks since boot, state letter) of ``pid`` from ``/proc``; None if absent.
+
+    The start time tells a dead process from a new one that reuses its pid.
+    """
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    try:
+        fields = data[data.rindex(b")") + 2 :].split()
+        return int(fields[19]), fields[0].decode("ascii", "replace")
+    except (ValueError, IndexError):
+        return None

@@ -73,6 +73,8 @@ from otel_gpu.journal.layout import (
     SUFFIX,
     U32,
     VERSION,
+    boot_id,
+    process_start_ticks,
 )
 
 _payload = metadata._payload
@@ -174,40 +176,6 @@ def private_dir(path: str, shared_parent: bool) -> None:
                 f"{path!r} (mode {stat.S_IMODE(info.st_mode):04o}) lets other users write in it: "
                 "OTEL_GPU_JOURNAL_DIR must not be group- or world-writable (chmod 700 it)"
             )
-
-
-# --------------------------------------------------------------------------- process identity
-
-_boot_id: bytes | None = None
-
-
-def boot_id() -> bytes:
-    """This boot's id (16 bytes; zeros where unknown): tells a reboot from a live pid."""
-    global _boot_id
-    if _boot_id is None:
-        try:
-            with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
-                _boot_id = bytes.fromhex(f.read().strip().replace("-", ""))[:16].ljust(16, b"\0")
-        except (OSError, ValueError):
-            _boot_id = bytes(16)
-    return _boot_id
-
-
-def process_start_ticks(pid: int) -> tuple[int, str] | None:
-    """(start time in clock ticks since boot, state letter) of ``pid`` from ``/proc``; None if absent.
-
-    The start time tells a dead process from a new one that reuses its pid.
-    """
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
-        return None
-    try:
-        fields = data[data.rindex(b")") + 2 :].split()
-        return int(fields[19]), fields[0].decode("ascii", "replace")
-    except (ValueError, IndexError):
-        return None
 
 
 # --------------------------------------------------------------------------- the observer
