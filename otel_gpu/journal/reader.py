@@ -15,32 +15,9 @@ import stat
 from dataclasses import dataclass, field
 from typing import Any
 
+from otel_gpu.journal import layout
 from otel_gpu.journal.inputs import decode as decode_inputs
-from otel_gpu.journal.layout import (
-    BODY,
-    CLOSED,
-    COMMIT,
-    COMMITTED,
-    F_INPUTS,
-    F_INPUTS_FAILED,
-    F_PARENT,
-    F_PARENT_REMOTE,
-    F_TRUNCATED,
-    HEADER,
-    HEADER_SIZE,
-    INPUTS_AT,
-    LARGE_SLOT,
-    MAGIC,
-    MAX_SIZE,
-    META_AT,
-    PLANS_SIZE,
-    SLOT_LIMITS,
-    SLOTS_LARGE,
-    SLOTS_SMALL,
-    SMALL_SLOT,
-    U32,
-    VERSION,
-)
+from otel_gpu.journal.layout import MAX_SIZE
 from otel_gpu.traces.reader import too_deep
 
 __all__ = ["MAX_SIZE", "JournalFile", "Record", "decode_inputs", "read"]
@@ -96,7 +73,7 @@ def read(path: str) -> JournalFile:
             raise ValueError("not a regular file")
         if hasattr(os, "getuid") and info.st_uid != os.getuid():
             raise ValueError(f"owned by uid {info.st_uid}, not by this user")
-        if info.st_size < HEADER_SIZE:
+        if info.st_size < layout.HEADER_SIZE:
             raise ValueError("too short to be a journal")
         if info.st_size > MAX_SIZE:
             raise ValueError(
@@ -125,38 +102,38 @@ def _parse(path: str, mm: Any, size: int) -> JournalFile:
         heartbeat,
         state,
         meta_len,
-    ) = HEADER.unpack_from(mm, 0)
-    if magic != MAGIC:
+    ) = layout.HEADER.unpack_from(mm, 0)
+    if magic != layout.MAGIC:
         raise ValueError("not an otel-gpu journal")
-    if version != VERSION:
-        raise ValueError(f"journal format {version}, this otel-gpu reads {VERSION}")
+    if version != layout.VERSION:
+        raise ValueError(f"journal format {version}, this otel-gpu reads {layout.VERSION}")
     base = header_size + plans_size
     if (
-        stride < SMALL_SLOT
-        or header_size < META_AT
+        stride < layout.SMALL_SLOT
+        or header_size < layout.META_AT
         or base + stride * count > size
-        or meta_len > header_size - META_AT
+        or meta_len > header_size - layout.META_AT
     ):
         raise ValueError("inconsistent journal header")
     # The writer's layout, not merely a consistent one: each part within what it writes.
-    limit = SLOT_LIMITS.get(stride)
+    limit = layout.SLOT_LIMITS.get(stride)
     if limit is None or count > limit:
         raise ValueError(
             f"its header claims {count} slots of {stride} bytes; otel-gpu writes at most "
-            f"{SLOTS_SMALL} of {SMALL_SLOT} or {SLOTS_LARGE} of {LARGE_SLOT}"
+            f"{layout.SLOTS_SMALL} of {layout.SMALL_SLOT} or {layout.SLOTS_LARGE} of {layout.LARGE_SLOT}"
         )
-    if header_size != HEADER_SIZE or plans_size > PLANS_SIZE:
+    if header_size != layout.HEADER_SIZE or plans_size > layout.PLANS_SIZE:
         raise ValueError(
             f"its header claims a {header_size}-byte header and {plans_size} bytes of plans; "
-            f"otel-gpu writes {HEADER_SIZE} and at most {PLANS_SIZE}"
+            f"otel-gpu writes {layout.HEADER_SIZE} and at most {layout.PLANS_SIZE}"
         )
-    meta = _json(bytes(mm[META_AT : META_AT + meta_len])) if meta_len else {}
+    meta = _json(bytes(mm[layout.META_AT : layout.META_AT + meta_len])) if meta_len else {}
     if not isinstance(meta, dict):
         meta = {}
     plans: list[tuple[str, dict[str, Any]]] = []
     at = header_size
     while at + 4 <= base:
-        (length,) = U32.unpack_from(mm, at)
+        (length,) = layout.U32.unpack_from(mm, at)
         if not length or at + 4 + length > base:
             break
         try:
@@ -175,16 +152,16 @@ def _parse(path: str, mm: Any, size: int) -> JournalFile:
         created_ns=created,
         heartbeat_ns=heartbeat,
         level=level,
-        closed=state == CLOSED,
+        closed=state == layout.CLOSED,
         host=host if isinstance(host, str) else None,
         resource=resource if isinstance(resource, dict) else {},
     )
     for slot in range(count):
         offset = base + slot * stride
-        (commit,) = COMMIT.unpack_from(mm, offset)
-        if commit != COMMITTED:
+        (commit,) = layout.COMMIT.unpack_from(mm, offset)
+        if commit != layout.COMMITTED:
             continue
-        hi, lo, span_id, parent_id, start, thread, plan, flags, size = BODY.unpack_from(
+        hi, lo, span_id, parent_id, start, thread, plan, flags, size = layout.BODY.unpack_from(
             mm, offset + 8
         )
         trace_id = hi << 64 | lo
@@ -193,25 +170,27 @@ def _parse(path: str, mm: Any, size: int) -> JournalFile:
         name, code = plans[plan] if plan < len(plans) else ("unknown", {})
         inputs = None
         error = None
-        if flags & F_INPUTS and size and INPUTS_AT + size <= stride:
+        if flags & layout.F_INPUTS and size and layout.INPUTS_AT + size <= stride:
             try:
-                inputs = decode_inputs(bytes(mm[offset + INPUTS_AT : offset + INPUTS_AT + size]))
+                inputs = decode_inputs(
+                    bytes(mm[offset + layout.INPUTS_AT : offset + layout.INPUTS_AT + size])
+                )
             except Exception as exc:
                 error = f"{type(exc).__name__}: {exc}"
-        elif flags & F_INPUTS_FAILED:
+        elif flags & layout.F_INPUTS_FAILED:
             error = "input metadata could not be encoded"
         journal.records.append(
             Record(
                 trace_id=trace_id,
                 span_id=span_id,
-                parent_span_id=parent_id if flags & F_PARENT else None,
-                parent_remote=bool(flags & F_PARENT_REMOTE),
+                parent_span_id=parent_id if flags & layout.F_PARENT else None,
+                parent_remote=bool(flags & layout.F_PARENT_REMOTE),
                 start_ns=start,
                 thread_id=thread,
                 name=name,
                 code=code,
                 inputs=inputs,
-                inputs_truncated=bool(flags & F_TRUNCATED),
+                inputs_truncated=bool(flags & layout.F_TRUNCATED),
                 inputs_error=error,
             )
         )
