@@ -78,3 +78,15 @@ def test_wheel_contains_otel_gpu_exporters_and_no_top_level_exporters(tmp_path):
     entry = next(n for n in names if n.endswith("entry_points.txt"))
     text = zipfile.ZipFile(wheel).read(entry).decode()
     assert "[opentelemetry_traces_exporter]" in text and "[opentelemetry_resource_detector]" in text
+
+
+def test_every_package_folder_is_listed_for_the_wheel():
+    """pyproject lists packages explicitly, so a folder left out of the list is left out of every
+    wheel (``otel_gpu.metrics`` was): each folder of ``otel_gpu/`` with an ``__init__.py`` is listed."""
+    import tomllib
+
+    listed = set(
+        tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    )
+    folders = {"otel_gpu." + p.parent.name for p in (ROOT / "otel_gpu").glob("*/__init__.py")}
+    assert folders - listed == set(), f"not in pyproject's packages: {sorted(folders - listed)}"
