@@ -35,10 +35,11 @@ install-test:
 	$(PIP) install -q -c $(TEST_CONSTRAINTS) --no-deps $(FLASHINFER_PKGS)
 
 lint: install-test
-	@echo "==> lint: ruff check, ruff format --check, mypy"
+	@echo "==> lint: ruff check, ruff format --check, mypy, the import layers (lint-imports)"
 	$(PYTHON) -m ruff check .
 	$(PYTHON) -m ruff format --check .
 	$(PYTHON) -m mypy
+	$(PYTHON) .ci/lint_layers.py
 
 ## test: install what the tests need (Phoenix in its own venv) and run every test
 test: lint

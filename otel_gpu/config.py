@@ -314,14 +314,19 @@ def _names(raw: str) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class Setting:
-    """One row of the configuration table."""
+    """One row of the configuration table. Its default is not a column: it is written once, as
+    the default of the :class:`Settings` field of the same name, and read from there."""
 
     field: str
     env: str
-    default: Any
     allowed: str
     parse: Callable[[str], Any]
     doc: str
+
+    @property
+    def default(self) -> Any:
+        """The default: the :class:`Settings` field's, the only place it is written."""
+        return _DEFAULTS[self.field]
 
 
 _METRICS_INTERVAL = Bounded(0.1, 86_400, integer=False, unit="seconds, a day")
@@ -330,7 +335,6 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "level",
         "OTEL_GPU_LOGLEVEL",
-        0,
         "0, 1, 3, 5, 10",
         _int_choice(LEVELS),
         "0: off (the decorator returns the function itself); 1: one span per call; "
@@ -340,7 +344,6 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "dest",
         "OTEL_GPU_LOGDEST",
-        ("stdout",),
         "comma-separated: stdout, stderr, otlp, a path ending in .jsonl (OTLP JSON Lines), "
         "any other path (text; a bare name close to a keyword, such as stdot, is refused as a "
         "typo: write ./stdot); %i = pid, %r = rank",
@@ -350,7 +353,6 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "provider",
         "OTEL_GPU_PROVIDER",
-        "auto",
         "auto, global, own",
         _str_choice(("auto", "global", "own")),
         "auto: use the application's global SDK TracerProvider if it has set one, else "
@@ -360,7 +362,6 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "max_items",
         "OTEL_GPU_MAX_ITEMS",
-        8,
         "integer > 0 and <= 1024",
         Bounded(1, 1024, integer=True),
         "How many elements of a list/tuple/dict argument are expanded into attributes; "
@@ -369,7 +370,6 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "repr_limit",
         "OTEL_GPU_REPR_LIMIT",
-        256,
         "integer > 0 and <= 1000000 (values above 2048 are capped at 2048)",
         Bounded(1, 1_000_000, integer=True),
         "Maximum length in bytes of a repr() or string attribute value. Never above 2048.",
@@ -377,7 +377,6 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "queue_size",
         "OTEL_GPU_QUEUE_SIZE",
-        65536,
         "integer > 0 and <= 16777216",
         Bounded(1, 16_777_216, integer=True),
         "Calls waiting to be turned into spans. When full, OTEL_GPU_QUEUE_FULL decides.",
@@ -385,7 +384,6 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "queue_full",
         "OTEL_GPU_QUEUE_FULL",
-        "block",
         "block, drop",
         _str_choice(("block", "drop")),
         "What a call does when the queue is full (export fell behind). block: the caller exports "
@@ -397,7 +395,6 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "flush_timeout",
         "OTEL_GPU_FLUSH_TIMEOUT",
-        3.0,
         "number >= 0 and <= 600 (seconds)",
         Bounded(0, _MAX_SECONDS, integer=False, unit="seconds"),
         "Unset: interpreter exit builds every span still queued, however long that takes while "
@@ -408,7 +405,6 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "export_gc_pause",
         "OTEL_GPU_EXPORT_GC_PAUSE",
-        True,
         "true, false",
         _bool,
         "Pause Python's garbage collector while the export thread builds and encodes a chunk of "
@@ -418,7 +414,6 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "encoder",
         "OTEL_GPU_ENCODER",
-        "native",
         "native, official",
         _str_choice(("native", "official")),
         "How otel-gpu's own destinations (OTEL_GPU_LOGDEST) encode spans. native: otel-gpu's "
@@ -429,7 +424,6 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "color",
         "OTEL_GPU_COLOR",
-        "auto",
         "auto, always, never",
         _str_choice(("auto", "always", "never")),
         "Colour in the console renderer. auto: when the stream is a tty and NO_COLOR is unset.",
@@ -437,7 +431,6 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "strict",
         "OTEL_GPU_STRICT",
-        False,
         "true, false",
         _bool,
         "Turn otel-gpu's internal errors into exceptions instead of logging them once. "
@@ -446,7 +439,6 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "redact",
         "OTEL_GPU_REDACT",
-        ("token", "key", "password", "secret", "auth"),
         "comma-separated substrings; empty disables",
         _names,
         "String arguments whose parameter name contains one of these are recorded as "
@@ -455,7 +447,6 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "instrument",
         "OTEL_GPU_INSTRUMENT",
-        (),
         "comma-separated targets: module, pkg.mod.Class, pkg.mod.function, glob on module names "
         "(pkg.*), flashinfer; refused: the standard library, otel_gpu, opentelemetry, torch "
         "internals and what torch needs to start (docs/instrument.md)",
@@ -469,7 +460,6 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "on_nonfinite",
         "OTEL_GPU_ON_NONFINITE",
-        "mark",
         "mark, error, dump, raise",
         _str_choice(("mark", "error", "dump", "raise")),
         "At level >= 5, what a call with NaN/Inf in its tensors does: mark (the otel_gpu.nonfinite "
@@ -480,7 +470,6 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "stuck_after",
         "OTEL_GPU_STUCK_AFTER",
-        0.0,
         "number >= 0 and <= 604800 (seconds, a week); 0 turns it off",
         Bounded(0, 604_800, integer=False, unit="seconds, a week"),
         "Report a call still running after this many seconds, once, at once (not at exit): a span "
@@ -490,7 +479,6 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "ring",
         "OTEL_GPU_RING",
-        0,
         "integer >= 0 and <= 1000000; 0 turns it off",
         Bounded(0, _MAX_COUNT, integer=True),
         "At level >= 3, keep the inputs of the last N calls in host memory, and write them with "
@@ -500,7 +488,6 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "ring_max_mb",
         "OTEL_GPU_RING_MAX_MB",
-        256.0,
         "number >= 0 and <= 1048576 (MiB)",
         Bounded(0, _MAX_MIB, integer=False, unit="MiB"),
         "Host memory the ring may hold; the oldest calls are dropped first. A call larger than "
@@ -509,7 +496,6 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "dump_modules",
         "OTEL_GPU_DUMP_MODULES",
-        False,
         "true, false",
         _bool,
         "At level 10, save the state_dict of each torch.nn.Module whose method is recorded (once "
@@ -519,7 +505,6 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "dump_modules_max_mb",
         "OTEL_GPU_DUMP_MODULES_MAX_MB",
-        1024.0,
         "number >= 0 and <= 1048576 (MiB)",
         Bounded(0, _MAX_MIB, integer=False, unit="MiB"),
         "Total size of module states OTEL_GPU_DUMP_MODULES may write; beyond it calls are recorded "
@@ -528,7 +513,6 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "module_param_stats",
         "OTEL_GPU_MODULE_PARAM_STATS",
-        False,
         "true, false",
         _bool,
         "At level >= 5, instrument_module() adds statistics of each module's own parameters "
@@ -538,7 +522,6 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "graph_stats_every",
         "OTEL_GPU_GRAPH_STATS_EVERY",
-        100,
         "integer > 0 and <= 1000000",
         Bounded(1, _MAX_COUNT, integer=True),
         "At level >= 5, read the statistics recorded inside a captured CUDA graph after replay 1 "
@@ -548,7 +531,6 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "graph_dump_every",
         "OTEL_GPU_GRAPH_DUMP_EVERY",
-        100,
         "integer > 0 and <= 1000000",
         Bounded(1, _MAX_COUNT, integer=True),
         "At level 10, write a flight-recorder snapshot of each call captured in a CUDA graph "
@@ -558,7 +540,6 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "dump_dir",
         "OTEL_GPU_DUMP_DIR",
-        "otel_gpu_dumps",
         "a directory path; %i = pid, %r = rank",
         _string,
         "Where level 10 writes one directory per call (inputs, outputs, manifest).",
@@ -566,7 +547,6 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "dump_max_size_gb",
         "OTEL_GPU_DUMP_MAX_SIZE_GB",
-        20.0,
         "number >= 0 and <= 1048576 (GB)",
         Bounded(0, 1_048_576, integer=False, unit="GB"),
         "Total size of tensors the recorder may write, inputs and outputs counted before copying.",
@@ -574,7 +554,6 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "dump_max_count",
         "OTEL_GPU_DUMP_MAX_COUNT",
-        1000,
         "integer > 0 and <= 1000000",
         Bounded(1, _MAX_COUNT, integer=True),
         "How many calls the recorder may dump.",
@@ -582,7 +561,6 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "dump_include",
         "OTEL_GPU_DUMP_INCLUDE",
-        (),
         "comma-separated fnmatch patterns on the span name",
         _patterns,
         "Only calls whose span name matches one of these are dumped (default: all).",
@@ -590,7 +568,6 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "dump_exclude",
         "OTEL_GPU_DUMP_EXCLUDE",
-        (),
         "comma-separated fnmatch patterns on the span name",
         _patterns,
         "Calls whose span name matches one of these are not dumped.",
@@ -598,7 +575,6 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "dump_format",
         "OTEL_GPU_DUMP_FORMAT",
-        "torch",
         "torch, safetensors",
         _str_choice(("torch", "safetensors")),
         "torch keeps dense layouts in the file; safetensors stores contiguous copies; replay restores "
@@ -607,7 +583,6 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "dump_durability",
         "OTEL_GPU_DUMP_DURABILITY",
-        "process",
         "fsync, process, async",
         _str_choice(("fsync", "process", "async")),
         "process: inputs and manifest are written before the call runs, no fsync (they survive the "
@@ -619,7 +594,6 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "journal",
         "OTEL_GPU_JOURNAL",
-        True,
         "true, false",
         _bool,
         "Keep a crash journal of in-flight calls (a memory-mapped file per process) at level >= 1.",
@@ -627,7 +601,6 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "journal_dir",
         "OTEL_GPU_JOURNAL_DIR",
-        None,
         "a directory path (created if missing)",
         _directory,
         "Where crash journals live. Default: $XDG_RUNTIME_DIR/otel-gpu, else <tmp>/otel-gpu-<uid>.",
@@ -635,7 +608,6 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "recover_on_start",
         "OTEL_GPU_RECOVER_ON_START",
-        False,
         "true, false",
         _bool,
         "At the first decorated call, export the in-flight calls of dead processes' journals.",
@@ -644,7 +616,6 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "metrics",
         "OTEL_GPU_METRICS",
-        False,
         "true, false",
         _bool,
         "At level >= 1, also emit OpenTelemetry metrics where the spans go: call durations (with "
@@ -654,7 +625,6 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "metrics_interval",
         "OTEL_GPU_METRICS_INTERVAL",
-        10.0,
         _METRICS_INTERVAL.text,
         _METRICS_INTERVAL,
         "How often metrics are collected and exported; the GPU gauges read NVML at each "
@@ -663,7 +633,6 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "nvtx",
         "OTEL_GPU_NVTX",
-        False,
         "true, false",
         _bool,
         "At level >= 1, push an NVTX range named like the span around each decorated call, with "
@@ -674,7 +643,6 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "device_time",
         "OTEL_GPU_DEVICE_TIME",
-        "auto",
         "auto, on, off",
         _str_choice(("auto", "on", "off")),
         "At level >= 1, time each call on the GPU with two CUDA events from a reused pool, "
@@ -687,7 +655,6 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "device_spans",
         "OTEL_GPU_DEVICE_SPANS",
-        "auto",
         "auto, on, off",
         _str_choice(("auto", "on", "off")),
         "Where a call has device time, also a child span '<name> [device]' whose start and end "
@@ -697,7 +664,6 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "device_time_wait",
         "OTEL_GPU_DEVICE_TIME_WAIT",
-        5.0,
         _non_negative_float.text,
         _non_negative_float,
         "How long a call's span waits, off the caller's thread, for its device events to "
@@ -706,7 +672,6 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "service_name",
         "OTEL_SERVICE_NAME",
-        None,
         "any string",
         _string,
         "Standard OpenTelemetry variable: service.name of the resource (default: the script name).",
@@ -943,7 +908,11 @@ def check_standard(applies: str, env: Mapping[str, str] | None = None) -> None:
 
 @dataclass(frozen=True)
 class Settings:
-    """The resolved configuration. Immutable: :func:`otel_gpu.configure` builds a new one."""
+    """The resolved configuration. Immutable: :func:`otel_gpu.configure` builds a new one.
+
+    Each field's default here is the setting's default, written nowhere else: the table
+    (:data:`SETTINGS`: variable, allowed values, parser, doc) reads it through
+    :attr:`Setting.default`, and so do ``otel-gpu info`` and docs/configuration.md's tables."""
 
     level: int = 0
     dest: tuple[str, ...] = ("stdout",)
@@ -995,6 +964,10 @@ class Settings:
         # Tempo cuts attribute values at 2048 bytes by default: never produce longer ones.
         if self.repr_limit > 2048:
             object.__setattr__(self, "repr_limit", 2048)
+
+
+# Every default is written once, above; the table's rows read theirs from here.
+_DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(Settings)}
 
 
 def _error(setting: Setting, raw: object, why: str, source: str) -> ConfigError:

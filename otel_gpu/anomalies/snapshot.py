@@ -160,7 +160,7 @@ class Responder:
         when the process keeps no journal."""
         from otel_gpu.journal import reader, recover, writer
 
-        journals = [j for j in list(writer._open_journals) if j.pid == self.pid]
+        journals = [j for j in writer.open_journals() if j.pid == self.pid]
         if not journals:
             return None
         count = 0
@@ -235,7 +235,7 @@ def live_processes(directory: str) -> list[int]:
                 continue
         except OSError:
             continue
-        if recover._pid_state(int(head)) == "alive" and same_user(int(head)):
+        if recover.pid_state(int(head)) == "alive" and same_user(int(head)):
             pids.add(int(head))
     return sorted(pids)
 
@@ -261,9 +261,9 @@ def request(directory: str, pids: list[int], timeout: float, *, chosen: bool = T
 
     ``chosen``: the directory was set (``OTEL_GPU_JOURNAL_DIR``), not the default one, whose
     parent is shared: checked as the journal checks it."""
-    from otel_gpu.journal.writer import _private_dir
+    from otel_gpu.journal.writer import private_dir
 
-    _private_dir(directory, shared_parent=not chosen)
+    private_dir(directory, shared_parent=not chosen)
     for pid in pids:
         for stale in (reply_path(directory, pid), request_path(directory, pid)):
             try:

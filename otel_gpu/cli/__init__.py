@@ -1,7 +1,7 @@
 """``otel-gpu`` / ``python -m otel_gpu``: the command line, and its one front door.
 
 Each subcommand has one module with ``register(subparsers)``: ``otel_gpu/cli/<name>.py`` for
-most, the package of its concept for ``replay``, ``bench`` and ``run``. ``main`` imports only
+most, the package of its concept for ``replay`` and ``bench``. ``main`` imports only
 the module of the command it runs; the others are listed from :data:`COMMANDS` without being
 imported, so ``otel-gpu --help``, ``show`` and ``ship`` run without importing torch, and
 ``recover`` and ``info`` start without it (``recover`` imports it to read a journal, ``info``
@@ -73,7 +73,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "measure each level's cost per call, side by side with FlashInfer and plain OTel",
     ),
     "run": (
-        "otel_gpu.instrumentation.run",
+        "otel_gpu.cli.run",
         "run a program with OTEL_GPU_INSTRUMENT applied (no code change)",
     ),
 }

@@ -21,11 +21,11 @@ class GpuInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         return ()  # the targets are chosen at run time: no fixed library to check
 
     def _instrument(self, **kwargs: Any) -> None:
-        import otel_gpu
+        from otel_gpu.instrumentation.targets import instrument_from_settings
 
-        otel_gpu.instrument_from_settings(via="opentelemetry-instrument")
+        instrument_from_settings(via="opentelemetry-instrument")
 
     def _uninstrument(self, **kwargs: Any) -> None:
-        import otel_gpu
+        from otel_gpu.instrumentation.targets import uninstrument
 
-        otel_gpu.uninstrument()
+        uninstrument()

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import atexit
 import fnmatch
-import importlib.abc
-import importlib.util
 import inspect
 import os
 import sys
@@ -28,6 +26,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from otel_gpu import _guard, config
+from otel_gpu.instrumentation import import_hook
 from otel_gpu.instrumentation.refused import RefusedTarget, refusal, refused_module
 
 __all__ = [
@@ -477,102 +476,6 @@ def _patch_aliases(owner: types.ModuleType, raw: Any, wrapped: Any, spec: str) -
 # --------------------------------------------------------------------------- on import
 
 
-class _PostImportFinder(importlib.abc.MetaPathFinder):
-    """Wraps the loader of modules a pending target names, to instrument them once executed."""
-
-    def __init__(self) -> None:
-        self._busy = threading.local()
-
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-        if getattr(self._busy, "on", False):
-            return None
-        if not _wanted(fullname) and not (fullname in _GATES and _pending):
-            return None
-        self._busy.on = True
-        try:
-            spec = importlib.util.find_spec(fullname)
-        except (ImportError, ValueError):
-            return None
-        finally:
-            self._busy.on = False
-        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            return None
-        spec.loader = _Loader(spec.loader)
-        return spec
-
-
-class _Loader(importlib.abc.Loader):
-    def __init__(self, loader: Any) -> None:
-        self.loader = loader
-
-    def create_module(self, spec: Any) -> Any:
-        return self.loader.create_module(spec)
-
-    def exec_module(self, module: types.ModuleType) -> None:
-        self.loader.exec_module(module)
-        name = module.__name__
-        if _gates_busy(name):
-            # imported while torch or otel-gpu's wrapper module is still initialising (torch
-            # imports its dependencies from its __init__): building a wrapper now would import
-            # a half-initialised torch, which can crash. It waits for the gate to finish.
-            if name not in _GATES:
-                _waiting.append(name)
-            return
-        waiting, _waiting[:] = list(_waiting), []
-        for other in waiting:
-            if other in sys.modules:
-                _deliver(sys.modules[other])
-        if name in _GATES and not _wanted(name):
-            return
-        _deliver(module)
-
-    def __getattr__(self, name: str) -> Any:  # get_source, is_package, …
-        return getattr(self.loader, name)
-
-
-_GATES = ("torch", "otel_gpu.calls.decorator")
-"""Modules whose loader is wrapped whenever a target is pending: a module imported while one
-of them initialises is instrumented once it has finished."""
-_waiting: list[str] = []
-
-
-def _gates_busy(name: str) -> bool:
-    """Whether a gate other than ``name`` is still initialising (its own flag stays set until
-    its loader returns)."""
-    return any(_initializing(gate) for gate in _GATES if gate != name)
-
-
-def _deliver(module: types.ModuleType) -> None:
-    """Instrument a freshly executed module, or defer it to its still-initialising package."""
-    name = module.__name__
-    top = name.partition(".")[0]
-    if top != name and _initializing(top) and _wanted(top):
-        # imported by its own package's __init__ (torch imports torch.distributed): wrapping
-        # now would import otel-gpu's torch-using modules from a half-initialised torch, so
-        # it waits for the package, whose loader is wrapped too (_wanted(top)).
-        _deferred.append(name)
-        return
-    if top == name and _deferred:
-        for sub in _take_deferred(top):
-            _on_import(sub)
-    _on_import(module)
-
-
-_deferred: list[str] = []
-"""Modules executed while their top-level package was still initialising, in import order."""
-
-
-def _initializing(top: str) -> bool:
-    module = sys.modules.get(top)
-    return module is not None and bool(getattr(module.__spec__, "_initializing", False))
-
-
-def _take_deferred(top: str) -> list[types.ModuleType]:
-    names = [n for n in _deferred if n.partition(".")[0] == top]
-    _deferred[:] = [n for n in _deferred if n.partition(".")[0] != top]
-    return [sys.modules[n] for n in names if n in sys.modules]
-
-
 def _wanted(modname: str) -> bool:
     """Whether a pending target names this module or something inside it (cheap string tests)."""
     for spec in _pending:
@@ -619,24 +522,18 @@ def _on_import(module: types.ModuleType) -> None:
                 )
 
 
-_finder: _PostImportFinder | None = None
+def _any_pending() -> bool:
+    return bool(_pending)
 
 
 def _ensure_hook() -> None:
-    global _finder
-    if _finder is None:
-        _finder = _PostImportFinder()
-    if _finder not in sys.meta_path:
-        sys.meta_path.insert(0, _finder)
+    import_hook.install(_wanted, _any_pending, _on_import)
 
 
 def _reset_for_tests(targets: Iterable[str] = ()) -> None:
     uninstrument()
     _matched_globs.clear()
-    _deferred.clear()
-    _waiting.clear()
     global _applied_how, _seen_settings
     _applied.clear()
     _applied_how = _seen_settings = None
-    if _finder is not None and _finder in sys.meta_path:
-        sys.meta_path.remove(_finder)
+    import_hook.remove()

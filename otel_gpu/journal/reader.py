@@ -1,6 +1,6 @@
 """Reading a crash journal back: the file's header, its process, and the calls in flight.
 
-The layout is the writer's (:mod:`otel_gpu.journal.writer`); this is its only decoder, used by
+The layout is :mod:`otel_gpu.journal.layout`, the writer's and this reader's; this is its only decoder, used by
 ``otel-gpu recover`` (:mod:`otel_gpu.journal.recover`) and the tests. Everything read is
 checked before it is used: a journal may be truncated, torn or planted.
 """
@@ -8,49 +8,19 @@ checked before it is used: a journal may be truncated, torn or planted.
 from __future__ import annotations
 
 import errno
-import io
 import json
 import mmap
 import os
-import pickle
 import stat
 from dataclasses import dataclass, field
 from typing import Any
 
-from otel_gpu.calls import metadata
-from otel_gpu.journal.writer import (
-    _BODY,
-    _COMMIT,
-    _COMMITTED,
-    _HEADER,
-    _INPUTS_AT,
-    _META_AT,
-    _U32,
-    CLOSED,
-    F_INPUTS,
-    F_INPUTS_FAILED,
-    F_PARENT,
-    F_PARENT_REMOTE,
-    F_TRUNCATED,
-    HEADER_SIZE,
-    LARGE_SLOT,
-    MAGIC,
-    PLANS_SIZE,
-    SLOTS_LARGE,
-    SLOTS_SMALL,
-    SMALL_SLOT,
-    VERSION,
-)
+from otel_gpu.journal import layout
+from otel_gpu.journal.inputs import decode as decode_inputs
+from otel_gpu.journal.layout import MAX_SIZE
 from otel_gpu.traces.reader import too_deep
 
 __all__ = ["MAX_SIZE", "JournalFile", "Record", "decode_inputs", "read"]
-
-# What the writer can produce, and so all a reader ever needs to look at: a crafted header
-# (a billion slots, a 16 GB sparse file, megabytes of "metadata") is refused before it is
-# mapped, so reading a journal costs a small multiple of these sizes whatever the file says.
-_SLOT_LIMITS = {SMALL_SLOT: SLOTS_SMALL, LARGE_SLOT: SLOTS_LARGE}
-MAX_SIZE = HEADER_SIZE + PLANS_SIZE + max(s * n for s, n in _SLOT_LIMITS.items())
-"""The largest journal the writer makes (1.1 MiB); a larger file is refused unread."""
 
 
 @dataclass
@@ -105,7 +75,7 @@ def read(path: str) -> JournalFile:
             raise ValueError("not a regular file")
         if hasattr(os, "getuid") and info.st_uid != os.getuid():
             raise ValueError(f"owned by uid {info.st_uid}, not by this user")
-        if info.st_size < HEADER_SIZE:
+        if info.st_size < layout.HEADER_SIZE:
             raise ValueError("too short to be a journal")
         if info.st_size > MAX_SIZE:
             raise ValueError(
@@ -134,38 +104,38 @@ def _parse(path: str, mm: Any, size: int) -> JournalFile:
         heartbeat,
         state,
         meta_len,
-    ) = _HEADER.unpack_from(mm, 0)
-    if magic != MAGIC:
+    ) = layout.HEADER.unpack_from(mm, 0)
+    if magic != layout.MAGIC:
         raise ValueError("not an otel-gpu journal")
-    if version != VERSION:
-        raise ValueError(f"journal format {version}, this otel-gpu reads {VERSION}")
+    if version != layout.VERSION:
+        raise ValueError(f"journal format {version}, this otel-gpu reads {layout.VERSION}")
     base = header_size + plans_size
     if (
-        stride < SMALL_SLOT
-        or header_size < _META_AT
+        stride < layout.SMALL_SLOT
+        or header_size < layout.META_AT
         or base + stride * count > size
-        or meta_len > header_size - _META_AT
+        or meta_len > header_size - layout.META_AT
     ):
         raise ValueError("inconsistent journal header")
     # The writer's layout, not merely a consistent one: each part within what it writes.
-    limit = _SLOT_LIMITS.get(stride)
+    limit = layout.SLOT_LIMITS.get(stride)
     if limit is None or count > limit:
         raise ValueError(
             f"its header claims {count} slots of {stride} bytes; otel-gpu writes at most "
-            f"{SLOTS_SMALL} of {SMALL_SLOT} or {SLOTS_LARGE} of {LARGE_SLOT}"
+            f"{layout.SLOTS_SMALL} of {layout.SMALL_SLOT} or {layout.SLOTS_LARGE} of {layout.LARGE_SLOT}"
         )
-    if header_size != HEADER_SIZE or plans_size > PLANS_SIZE:
+    if header_size != layout.HEADER_SIZE or plans_size > layout.PLANS_SIZE:
         raise ValueError(
             f"its header claims a {header_size}-byte header and {plans_size} bytes of plans; "
-            f"otel-gpu writes {HEADER_SIZE} and at most {PLANS_SIZE}"
+            f"otel-gpu writes {layout.HEADER_SIZE} and at most {layout.PLANS_SIZE}"
         )
-    meta = _json(bytes(mm[_META_AT : _META_AT + meta_len])) if meta_len else {}
+    meta = _json(bytes(mm[layout.META_AT : layout.META_AT + meta_len])) if meta_len else {}
     if not isinstance(meta, dict):
         meta = {}
     plans: list[tuple[str, dict[str, Any]]] = []
     at = header_size
     while at + 4 <= base:
-        (length,) = _U32.unpack_from(mm, at)
+        (length,) = layout.U32.unpack_from(mm, at)
         if not length or at + 4 + length > base:
             break
         try:
@@ -184,17 +154,17 @@ def _parse(path: str, mm: Any, size: int) -> JournalFile:
         created_ns=created,
         heartbeat_ns=heartbeat,
         level=level,
-        closed=state == CLOSED,
+        closed=state == layout.CLOSED,
         host=host if isinstance(host, str) else None,
         resource=resource if isinstance(resource, dict) else {},
         fault=_fault(meta.get("cuda_fault")),
     )
     for slot in range(count):
         offset = base + slot * stride
-        (commit,) = _COMMIT.unpack_from(mm, offset)
-        if commit != _COMMITTED:
+        (commit,) = layout.COMMIT.unpack_from(mm, offset)
+        if commit != layout.COMMITTED:
             continue
-        hi, lo, span_id, parent_id, start, thread, plan, flags, size = _BODY.unpack_from(
+        hi, lo, span_id, parent_id, start, thread, plan, flags, size = layout.BODY.unpack_from(
             mm, offset + 8
         )
         trace_id = hi << 64 | lo
@@ -203,25 +173,27 @@ def _parse(path: str, mm: Any, size: int) -> JournalFile:
         name, code = plans[plan] if plan < len(plans) else ("unknown", {})
         inputs = None
         error = None
-        if flags & F_INPUTS and size and _INPUTS_AT + size <= stride:
+        if flags & layout.F_INPUTS and size and layout.INPUTS_AT + size <= stride:
             try:
-                inputs = decode_inputs(bytes(mm[offset + _INPUTS_AT : offset + _INPUTS_AT + size]))
+                inputs = decode_inputs(
+                    bytes(mm[offset + layout.INPUTS_AT : offset + layout.INPUTS_AT + size])
+                )
             except Exception as exc:
                 error = f"{type(exc).__name__}: {exc}"
-        elif flags & F_INPUTS_FAILED:
+        elif flags & layout.F_INPUTS_FAILED:
             error = "input metadata could not be encoded"
         journal.records.append(
             Record(
                 trace_id=trace_id,
                 span_id=span_id,
-                parent_span_id=parent_id if flags & F_PARENT else None,
-                parent_remote=bool(flags & F_PARENT_REMOTE),
+                parent_span_id=parent_id if flags & layout.F_PARENT else None,
+                parent_remote=bool(flags & layout.F_PARENT_REMOTE),
                 start_ns=start,
                 thread_id=thread,
                 name=name,
                 code=code,
                 inputs=inputs,
-                inputs_truncated=bool(flags & F_TRUNCATED),
+                inputs_truncated=bool(flags & layout.F_TRUNCATED),
                 inputs_error=error,
             )
         )
@@ -245,60 +217,6 @@ def _json(raw: bytes) -> Any:
         return json.loads(raw)
     except (ValueError, RecursionError):
         return None
-
-
-class _NoGlobals(pickle.Unpickler):
-    """Journal entries are tuples of builtins: refuse anything that would import or call."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        raise pickle.UnpicklingError(f"journal entries hold no objects ({module}.{name})")
-
-
-def decode_inputs(blob: bytes) -> list[tuple[Any, ...]]:
-    """The compact input records of a journal slot (raises on anything malformed).
-
-    Each record must have exactly the shape the journal writes (``writer._compact``): a key,
-    a kind and atoms (str, int, float, bool, None, tuples of ints). Anything else, such as a
-    nested container (a nesting bomb) or a shared reference expanding on a walk, is refused
-    before it is used.
-    """
-    entries = _NoGlobals(io.BytesIO(blob)).load()
-    if not isinstance(entries, list) or not all(map(_valid_record, entries)):
-        raise ValueError("malformed journal input records")
-    return entries
-
-
-_ATOMS = (str, int, float, bool, type(None))
-
-
-def _ints(value: Any) -> bool:
-    return type(value) is tuple and all(type(v) is int for v in value)
-
-
-def _valid_record(e: Any) -> bool:
-    """Whether ``e`` is one of the record shapes ``writer._compact`` writes."""
-    if type(e) is not tuple or len(e) < 2 or type(e[0]) is not str or type(e[1]) is not int:
-        return False
-    kind, payload = e[1], e[2:]
-    if kind == metadata.TENSOR:
-        if len(payload) == 1:
-            return type(payload[0]) is str
-        return (
-            len(payload) == 6
-            and _ints(payload[0])
-            and type(payload[1]) is str
-            and type(payload[2]) is str
-            and (payload[3] is None or _ints(payload[3]))
-            and type(payload[4]) is bool
-            and type(payload[5]) is bool
-        )
-    if kind == metadata.VALUE:
-        return len(payload) == 1 and type(payload[0]) in _ATOMS
-    if kind == metadata.CONTAINER:
-        return len(payload) == 2 and type(payload[0]) is str and type(payload[1]) is int
-    if kind == metadata.OBJECT:
-        return len(payload) == 1 and type(payload[0]) is str
-    return kind in (metadata.DEFAULT, metadata.REDACTED) and not payload
 
 
 def _fault(raw: Any) -> dict[str, Any] | None:

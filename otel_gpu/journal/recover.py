@@ -37,6 +37,7 @@ from otel_gpu.attributes import (
 from otel_gpu.calls import metadata
 from otel_gpu.config import Settings, expand_path
 from otel_gpu.journal import writer as _writer
+from otel_gpu.journal.layout import boot_id, process_start_ticks
 from otel_gpu.journal.reader import JournalFile, read
 from otel_gpu.journal.writer import _unlink
 
@@ -45,6 +46,7 @@ __all__ = [
     "TERMINAL",
     "Outcome",
     "judge",
+    "pid_state",
     "recover",
     "spans_of",
 ]
@@ -82,9 +84,9 @@ class Outcome:
 # --------------------------------------------------------------------------- liveness
 
 
-def _pid_state(pid: int) -> str:
+def pid_state(pid: int) -> str:
     """alive or dead, for a pid on this host (zombies count as dead)."""
-    info = _writer.process_start_ticks(pid)
+    info = process_start_ticks(pid)
     if info is not None:
         return "dead" if info[1] in ("Z", "X", "x") else "alive"
     if os.path.exists("/proc/self/stat"):
@@ -102,12 +104,12 @@ def judge(journal: JournalFile) -> str:
     """dead, alive or other-host: may this journal be recovered?"""
     if journal.host is not None and journal.host != socket.gethostname():
         return "other-host"  # its pid means nothing here; run recover on that host
-    ours = _writer.boot_id()
+    ours = boot_id()
     if any(journal.boot_id) and any(ours) and journal.boot_id != ours:
         return "dead"  # written before the last reboot
-    info = _writer.process_start_ticks(journal.pid)
+    info = process_start_ticks(journal.pid)
     if info is None:
-        return _pid_state(journal.pid)
+        return pid_state(journal.pid)
     ticks, state = info
     if state in ("Z", "X", "x"):
         return "dead"
@@ -362,7 +364,7 @@ def _recover_one(
         owner = claimer.partition("-")[0]
         if not owner.isdigit():
             return Outcome(path, "invalid", detail="unexpected file name for a claimed journal")
-        if int(owner) == os.getpid() or _pid_state(int(owner)) == "alive":
+        if int(owner) == os.getpid() or pid_state(int(owner)) == "alive":
             return Outcome(path, "taken", detail=f"claimed by pid {owner}, which is running")
     try:
         journal = read(path)

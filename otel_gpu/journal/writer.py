@@ -7,14 +7,7 @@ writes are plain memory stores, and the kernel keeps the dirty pages when the
 process dies, so ``otel-gpu recover`` (:mod:`otel_gpu.journal.recover`) can turn them
 into ERROR spans afterwards.
 
-Layout of ``<dir>/otel-gpu-<pid>-<random>.journal`` (little-endian but for the native commit
-words; a journal is read on the host that wrote it)::
-
-    header   16 KiB   magic, version, pid, process start time, boot id, heartbeat,
-                      then JSON metadata: host name and the resource of the process
-    plans    64 KiB   one JSON entry per decorated function seen: name, code.* attributes
-    slots    N x S    one record per call in flight (S = 64 bytes at level 1,
-                      4 KiB at level >= 3, where the input metadata follows)
+The file's layout is :mod:`otel_gpu.journal.layout`, shared with the reader.
 
 A slot is taken from a free list when a call starts and given back when it
 ends. Each slot begins with a commit word, stored last when a call starts and
@@ -33,10 +26,8 @@ import errno
 import json
 import mmap
 import os
-import pickle
 import socket
 import stat
-import struct
 import sys
 import tempfile
 import threading
@@ -50,6 +41,41 @@ from opentelemetry.trace import SpanContext, TraceFlags
 from otel_gpu import _files, _guard
 from otel_gpu.calls import metadata
 from otel_gpu.config import Settings, runtime_dir
+from otel_gpu.journal.inputs import encode as _encode
+from otel_gpu.journal.inputs import key_of as _key_of
+from otel_gpu.journal.layout import (
+    BODY,
+    CLOSED,
+    COMMIT,
+    COMMITTED,
+    F_INPUTS,
+    F_INPUTS_FAILED,
+    F_PARENT,
+    F_PARENT_REMOTE,
+    F_TRUNCATED,
+    HEADER,
+    HEADER_SIZE,
+    HEARTBEAT_AT,
+    I64,
+    INPUTS_AT,
+    LARGE_SLOT,
+    MAGIC,
+    META_AT,
+    NO_PLAN,
+    OPEN,
+    PLANS_SIZE,
+    PREFIX,
+    RECORD,
+    SLOTS_LARGE,
+    SLOTS_SMALL,
+    SMALL_SLOT,
+    STATE_AT,
+    SUFFIX,
+    U32,
+    VERSION,
+    boot_id,
+    process_start_ticks,
+)
 
 _payload = metadata._payload
 _kind = metadata._kind
@@ -59,51 +85,22 @@ if TYPE_CHECKING:
     from otel_gpu.calls.record import Call
     from otel_gpu.export.pipeline import Pipeline
 
-__all__ = ["Journal", "default_dir", "journal_dir", "make_observer", "start_recovery"]
+__all__ = [
+    "Journal",
+    "default_dir",
+    "journal_dir",
+    "make_observer",
+    "open_journals",
+    "private_dir",
+    "start_recovery",
+]
 
-MAGIC = b"OTGPUJNL"
-VERSION = 1
-PREFIX = "otel-gpu-"
-SUFFIX = ".journal"
-
-HEADER_SIZE = 16 * 1024
-PLANS_SIZE = 64 * 1024
-SMALL_SLOT = 64  # level 1: ids, clock, thread, plan index
-LARGE_SLOT = 4096  # level >= 3: plus up to 4032 bytes of encoded input metadata
-SLOTS_SMALL = 1024
-SLOTS_LARGE = 256
-
-OPEN, CLOSED = 1, 2
-
-# magic, version, header_size, plans_size, slot_size, slot_count, level, pid, start_ticks,
-# boot_id, created_ns, heartbeat_ns, state, meta_len
-_HEADER = struct.Struct("<8sIIIIIIqQ16sqqII")
-_HEARTBEAT_AT = 72
-_STATE_AT = 80
-_META_AT = 128
-_U32 = struct.Struct("<I")
-_I64 = struct.Struct("<q")
-# trace_hi, trace_lo, span_id, parent_span_id, start_ns, thread_id, plan, flags, inputs_len
-_BODY = struct.Struct("<QQQQQQIHH")
-# Native and aligned: one 8-byte store, so the process dying cannot tear it.
-_COMMIT = struct.Struct("@Q")
-_COMMITTED = 0x4C4E524A55504731  # any fixed non-zero value; 0 means free
-_INPUTS_AT = 64
-_COMMIT_SIZE = _COMMIT.size
-_RECORD = _COMMIT.size + _BODY.size  # bytes a call's start stores before its inputs
-_pack_body = _BODY.pack_into
-_pack_commit = _COMMIT.pack_into
+# Bound once: module globals, not attribute lookups, on the caller's thread.
+_pack_body = BODY.pack_into
+_pack_commit = COMMIT.pack_into
+_COMMIT_SIZE = COMMIT.size
 # thread.id is the "managed" id; get_native_id() would cost a gettid syscall per call.
 _thread_id = threading.get_ident
-
-F_PARENT, F_PARENT_REMOTE, F_INPUTS, F_TRUNCATED, F_INPUTS_FAILED = 1, 2, 4, 8, 16
-_NO_PLAN = 0xFFFFFFFF
-_TENSOR, _VALUE, _CONTAINER, _OBJECT = (
-    metadata.TENSOR,
-    metadata.VALUE,
-    metadata.CONTAINER,
-    metadata.OBJECT,
-)
 _M64 = (1 << 64) - 1
 
 
@@ -117,7 +114,6 @@ def _tuple_layout() -> bool:
 
 
 _TUPLE_LAYOUT = _tuple_layout()
-_KEY_LIMIT = 256
 _CACHE_ENTRIES = 512  # distinct input layouts remembered; cleared when full
 
 
@@ -144,7 +140,7 @@ def journal_dir(settings: Settings) -> str:
     return default_dir()
 
 
-def _private_dir(path: str, shared_parent: bool) -> None:
+def private_dir(path: str, shared_parent: bool) -> None:
     """Create ``path`` 0700, and its missing parents 0700 too (whatever the umask); refuse a
     default directory another user created or a symlink, and a chosen one
     (``OTEL_GPU_JOURNAL_DIR``) that another user owns or may write in.
@@ -182,136 +178,14 @@ def _private_dir(path: str, shared_parent: bool) -> None:
             )
 
 
-# --------------------------------------------------------------------------- process identity
-
-_boot_id: bytes | None = None
-
-
-def boot_id() -> bytes:
-    """This boot's id (16 bytes; zeros where unknown): tells a reboot from a live pid."""
-    global _boot_id
-    if _boot_id is None:
-        try:
-            with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
-                _boot_id = bytes.fromhex(f.read().strip().replace("-", ""))[:16].ljust(16, b"\0")
-        except (OSError, ValueError):
-            _boot_id = bytes(16)
-    return _boot_id
-
-
-def process_start_ticks(pid: int) -> tuple[int, str] | None:
-    """(start time in clock ticks since boot, state letter) of ``pid`` from ``/proc``; None if absent.
-
-    The start time tells a dead process from a new one that reuses its pid.
-    """
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
-        return None
-    try:
-        fields = data[data.rindex(b")") + 2 :].split()
-        return int(fields[19]), fields[0].decode("ascii", "replace")
-    except (ValueError, IndexError):
-        return None
-
-
-# --------------------------------------------------------------------------- input encoding
-
-_texts: dict[Any, str] = {}
-
-
-def _text(value: Any) -> str:
-    # str(torch.dtype) costs ~0.3 µs; there are only a few dtypes and devices.
-    try:
-        text = _texts.get(value)
-    except TypeError:
-        return str(value)
-    if text is None:
-        text = str(value)
-        if len(_texts) < 256:
-            _texts[value] = text
-    return text
-
-
-def _compact(raw: Any, limit: int) -> list[tuple[Any, ...]]:
-    """Plain tuples of builtins for ``metadata`` records: cheap to pickle, safe to load.
-
-    Objects keep only their type name: their repr could be slow or raise, and must not run
-    on the caller's thread.
-    """
-    out: list[tuple[Any, ...]] = []
-    append = out.append
-    for key, kind, payload in raw:
-        if len(key) > _KEY_LIMIT:
-            key = key[:_KEY_LIMIT]
-        if kind == _TENSOR:
-            if type(payload) is tuple:
-                shape, dtype, device, stride, grad, contiguous = payload
-                append(
-                    (
-                        key,
-                        kind,
-                        tuple(shape) if len(shape) <= 64 else tuple(shape[:64]),
-                        _text(dtype),
-                        _text(device),
-                        stride if stride is None or len(stride) <= 64 else tuple(stride[:64]),
-                        bool(grad),
-                        bool(contiguous),
-                    )
-                )
-            else:
-                append((key, kind, str(payload)[:limit]))
-        elif kind == _VALUE:
-            tp = type(payload)
-            if tp is str:
-                value: Any = payload[:limit]
-            elif tp is int:
-                value = (
-                    payload
-                    if -(2**63) <= payload < 2**63
-                    else f"<int of {payload.bit_length()} bits>"
-                )
-            elif tp is float or tp is bool or payload is None:
-                value = payload
-            else:  # enum, torch.dtype, torch.device
-                value = metadata.scalar_value(payload, limit)
-                if type(value) is not str:
-                    value = str(value)[:limit]
-            append((key, kind, value))
-        elif kind == _CONTAINER:
-            append((key, kind, str(payload[0])[:limit], int(payload[1])))
-        elif kind == _OBJECT:
-            append((key, kind, str(payload[0])[:limit]))  # the type; its repr is not journaled
-        else:  # DEFAULT, REDACTED: no payload (a redacted value is never written)
-            append((key, kind))
-    return out
-
-
-def _key_of(raw: Any) -> Any:
-    """``raw`` with each object's payload cut to its type name (all that ``_compact`` keeps of
-    it); ``raw`` itself when it holds no object."""
-    if _OBJECT not in map(_kind, raw):  # one C-level pass
-        return raw
-    return tuple([(k, kind, p[0]) if kind == _OBJECT else (k, kind, p) for k, kind, p in raw])
-
-
-def _encode(raw: Any, limit: int, capacity: int) -> tuple[bytes, bool]:
-    """Pickled compact records, cut to ``capacity`` bytes by dropping trailing records."""
-    entries = _compact(raw, limit)
-    blob = pickle.dumps(entries, 5)
-    truncated = False
-    while len(blob) > capacity and entries:
-        keep = min(len(entries) - 1, int(len(entries) * capacity / len(blob) * 0.9))
-        entries = entries[: max(keep, 0)]
-        blob = pickle.dumps(entries, 5)
-        truncated = True
-    return blob, truncated
-
-
 # --------------------------------------------------------------------------- the observer
 
 _open_journals: weakref.WeakSet[Journal] = weakref.WeakSet()
+
+
+def open_journals() -> list[Journal]:
+    """The journals this process has open now (one per pipeline that keeps one)."""
+    return list(_open_journals)
 
 
 class Journal:
@@ -326,7 +200,7 @@ class Journal:
         large = settings.level >= 3
         self.stride = LARGE_SLOT if large else SMALL_SLOT
         self.count = SLOTS_LARGE if large else SLOTS_SMALL
-        self.capacity = self.stride - _INPUTS_AT if large else 0
+        self.capacity = self.stride - INPUTS_AT if large else 0
         self.flush_timeout = settings.flush_timeout
         self.base = HEADER_SIZE + PLANS_SIZE
         size = self.base + self.stride * self.count
@@ -360,7 +234,7 @@ class Journal:
             raise
         os.close(fd)
         ticks = process_start_ticks(self.pid)
-        _HEADER.pack_into(
+        HEADER.pack_into(
             self._mm,
             0,
             MAGIC,
@@ -432,7 +306,7 @@ class Journal:
             try:
                 blob, truncated = self._encoded(inputs)
                 size = len(blob)
-                mm[offset + _INPUTS_AT : offset + _INPUTS_AT + size] = blob
+                mm[offset + INPUTS_AT : offset + INPUTS_AT + size] = blob
                 flags |= F_INPUTS | F_TRUNCATED if truncated else F_INPUTS
             except Exception as exc:  # hostile values: journal the call without its inputs
                 size = 0
@@ -453,8 +327,8 @@ class Journal:
             flags,
             size,
         )
-        _pack_commit(mm, offset, _COMMITTED)  # last: the record now counts
-        self.bytes_written += _RECORD + size
+        _pack_commit(mm, offset, COMMITTED)  # last: the record now counts
+        self.bytes_written += RECORD + size
         call.token = offset
         if failure is not None:
             _guard.internal_error("journal", failure)
@@ -517,10 +391,10 @@ class Journal:
             ).encode("utf-8")
             at = self._plan_end
             if mm is None or at + 4 + len(entry) + 4 > HEADER_SIZE + PLANS_SIZE:
-                index = _NO_PLAN
+                index = NO_PLAN
             else:
                 mm[at + 4 : at + 4 + len(entry)] = entry
-                _U32.pack_into(mm, at, len(entry))  # the length last: a torn entry reads as absent
+                U32.pack_into(mm, at, len(entry))  # the length last: a torn entry reads as absent
                 self.bytes_written += 4 + len(entry)
                 self._plan_end = at + 4 + ((len(entry) + 7) & ~7)
                 index = self._plan_count
@@ -543,8 +417,8 @@ class Journal:
         mm = self._mm
         if mm is None:
             return
-        (length,) = _U32.unpack_from(mm, _HEADER.size - 4)
-        meta = json.loads(bytes(mm[_META_AT : _META_AT + length]) or b"{}")
+        (length,) = U32.unpack_from(mm, HEADER.size - 4)
+        meta = json.loads(bytes(mm[META_AT : META_AT + length]) or b"{}")
         meta["cuda_fault"] = verdict
         self._write_meta_dict(meta)
 
@@ -554,21 +428,21 @@ class Journal:
             return
         attrs = meta.get("resource") or {}
         data = json.dumps(meta, default=str).encode("utf-8")
-        room = HEADER_SIZE - _META_AT
+        room = HEADER_SIZE - META_AT
         while len(data) > room and attrs:  # drop the longest values until it fits
             del attrs[max(attrs, key=lambda k: len(str(attrs[k])))]
             data = json.dumps(meta, default=str).encode("utf-8")
         data = data[:room]
-        _U32.pack_into(mm, _HEADER.size - 4, 0)  # a rewrite never leaves a torn entry readable
-        mm[_META_AT : _META_AT + len(data)] = data
-        _U32.pack_into(mm, _HEADER.size - 4, len(data))
+        U32.pack_into(mm, HEADER.size - 4, 0)  # a rewrite never leaves a torn entry readable
+        mm[META_AT : META_AT + len(data)] = data
+        U32.pack_into(mm, HEADER.size - 4, len(data))
         self.bytes_written += 4 + len(data)
 
     def heartbeat(self) -> None:
         """Record that the process was alive now: the end time of recovered spans (export thread)."""
         mm = self._mm
         if mm is not None:
-            _I64.pack_into(mm, _HEARTBEAT_AT, time.time_ns())
+            I64.pack_into(mm, HEARTBEAT_AT, time.time_ns())
 
     def flush(self, timeout: float) -> bool:
         """Nothing queued: every record is written on the caller's thread."""
@@ -587,7 +461,7 @@ class Journal:
             self._pipeline = None
         if mm is None:
             return
-        _U32.pack_into(mm, _STATE_AT, CLOSED)  # in case the unlink below fails
+        U32.pack_into(mm, STATE_AT, CLOSED)  # in case the unlink below fails
         _unlink(self.path)
         _open_journals.discard(self)
         # The mapping is not closed here: another thread may be inside start()/end() with it.
@@ -643,7 +517,7 @@ def make_observer(settings: Settings, pipeline: Pipeline) -> Journal | None:
     """
     directory = journal_dir(settings)
     try:
-        _private_dir(directory, shared_parent=not settings.journal_dir)
+        private_dir(directory, shared_parent=not settings.journal_dir)
         journal = Journal(directory, settings, pipeline)
     except OSError as exc:
         _guard.warn_once(

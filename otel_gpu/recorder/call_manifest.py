@@ -18,7 +18,7 @@ from otel_gpu import _files, _guard
 from otel_gpu.config import rank
 from otel_gpu.recorder import manifest as _manifest
 from otel_gpu.recorder import target as _target
-from otel_gpu.recorder import tensor_files
+from otel_gpu.recorder import tensor_files, values
 
 if TYPE_CHECKING:
     from otel_gpu.calls.decorator import _Plan
@@ -62,7 +62,7 @@ def encode_inputs(
             targets[plan] = target
     tensors: dict[str, torch.Tensor] = {}
     meta: dict[str, Any] = {}
-    enc = _manifest.Encoder("input.", tensors, meta, secret)
+    enc = values.Encoder("input.", tensors, meta, secret)
     params = [
         {"name": name, "default": is_default, "value": enc.encode(value, name)}
         for name, value, is_default in call.bound or ()
@@ -73,7 +73,7 @@ def encode_inputs(
     return target, tensors, meta, params, arg_keys, receiver
 
 
-def _receiver(call: Call, enc: _manifest.Encoder) -> dict[str, Any]:
+def _receiver(call: Call, enc: values.Encoder) -> dict[str, Any]:
     """The receiver's encoding; its ``__otel_gpu_state__`` hook is user code, ``SystemExit`` too."""
     try:
         return _target.receiver(call, enc)
@@ -161,7 +161,7 @@ def write_ring_call(
         if with_outputs:
             tensors: dict[str, torch.Tensor] = {}
             meta: dict[str, Any] = {}
-            enc = _manifest.Encoder("", tensors, meta, secret)
+            enc = values.Encoder("", tensors, meta, secret)
             manifest["result"] = enc.encode(result, "output")
             manifest["tensors"].update(meta)
             if enc.unsupported:

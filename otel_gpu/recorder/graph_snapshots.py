@@ -26,7 +26,7 @@ import torch
 from opentelemetry.trace import SpanContext
 
 from otel_gpu import _files
-from otel_gpu.recorder import call_manifest, tensor_files
+from otel_gpu.recorder import call_manifest, tensor_files, values
 from otel_gpu.recorder import manifest as _manifest
 
 if TYPE_CHECKING:
@@ -78,7 +78,7 @@ def defer_outputs(recorder: Recorder, call: Call, deferred: Deferred) -> None:
     manifest = deferred.manifest
     tensors: dict[str, torch.Tensor] = {}
     meta: dict[str, Any] = {}
-    enc = _manifest.Encoder("", tensors, meta, recorder._secret)
+    enc = values.Encoder("", tensors, meta, recorder._secret)
     manifest["result"] = enc.encode(call.result, "output")
     for key, t, version in deferred.versions:
         if t._version != version:

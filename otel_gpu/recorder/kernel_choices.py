@@ -1,4 +1,5 @@
-"""The kernel-path choices a config carries outside ``to_dict()``: recorded beside it, restored on replay.
+"""The kernel-path choices a config carries outside ``to_dict()``, recorded beside it (replay
+restores them: :mod:`otel_gpu.replay.kernel_choices`).
 
 transformers' ``PretrainedConfig.to_dict()`` leaves out ``_attn_implementation`` and
 ``_experts_implementation`` (stored as ``_<kind>_implementation_internal``), so a config rebuilt
@@ -15,22 +16,12 @@ config class, and only kernels that run here without downloading anything.
 from __future__ import annotations
 
 import re
-import sys
 from typing import Any
 
-__all__ = ["implementation_choices", "restore_implementation_choices"]
+__all__ = ["implementation_choices", "is_config"]
 
 _INTERNAL = re.compile(r"^_([a-z0-9]+)_implementation_internal$")
-_PROPERTY = re.compile(r"^_[a-z0-9]+_implementation$")
 _MAX_DEPTH = 4  # sub-configs of sub-configs (a vision tower's text config…), well past real models
-
-_LOCAL = {
-    "attn": {None, "eager", "paged|eager", "sdpa"},
-    "experts": {None, "eager", "batched_mm", "grouped_mm"},
-}
-"""Implementations that are plain torch code: they run wherever transformers does."""
-_DOWNLOADED = {"deepgemm", "sonicmoe"}
-"""Experts implementations that transformers fetches from the Hugging Face hub on first use."""
 
 
 def implementation_choices(config: Any) -> dict[str, Any]:
@@ -56,98 +47,11 @@ def _collect(config: Any, prefix: str, out: dict[str, Any], depth: int) -> None:
             key = f"{prefix}_{match.group(1)}_implementation"
             plain = value is None or type(value) is str
             out[key] = value if plain else {"unsupported": type(value).__name__}
-        elif depth < _MAX_DEPTH and _is_config(value):
+        elif depth < _MAX_DEPTH and is_config(value):
             _collect(value, f"{prefix}{name}.", out, depth + 1)
 
 
-def _is_config(value: Any) -> bool:
+def is_config(value: Any) -> bool:
+    """Whether ``value`` is a config object: its class has ``to_dict`` and ``from_dict``."""
     cls = type(value)
     return callable(getattr(cls, "to_dict", None)) and callable(getattr(cls, "from_dict", None))
-
-
-def restore_implementation_choices(config: Any, choices: Any, path: str = "config") -> Any:
-    """Set ``choices`` (from :func:`implementation_choices`) back on ``config``; returns ``config``.
-
-    Raises replay's ``Skip`` when a recorded kernel cannot run here (a package not installed, a
-    kernel transformers would download) and ``Refused`` for choices no recorder writes. A config
-    recorded without choices (an older dump) is refused when it has such attributes: replay
-    could not tell which kernels the recording ran.
-    """
-    from otel_gpu.replay.trust import Refused, Skip
-
-    if choices is None:
-        if implementation_choices(config):
-            raise Skip(
-                f"argument {path} is a {type(config).__qualname__} recorded without its "
-                "implementation choices (an older dump): replay cannot tell which attention or "
-                "experts kernels the recording ran; record it again with this otel-gpu"
-            )
-        return config
-    if not isinstance(choices, dict):
-        raise Refused(f"refused: {path}: implementation choices must be an object")
-    for key in sorted(choices, key=lambda k: str(k).count(".")):  # parents first: they propagate
-        value = choices[key]
-        *parents, name = str(key).split(".")
-        if not _PROPERTY.match(name) or not all(p.isidentifier() for p in parents):
-            raise Refused(f"refused: {path}: {key!r} is not a config implementation choice")
-        target = config
-        for part in parents:  # instance attributes only: no property of the dump's choosing runs
-            target = vars(target).get(part)
-            if not _is_config(target):
-                raise Refused(f"refused: {path}: {key!r} names no sub-config of the config")
-        if not isinstance(getattr(type(target), name, None), property):
-            raise Refused(f"refused: {path}: {type(target).__qualname__} has no {name}")
-        if value is not None and type(value) is not str:
-            raise Refused(
-                f"refused: {path}.{key} was recorded as {value!r}, not an implementation name"
-            )
-        why = _unavailable(name.strip("_").removesuffix("_implementation"), value)
-        if why:
-            raise Skip(
-                f"argument {path}.{key} was recorded as {value!r}, which cannot run here ({why}); "
-                "replay does not run another kernel in its place, as the call would then be "
-                "judged on another program"
-            )
-        setattr(target, name, value)
-    return config
-
-
-def _unavailable(kind: str, value: str | None) -> str:
-    """Why the ``kind`` implementation ``value`` cannot run in this process, or ``""``."""
-    if value in _LOCAL.get(kind, {None, "eager"}):
-        return ""
-    if kind not in _LOCAL:
-        return f"replay does not know transformers' {kind} implementations"
-    if "transformers" not in sys.modules:
-        return "transformers is not imported"
-    if kind == "experts":
-        if value in _DOWNLOADED:
-            return "transformers would download this kernel from the hub; replay downloads nothing"
-        from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
-
-        return "" if value in ALL_EXPERTS_FUNCTIONS else "not registered in this process"
-    return _attention_unavailable(str(value))
-
-
-def _attention_unavailable(value: str) -> str:
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
-    if "/" in value:
-        return "a hub kernel; replay downloads nothing"
-    if value not in ALL_ATTENTION_FUNCTIONS.valid_keys():
-        return "not registered in this process's transformers AttentionInterface"
-    flash = re.fullmatch(r"flash_attention_(\d+)", value)
-    if flash:
-        from transformers.modeling_flash_attention_utils import (
-            FLASH_ATTENTION_COMPATIBILITY_MATRIX as matrix,
-        )
-
-        spec = matrix.get(int(flash.group(1)))
-        if spec is None or not spec["general_availability_check"]():
-            return f"FlashAttention {flash.group(1)} is not installed for this device"
-    if value == "flex_attention":
-        from transformers.utils import is_torch_flex_attn_available
-
-        if not is_torch_flex_attn_available():
-            return "torch flex attention is not available"
-    return ""

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from otel_gpu import _files
-from otel_gpu.recorder import manifest, tensor_files
+from otel_gpu.recorder import manifest, tensor_files, values
 
 __all__ = ["STATE_DIR", "CannotRebuild", "load_state", "record", "restore", "state_path"]
 
@@ -48,7 +48,7 @@ class CannotRebuild(Exception):
 
 
 def record(
-    module: torch.nn.Module, root: str, enc: manifest.Encoder, max_bytes: int
+    module: torch.nn.Module, root: str, enc: values.Encoder, max_bytes: int
 ) -> dict[str, Any]:
     """The manifest's receiver for ``module``: its type, constructor arguments and state file.
 

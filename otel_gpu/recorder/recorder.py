@@ -37,7 +37,7 @@ from otel_gpu.attributes import (
 )
 from otel_gpu.calls import _describe, metadata
 from otel_gpu.config import Settings, expand_path
-from otel_gpu.recorder import graph_snapshots, tensor_files
+from otel_gpu.recorder import graph_snapshots, tensor_files, values
 from otel_gpu.recorder import manifest as _manifest
 from otel_gpu.recorder import target as _target
 from otel_gpu.recorder.call_manifest import encode_inputs, new_manifest
@@ -336,7 +336,7 @@ class Recorder:
         manifest["time"]["end_unix_nano"] = call.end_ns
         tensors: dict[str, torch.Tensor] = {}
         meta: dict[str, Any] = {}
-        enc = _manifest.Encoder("", tensors, meta, self._secret)
+        enc = values.Encoder("", tensors, meta, self._secret)
         manifest["result"] = enc.encode(call.result, "output")
         for key, t, version in pending.inputs:
             if t._version != version:  # modified in place by the call: an output too

@@ -11,7 +11,7 @@ import torch
 
 from otel_gpu import _guard
 from otel_gpu.attributes import CODE_FILE_PATH
-from otel_gpu.recorder import manifest
+from otel_gpu.recorder import manifest, values
 
 if TYPE_CHECKING:
     from otel_gpu.calls.decorator import _Plan
@@ -81,7 +81,7 @@ _BUILTIN_TYPES = (
 _BUILTIN_NAMES = frozenset({"OpOverloadPacket", "OpOverload", "builtin_function_or_method"})
 
 
-def receiver(call: Call, enc: manifest.Encoder) -> dict[str, Any]:
+def receiver(call: Call, enc: values.Encoder) -> dict[str, Any]:
     """Encode ``self``/``cls`` of a method: a class by reference, an object by its opt-in state hook.
 
     The receiver is the bound method's ``__self__`` (or the callable object) when the decorated
@@ -126,7 +126,7 @@ def receiver(call: Call, enc: manifest.Encoder) -> dict[str, Any]:
     return {"t": "state", "type": manifest.type_ref(type(obj)), "state": enc.encode(state, "self")}
 
 
-def _module_receiver(module: torch.nn.Module, enc: manifest.Encoder) -> dict[str, Any]:
+def _module_receiver(module: torch.nn.Module, enc: values.Encoder) -> dict[str, Any]:
     """A module receiver: rebuilt by replay from its state_dict when OTEL_GPU_DUMP_MODULES is on."""
     import os
 

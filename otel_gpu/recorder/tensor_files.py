@@ -21,10 +21,10 @@ from otel_gpu import _files
 from otel_gpu.recorder.manifest import (
     TENSOR_FILES,
     DumpFileError,
-    _broadcast_dims,
     _open_inside,
     _plain_name,
 )
+from otel_gpu.recorder.values import broadcast_dims
 
 __all__ = [
     "TENSOR_ENTRY_SLACK",
@@ -46,7 +46,7 @@ def host_copy(t: torch.Tensor, always_copy: bool) -> torch.Tensor:
     ``always_copy`` is for tensors written later, which the program may modify meanwhile.
     """
     t = t.detach()
-    for d in _broadcast_dims(t):
+    for d in broadcast_dims(t):
         t = t.narrow(d, 0, 1)
     if t.device.type != "cpu":
         return t.to("cpu")  # preserve_format: dense layouts keep their strides
@@ -105,7 +105,7 @@ class HostBuffers:
         out = HostCopies()
         for key, t in tensors.items():
             t = t.detach()
-            for d in _broadcast_dims(t):
+            for d in broadcast_dims(t):
                 t = t.narrow(d, 0, 1)
             nbytes = t.numel() * t.element_size()
             out.nbytes += nbytes

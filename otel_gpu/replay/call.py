@@ -18,8 +18,8 @@ import torch
 
 from otel_gpu.recorder import manifest as _manifest
 from otel_gpu.recorder import tensor_files
-from otel_gpu.recorder.kernel_choices import restore_implementation_choices
 from otel_gpu.replay.compare import Mismatch, compare
+from otel_gpu.replay.kernel_choices import restore_implementation_choices
 from otel_gpu.replay.trust import (
     Allow,
     Refused,

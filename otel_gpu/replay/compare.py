@@ -21,7 +21,8 @@ from typing import Any
 
 import torch
 
-from otel_gpu.recorder.manifest import public_fields, pytree_children, type_ref
+from otel_gpu.recorder.manifest import type_ref
+from otel_gpu.recorder.values import public_fields, pytree_children
 
 __all__ = [
     "DEFAULT_TOLERANCES",

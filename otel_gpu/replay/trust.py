@@ -218,9 +218,9 @@ def resolve_function(info: dict[str, Any], allow: Allow) -> tuple[Callable[..., 
                 f"instruments code again only for targets you name: pass --instrument {spec} (or "
                 "set OTEL_GPU_INSTRUMENT), or --trust-dump for dumps you made"
             )
-        import otel_gpu
+        from otel_gpu.instrumentation.targets import instrument
 
-        otel_gpu.instrument(spec)
+        instrument(spec)
     obj: Any = _import(module)
     owner: Any = None
     for part in qualname.split("."):

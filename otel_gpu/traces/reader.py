@@ -52,16 +52,13 @@ __all__ = [
     "Line",
     "Problem",
     "Span",
-    "Trace",
     "TraceFileError",
-    "build_traces",
     "fill",
     "load_json",
     "read_all",
     "read_lines",
     "read_spans",
     "too_deep",
-    "tree_path",
 ]
 
 _GZIP_MAGIC = b"\x1f\x8b"
@@ -143,17 +140,6 @@ class Span:
     """Its parent is in the file, but linking to it would close a cycle: shown as a root."""
     parent: Span | None = None
     children: list[Span] = field(default_factory=list)
-
-
-@dataclass(eq=False)
-class Trace:
-    trace_id: str
-    roots: list[Span]
-    count: int
-
-    @property
-    def start(self) -> int:
-        return min((r.start for r in self.roots), default=0)
 
 
 # --------------------------------------------------------------------------- reading
@@ -302,7 +288,8 @@ def read_spans(
     Each invalid line or unreadable file is reported to ``problem`` and skipped; without one,
     :class:`TraceFileError` is raised at the first.
     Reading a large file is about twice as fast with the cyclic garbage collector paused (the
-    spans hold no cycles until :func:`build_traces` links them): see :func:`read_all`.
+    spans hold no cycles until :func:`otel_gpu.traces.trees.build_traces` links them): see
+    :func:`read_all`.
     """
     report = _raise if problem is None else problem
     for line in read_lines(path, report):
@@ -588,58 +575,3 @@ def _raw_spans(payload: Any, where: str) -> Iterator[dict[str, Any]]:
             for raw in _list(ss, ("spans",), where):
                 if isinstance(raw, dict):
                     yield raw
-
-
-# --------------------------------------------------------------------------- trees
-
-
-def build_traces(spans: Iterable[Span]) -> list[Trace]:
-    """Group spans into traces (earliest first), link children (in start order).
-
-    A span whose parent is not among the spans is a root; so is one whose parent link would
-    close a cycle. A span id seen twice in a trace (a file given twice) is kept once.
-    """
-    by_trace: dict[str, dict[str, Span]] = {}
-    for span in spans:
-        by_trace.setdefault(span.trace_id, {}).setdefault(span.span_id, span)
-    traces = []
-    for trace_id, members in by_trace.items():
-        roots = []
-        for span in members.values():
-            parent = members.get(span.parent_id) if span.parent_id else None
-            if parent is not None and not _is_ancestor(span, parent):
-                span.parent = parent
-                parent.children.append(span)
-            else:
-                span.cycle = parent is not None
-                roots.append(span)
-        for span in members.values():
-            span.children.sort(key=_order)
-        roots.sort(key=_order)
-        traces.append(Trace(trace_id, roots, len(members)))
-    traces.sort(key=lambda t: (t.start, t.trace_id))
-    return traces
-
-
-def _order(span: Span) -> tuple[int, str]:
-    return span.start, span.span_id
-
-
-def _is_ancestor(span: Span, node: Span | None) -> bool:
-    while node is not None:
-        if node is span:
-            return True
-        node = node.parent
-    return False
-
-
-def tree_path(span: Span, roots: list[Span]) -> list[str]:
-    """Names from the root down to ``span``, ``name[i]`` where siblings share a name."""
-    parts = []
-    node: Span | None = span
-    while node is not None:
-        siblings = node.parent.children if node.parent else roots
-        same = [s for s in siblings if s.name == node.name]
-        parts.append(f"{node.name}[{same.index(node)}]" if len(same) > 1 else node.name)
-        node = node.parent
-    return parts[::-1]

@@ -25,15 +25,8 @@ from typing import IO, Any
 from otel_gpu import attributes as attr
 from otel_gpu._text import printable
 from otel_gpu.traces import device
-from otel_gpu.traces.reader import (
-    Span,
-    Trace,
-    TraceFileError,
-    build_traces,
-    fill,
-    read_all,
-    tree_path,
-)
+from otel_gpu.traces.reader import Span, TraceFileError, fill, read_all
+from otel_gpu.traces.trees import Trace, build_traces, tree_path
 
 __all__ = ["DEFAULT_LIMIT", "file_kind", "show"]
 

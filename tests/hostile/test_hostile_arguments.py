@@ -24,6 +24,7 @@ import torch
 import otel_gpu
 from otel_gpu.calls import _describe
 from otel_gpu.recorder import manifest as _manifest
+from otel_gpu.recorder import values
 
 SLEEP_S = 5.0
 BOUND_S = 1.0  # behavioural bound: "returns well before the 5 s hook would end"
@@ -339,7 +340,7 @@ def test_the_describer_fills_in_a_description_after_the_call(fresh_describer: No
         def __repr__(self) -> str:
             return "Nice(" + "n" * 500 + ")"
 
-    enc = _manifest.Encoder("input.", {}, {})
+    enc = values.Encoder("input.", {}, {})
     nice = enc.encode(Nice(), "x")
     exits = enc.encode(ReprExits(), "y")
     listed = enc.encode(LenIterExit([1, 2]), "z")

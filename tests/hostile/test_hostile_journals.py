@@ -17,7 +17,7 @@ from pathlib import Path
 
 from commands import otel_gpu_command, without_otel
 
-from otel_gpu.journal import reader, recover, writer
+from otel_gpu.journal import layout, reader, recover, writer
 
 # --------------------------------------------------------------------------- payloads
 
@@ -39,7 +39,7 @@ def crafted_journal(
     meta = meta if meta is not None else json.dumps({"host": socket.gethostname()}).encode()
     plans_size = writer.PLANS_SIZE
     head = bytearray(header_size)
-    writer._HEADER.pack_into(
+    layout.HEADER.pack_into(
         head,
         0,
         writer.MAGIC,
@@ -57,18 +57,18 @@ def crafted_journal(
         writer.OPEN,
         len(meta),
     )
-    head[writer._META_AT : writer._META_AT + len(meta)] = meta
+    head[layout.META_AT : layout.META_AT + len(meta)] = meta
     plan = json.dumps(["lib.f", {"code.function.name": "f"}]).encode()
     plans = bytearray(plans_size)
-    writer._U32.pack_into(plans, 0, len(plan))
+    layout.U32.pack_into(plans, 0, len(plan))
     plans[4 : 4 + len(plan)] = plan
     slot = bytearray(stride)
-    writer._COMMIT.pack_into(slot, 0, writer._COMMITTED)
+    layout.COMMIT.pack_into(slot, 0, layout.COMMITTED)
     with open(path, "wb") as f:
         f.write(head)
         f.write(plans)
         for i in range(committed):
-            writer._BODY.pack_into(slot, 8, 1, i + 1, i + 1, 0, 10**18 + i, 1, 0, 0, 0)
+            layout.BODY.pack_into(slot, 8, 1, i + 1, i + 1, 0, 10**18 + i, 1, 0, 0, 0)
             f.write(slot)
         if size is not None:
             f.truncate(size)

@@ -32,7 +32,7 @@ from otel_gpu.exporters.console import ConsoleSpanExporter
 
 from otel_gpu import config
 from otel_gpu.cli import main
-from otel_gpu.journal import recover, writer
+from otel_gpu.journal import layout, recover, writer
 from otel_gpu.traces import reader, ship
 from otel_gpu.traces.show import show
 
@@ -453,7 +453,7 @@ def _journal_bytes(
     """A journal as a dead process leaves it: header, plans, one committed slot."""
     header_size, plans_size, stride = writer.HEADER_SIZE, 4096, writer.LARGE_SLOT
     data = bytearray(header_size + plans_size + stride)
-    writer._HEADER.pack_into(
+    layout.HEADER.pack_into(
         data,
         0,
         magic,
@@ -471,18 +471,18 @@ def _journal_bytes(
         writer.OPEN,
         len(meta),
     )
-    data[writer._META_AT : writer._META_AT + len(meta)] = meta
+    data[layout.META_AT : layout.META_AT + len(meta)] = meta
     at = header_size
     for plan in plans:
-        writer._U32.pack_into(data, at, len(plan))
+        layout.U32.pack_into(data, at, len(plan))
         data[at + 4 : at + 4 + len(plan)] = plan
         at += 4 + ((len(plan) + 7) & ~7)
     slot = header_size + plans_size
     flags = writer.F_INPUTS if inputs else 0
-    writer._BODY.pack_into(data, slot + 8, 1, 2, 3, 0, 10**18, 1, 0, flags, len(inputs or b""))
+    layout.BODY.pack_into(data, slot + 8, 1, 2, 3, 0, 10**18, 1, 0, flags, len(inputs or b""))
     if inputs:
-        data[slot + writer._INPUTS_AT : slot + writer._INPUTS_AT + len(inputs)] = inputs
-    writer._COMMIT.pack_into(data, slot, writer._COMMITTED)
+        data[slot + layout.INPUTS_AT : slot + layout.INPUTS_AT + len(inputs)] = inputs
+    layout.COMMIT.pack_into(data, slot, layout.COMMITTED)
     return bytes(data)
 
 

@@ -1,0 +1,166 @@
+"""The layers of the package (docs/architecture.md, "The rule"), counted over every import.
+
+A module's imports are read from its source, all of them: at the top, inside functions, under
+``TYPE_CHECKING``. A lazy import is for start-up time, never to hide a cycle, so it counts as
+much as any other. The same rule is the import-linter contract in pyproject.toml, run by
+``make lint`` (.ci/lint_layers.py); the last tests show that contract catches an upward import.
+"""
+
+from __future__ import annotations
+
+import ast
+import graphlib
+import importlib.util
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SOURCES = {"otel_gpu": ROOT / "otel_gpu", "otel_gpu.exporters": ROOT / "exporters"}
+"""Where each package's modules live (pyproject's package-dir: exporters/ is otel_gpu.exporters)."""
+
+KNOWN_UPWARD_IMPORTS = {
+    ("anomalies", "export"),
+    ("calls", "export"),
+    ("calls", "instrumentation"),
+    ("config", "exporters"),
+    ("devices", "calls"),
+    ("devices", "export"),
+    ("devices", "recorder"),
+    ("exporters", "export"),
+    ("journal", "export"),
+    ("metrics", "export"),
+    ("recorder", "export"),
+}
+"""Folder pairs (importer, imported) that import against the layers today, each closing a cycle
+between folders. The leaf core removes them: plugins get a Host from the core instead of the
+pipeline, the call records move to the core. Empty this set as they go; a pair that no longer
+imports must leave it (the test says so), and no pair may join it."""
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for package, root in SOURCES.items():
+        for path in root.rglob("*.py"):
+            if "_bootstrap" in path.parts:  # a sitecustomize run by Python, not a module of ours
+                continue
+            parts = [p for p in path.relative_to(root).with_suffix("").parts if p != "__init__"]
+            found[".".join([package, *parts])] = path
+    return found
+
+
+def imports_of(
+    module: str, source: str, known: set[str] | dict[str, Path], is_package: bool = False
+) -> Iterator[str]:
+    """The modules of ``known`` that ``module``'s source imports, wherever the import statement
+    is (top level, functions, classes, ``if TYPE_CHECKING``), relative imports resolved."""
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = module.split(".")
+                parent = parts[: len(parts) - node.level + (1 if is_package else 0)]
+                base = ".".join([*parent, *([node.module] if node.module else [])])
+            names = [
+                f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names
+            ]
+        else:
+            continue
+        for name in names:
+            while name and name not in known:
+                name = name.rpartition(".")[0]
+            if name and name != module:
+                yield name
+
+
+def folder(module: str) -> str:
+    """A module's folder below ``otel_gpu`` (``calls``), a top-level module's own name
+    (``config``), or ``otel_gpu`` for the package's ``__init__``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def folder_graph() -> dict[str, set[str]]:
+    modules = _modules()
+    graph: dict[str, set[str]] = {folder(m): set() for m in modules}
+    for module, path in modules.items():
+        source = path.read_text(encoding="utf-8")
+        for imported in imports_of(module, source, modules, path.name == "__init__.py"):
+            if folder(imported) != folder(module):
+                graph[folder(module)].add(folder(imported))
+    return graph
+
+
+def test_imports_inside_functions_and_type_checking_count():
+    """The walk finds an import however it is hidden: in a function, under TYPE_CHECKING, or
+    relative; so a lazy import cannot hide a cycle from the tests below."""
+    source = (
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    from otel_gpu.export.pipeline import Pipeline\n"
+        "def f():\n    from otel_gpu.journal import writer\n"
+        "    import otel_gpu.cli\n"
+        "from . import metadata\n"
+    )
+    known = {
+        "otel_gpu.export.pipeline",
+        "otel_gpu.journal.writer",
+        "otel_gpu.cli",
+        "otel_gpu.calls.metadata",
+        "otel_gpu.calls.x",
+    }
+    found = set(imports_of("otel_gpu.calls.x", source, known))
+    assert found == known - {"otel_gpu.calls.x"}
+
+
+def test_no_cycle_between_folders():
+    """Without the known upward imports, the folders form no cycle: every new import between
+    folders either follows the layers or fails here, naming the cycle."""
+    graph = folder_graph()
+    kept = {a: {b for b in bs if (a, b) not in KNOWN_UPWARD_IMPORTS} for a, bs in graph.items()}
+    try:
+        tuple(graphlib.TopologicalSorter(kept).static_order())
+    except graphlib.CycleError as exc:
+        cycle = " -> ".join(exc.args[1])
+        pytest.fail(f"a cycle between folders (counting imports inside functions): {cycle}")
+
+
+def test_known_upward_imports_still_exist():
+    """Each known upward import is still there: when one goes, it leaves KNOWN_UPWARD_IMPORTS
+    (and the matching ignore of pyproject's import-linter contract), so the list stays true."""
+    graph = folder_graph()
+    gone = sorted((a, b) for a, b in KNOWN_UPWARD_IMPORTS if b not in graph.get(a, set()))
+    assert not gone, f"no longer imported: remove {gone} from KNOWN_UPWARD_IMPORTS"
+
+
+def _lint_layers() -> object:
+    if importlib.util.find_spec("importlinter") is None:
+        pytest.skip("import-linter is not installed (make install-test installs it)")
+    spec = importlib.util.spec_from_file_location("lint_layers", ROOT / ".ci" / "lint_layers.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("lint_layers", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow
+def test_the_import_linter_contract_holds():
+    """``lint-imports`` keeps every contract on this tree (what ``make lint`` runs)."""
+    lint = _lint_layers()
+    result = lint.check()  # type: ignore[attr-defined]
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.slow
+def test_the_contract_fails_on_a_planted_upward_import():
+    """An upward import planted inside a function of a bottom-layer module (the settings
+    importing the command line) breaks the contract, and the report names it."""
+    lint = _lint_layers()
+    planted = "\n\ndef _planted() -> None:\n    from otel_gpu.cli import main  # noqa: F401\n"
+    result = lint.check(plant={"otel_gpu/_text.py": planted})  # type: ignore[attr-defined]
+    assert result.returncode != 0
+    assert "otel_gpu._text is not allowed to import otel_gpu.cli" in result.stdout
