@@ -39,7 +39,7 @@ import torch
 from otel_gpu import _guard
 from otel_gpu.attributes import COMPILED
 from otel_gpu.calls import metadata, stats
-from otel_gpu.calls.record import Call
+from otel_gpu.core.record import Call
 from otel_gpu.export import pipeline
 
 __all__ = ["ATTRIBUTE", "SUPPORTED", "call", "is_compiling", "register"]
@@ -86,7 +86,7 @@ else:
     is_compiling = _tracing_here
 
 _TOKEN = torch.zeros(1)  # what both ops mutate: the compiler neither drops nor reorders them
-# plan id (a graph constant) -> _Plan; weak, so a dropped model's plans (and modules) go
+# plan id (a graph constant) -> Plan; weak, so a dropped model's plans (and modules) go
 _PLANS: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
 _ids = itertools.count()
 

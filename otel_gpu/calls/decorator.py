@@ -14,7 +14,6 @@ import os
 import random
 import sys
 import time
-import types
 from collections.abc import Callable
 from typing import Any, TypeVar, overload
 
@@ -30,13 +29,15 @@ from otel_gpu.attributes import (
     STATS_INF_COUNT,
     STATS_NAN_COUNT,
 )
-from otel_gpu.calls import _context, compiled, metadata, record, stats
-from otel_gpu.calls.record import Call, CallSpan
+from otel_gpu.calls import _context, compiled, describe, metadata, stats
+from otel_gpu.core import record
+from otel_gpu.core.plan import Plan, Shape, qualified_name, shape_of
+from otel_gpu.core.record import Call, CallSpan
 from otel_gpu.devices import cuda
-from otel_gpu.export import pipeline
+from otel_gpu.export import pipeline, spans
 from otel_gpu.instrumentation import targets as _targets
 
-__all__ = ["NonFiniteError", "api", "configure", "flush"]
+__all__ = ["NonFiniteError", "api", "configure", "flush", "make_plan"]
 
 
 class NonFiniteError(FloatingPointError):
@@ -66,140 +67,59 @@ _detach = _context.detach
 _getrandbits = random.getrandbits  # reseeded in fork children by the random module
 _time_ns = time.time_ns
 _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+# a call's exception is formatted on the export thread within a time bound (user __str__)
+spans.describe_exceptions_with(describe.exception_text)
 
 
-def _qualified_name(fn: Any) -> str:
-    """module.Class.method from __qualname__; partials and callable objects fall back to their type."""
-    module = getattr(fn, "__module__", None) or type(fn).__module__
-    qualname = getattr(fn, "__qualname__", None) or type(fn).__qualname__
-    return f"{module}.{qualname}"
-
-
-class _Plan:
-    """What a decorated function's calls must do, fixed at decoration time."""
-
-    __slots__ = (
-        "__weakref__",
-        "attributes",
-        "binder",
-        "capture_stats",
-        "instrumented",
-        "level",
-        "max_items",
-        "module",
-        "name",
-        "on_nonfinite",
-        "param_names",
-        "qualname",
-        "receiver",
-        "receiver_passed",
-        "redact",
-        "redacted",
-        "replay_note",
-        "skip",
-    )
-
-    def __init__(
-        self,
-        fn: Callable[..., Any],
-        name: str,
-        settings: config.Settings,
-        shape: _Shape | None = None,
-        attributes: dict[str, Any] | None = None,
-    ) -> None:
-        shape = shape or _Shape(fn, fn, True, None)
-        self.name = name
-        self.level = settings.level
-        self.max_items = settings.max_items
-        self.on_nonfinite = settings.on_nonfinite
-        code = getattr(fn, "__code__", None)
-        self.module = getattr(fn, "__module__", None) or type(fn).__module__
-        self.qualname = getattr(fn, "__qualname__", None) or type(fn).__qualname__
-        self.attributes: dict[str, Any] = {CODE_FUNCTION_NAME: f"{self.module}.{self.qualname}"}
-        if code is not None:
-            self.attributes[CODE_FILE_PATH] = code.co_filename
-            self.attributes[CODE_LINE_NUMBER] = code.co_firstlineno
-        if attributes:
-            self.attributes.update(attributes)
-        # Calls pass the receiver as args[0] only for functions decorated in a class body (or taken
-        # from the class); a bound method or a callable object carries its receiver itself.
-        self.receiver_passed = shape.receiver_passed
-        self.receiver = shape.receiver
-        self.replay_note = shape.replay_note
-        self.instrumented: str | None = None  # the otel_gpu.instrument() target that made this
-        signed = shape.signature_source
-        self.binder = (
-            metadata.make_binder(signed, skip_self=shape.receiver_passed)
-            if self.level >= 3
-            else None
-        )
-        self.redact = settings.redact
-        try:
-            params = list(inspect.signature(signed).parameters.values())
-        except (TypeError, ValueError):
-            params = []
-        names = [p.name for p in params]
-        # top-level parameter names that look like secrets (the flight recorder uses this)
-        self.redacted = frozenset(n for n in names if metadata.is_secret(n, self.redact))
-        # under torch.compile: positional parameter names, after the receiver passed as args[0]
-        positional = [p.name for p in params if p.kind in _POSITIONAL]
-        passed = shape.receiver_passed and positional[:1] in (["self"], ["cls"])
-        self.skip = 1 if passed else 0
-        self.param_names = tuple(positional[self.skip :])
-        # CUDA graph capture can only be in progress where CUDA exists; decide the check now.
-        self.capture_stats: Callable[[], bool] | None = None
-        if self.level >= 5:
-            self.capture_stats = cuda.is_capturing if cuda.cuda_available() else None
-
-
-class _Shape:
-    """How a callable is called: where its signature comes from and where its receiver is."""
-
-    __slots__ = ("receiver", "receiver_passed", "replay_note", "signature_source", "target")
-
-    def __init__(
-        self,
-        target: Any,
-        signature_source: Any,
-        receiver_passed: bool,
-        receiver: Any,
-        replay_note: str | None = None,
-    ) -> None:
-        self.target = target  # the innermost function: name and code.* come from it
-        self.signature_source = signature_source  # what inspect.signature() binds the call to
-        self.receiver_passed = receiver_passed  # args[0] is self/cls
-        self.receiver = receiver  # a bound method's __self__, or a callable object itself
-        self.replay_note = replay_note
-
-
-def _innermost(fn: Any) -> Any:
+def make_plan(
+    fn: Callable[..., Any],
+    name: str,
+    settings: config.Settings,
+    shape: Shape | None = None,
+    attributes: dict[str, Any] | None = None,
+) -> Plan:
+    """The plan of a function decorated with ``settings``: span name, ``code.*`` attributes,
+    binder, redacted parameters and the graph-capture check, decided once."""
+    shape = shape or Shape(fn, fn, True, None)
+    plan = Plan(name, settings.level)
+    plan.max_items = settings.max_items
+    plan.on_nonfinite = settings.on_nonfinite
+    code = getattr(fn, "__code__", None)
+    plan.module = getattr(fn, "__module__", None) or type(fn).__module__
+    plan.qualname = getattr(fn, "__qualname__", None) or type(fn).__qualname__
+    plan.attributes[CODE_FUNCTION_NAME] = f"{plan.module}.{plan.qualname}"
+    if code is not None:
+        plan.attributes[CODE_FILE_PATH] = code.co_filename
+        plan.attributes[CODE_LINE_NUMBER] = code.co_firstlineno
+    if attributes:
+        plan.attributes.update(attributes)
+    # Calls pass the receiver as args[0] only for functions decorated in a class body (or taken
+    # from the class); a bound method or a callable object carries its receiver itself.
+    plan.receiver_passed = shape.receiver_passed
+    plan.receiver = shape.receiver
+    plan.replay_note = shape.replay_note
+    signed = shape.signature_source
+    if plan.level >= 3:
+        plan.binder = metadata.make_binder(signed, skip_self=shape.receiver_passed)
+    plan.redact = settings.redact
     try:
-        return inspect.unwrap(fn) if hasattr(fn, "__wrapped__") else fn
-    except ValueError:  # a __wrapped__ cycle
-        return fn
+        params = list(inspect.signature(signed).parameters.values())
+    except (TypeError, ValueError):
+        params = []
+    names = [p.name for p in params]
+    plan.redacted = frozenset(n for n in names if metadata.is_secret(n, plan.redact))
+    # under torch.compile: positional parameter names, after the receiver passed as args[0]
+    positional = [p.name for p in params if p.kind in _POSITIONAL]
+    passed = shape.receiver_passed and positional[:1] in (["self"], ["cls"])
+    plan.skip = 1 if passed else 0
+    plan.param_names = tuple(positional[plan.skip :])
+    # CUDA graph capture can only be in progress where CUDA exists; decide the check now.
+    if plan.level >= 5:
+        plan.capture_stats = cuda.is_capturing if cuda.cuda_available() else None
+    return plan
 
 
-def _shape_of(fn: Any) -> _Shape:
-    """Decide, once, how calls of ``fn`` bind: every callable shape gets the right names and receiver.
-
-    A bound method whose function carries ``__wrapped__`` (``functools.wraps``, ``torch.no_grad``)
-    unwraps to a plain function with ``self`` first, yet its calls never pass ``self``: binding
-    must follow the bound method's own signature, or every argument shifts by one.
-    """
-    if isinstance(fn, types.MethodType):
-        return _Shape(_innermost(fn.__func__), fn, False, fn.__self__)
-    if isinstance(fn, functools.partial):
-        note = "a functools.partial: replay cannot rebuild the arguments it binds"
-        return _Shape(_innermost(fn.func), fn, False, None, note)
-    if inspect.isfunction(fn) or hasattr(fn, "__wrapped__"):
-        return _Shape(_innermost(fn), fn, True, None)
-    if inspect.isbuiltin(fn) or inspect.isroutine(fn) or isinstance(fn, type):
-        return _Shape(fn, fn, False, None)
-    # a callable object: its __call__ is bound to it; the object is the receiver
-    return _Shape(fn, fn, False, fn, None)
-
-
-def _capture_inputs(plan: _Plan, bound: list[tuple[str, Any, bool]], tensors: Any) -> tuple:
+def _capture_inputs(plan: Plan, bound: list[tuple[str, Any, bool]], tensors: Any) -> tuple:
     out: list[tuple[str, int, Any]] = []
     for name, value, is_default in bound:
         mark = len(out)
@@ -243,7 +163,7 @@ def _nonfinite(call: Call, result: Any) -> NonFiniteError | None:
     return NonFiniteError(f"{call.plan.name}: {message} (span {span_id})", bad, span_id, result)
 
 
-def _launch_stats(plan: _Plan, prefix: str, tensors: list[tuple[str, Any]]) -> list[stats.Pending]:
+def _launch_stats(plan: Plan, prefix: str, tensors: list[tuple[str, Any]]) -> list[stats.Pending]:
     """Start the reductions for a call's tensors, or record why not (CUDA graph capture)."""
     if plan.capture_stats is not None and plan.capture_stats():
         # CUDA graph capture: into static device buffers, read after replays (devices/cuda_graphs)
@@ -252,7 +172,7 @@ def _launch_stats(plan: _Plan, prefix: str, tensors: list[tuple[str, Any]]) -> l
 
 
 def _begin(
-    plan: _Plan, pipe: pipeline.Pipeline, current: trace.Span | None = None
+    plan: Plan, pipe: pipeline.Pipeline, current: trace.Span | None = None
 ) -> Call | NonRecordingSpan | None:
     """Ids and context for a new call; None when the parent says the trace is not sampled.
 
@@ -300,7 +220,7 @@ def _run_unsampled(
     fn: Callable[..., Any],
     args: tuple,
     kwargs: dict,
-    plan: _Plan,
+    plan: Plan,
     pipe: pipeline.Pipeline,
 ) -> Any:
     """Run a call the sampler dropped, with its unsampled context current so children agree.
@@ -339,7 +259,7 @@ def _tell_end(call: Call, observers: tuple[Any, ...], result: Any) -> None:
 
 
 def _make_wrapper(
-    fn: Callable[..., Any], plan: _Plan, settings: config.Settings
+    fn: Callable[..., Any], plan: Plan, settings: config.Settings
 ) -> Callable[..., Any]:
     level = plan.level
     get_pipeline = pipeline.get
@@ -556,9 +476,9 @@ def _decorate(
     _targets.apply_settings(settings)  # OTEL_GPU_INSTRUMENT where no start-up hook applied it
     if settings.strict:
         _guard.set_strict(True)
-    shape = _shape_of(fn)
-    span_name = name or _qualified_name(shape.target)
-    plan = _Plan(shape.target, span_name, settings, shape, attributes)
+    shape = shape_of(fn)
+    span_name = name or qualified_name(shape.target)
+    plan = make_plan(shape.target, span_name, settings, shape, attributes)
     plan.instrumented = instrumented
     wrapper = _make_wrapper(fn, plan, settings)
     wrapper.__otel_gpu_plan__ = plan  # type: ignore[attr-defined]

@@ -28,7 +28,7 @@ from otel_gpu import _guard
 from otel_gpu.devices import cuda
 
 if TYPE_CHECKING:
-    from otel_gpu.calls.record import Call
+    from otel_gpu.core.record import Call
 
 __all__ = [
     "Backend",

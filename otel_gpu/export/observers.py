@@ -13,34 +13,18 @@ never runs the level-3 or level-10 observers and no call checks a level.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, NamedTuple, Protocol
+from typing import TYPE_CHECKING, NamedTuple
 
 from otel_gpu import _guard
 from otel_gpu.config import LEVELS, Settings
+from otel_gpu.core.protocols import Observer
+from otel_gpu.exporters.destinations import PRECALL_LEVEL
 
 if TYPE_CHECKING:
-    from otel_gpu.calls.record import Call
     from otel_gpu.export.pipeline import Pipeline
     from otel_gpu.recorder.ring import Ring
 
 __all__ = ["REGISTRY", "Built", "Entry", "Observer", "build", "by_level", "serves"]
-
-
-class Observer(Protocol):
-    """What the pipeline calls. ``start``/``end`` run on the caller's thread, so they stay cheap."""
-
-    min_level: int
-    """The lowest level served, set from the registry when the observer is built."""
-
-    def start(self, call: Call) -> None: ...
-
-    def end(self, call: Call) -> None: ...
-
-    def flush(self, timeout: float) -> bool:
-        """Finish queued work within ``timeout`` seconds; True when it did."""
-        ...
-
-    def close(self) -> None: ...
 
 
 Factory = Callable[[Settings, "Pipeline"], "Observer | None"]
@@ -110,7 +94,7 @@ def _nvtx(settings: Settings, pipeline: Pipeline) -> Observer | None:
 
 
 REGISTRY: tuple[Entry, ...] = (
-    Entry("console", 3, _console),  # level 1 prints only the end-of-call line
+    Entry("console", PRECALL_LEVEL, _console),  # level 1 prints only the end-of-call line
     Entry("journal", 1, _journal),
     Entry("watchdog", 1, _watchdog),
     Entry("snapshot", 1, _snapshot),  # answers otel-gpu snapshot; never on the caller's path

@@ -1,6 +1,6 @@
 """Deferred materialisation: call records in, finished spans out, off the caller's thread.
 
-The caller's thread appends a :class:`~otel_gpu.calls.record.Call` to a bounded deque and
+The caller's thread appends a :class:`~otel_gpu.core.record.Call` to a bounded deque and
 returns. An export thread wakes every 100 ms (or sooner when the queue fills),
 turns each record into a finished span and hands it to the target TracerProvider's
 span processors (``on_end``). An application's provider gets SDK ``ReadableSpan`` objects,
@@ -38,9 +38,10 @@ from otel_gpu.attributes import (
     SPANS_DROPPED,
     SPANS_DROPPED_TOTAL,
 )
-from otel_gpu.calls.record import Call
 from otel_gpu.config import ConfigError, Settings, check_sdk_import_variables
-from otel_gpu.export import observers as _observers
+from otel_gpu.core import sink
+from otel_gpu.core.record import Call
+from otel_gpu.core.threads import bounded_call
 
 # opentelemetry.sdk.trace reads OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT when it is imported and stops the
 # import with its own chained ValueError on a bad value, at any level. This is the first SDK import
@@ -52,6 +53,7 @@ from opentelemetry.sdk.trace import Event, SpanLimits  # noqa: E402
 from opentelemetry.sdk.trace import TracerProvider as SdkTracerProvider  # noqa: E402
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, ParentBased  # noqa: E402
 
+from otel_gpu.export import observers as _observers  # noqa: E402
 from otel_gpu.export.spans import SCOPE as SCOPE  # noqa: E402
 from otel_gpu.export.spans import SpanBuilder, _HashedResource  # noqa: E402
 
@@ -193,7 +195,7 @@ class Pipeline(SpanBuilder):
                 raise
             _guard.logger.warning("otel-gpu records no metrics in this process: %s", exc)
         except Exception as exc:
-            self._internal("metrics", exc)
+            self.report_internal("metrics", exc)
 
     def note_unsampled(self, plan: Any, duration_ns: int, failed: Any) -> None:
         """A call the head sampler dropped, for the call metrics (caller's thread: one append).
@@ -208,6 +210,12 @@ class Pipeline(SpanBuilder):
         """Whether spans go to otel-gpu's own provider (``OTEL_GPU_LOGDEST``), not the
         application's (whose processors decide what is kept)."""
         return self._own_provider is not None
+
+    @property
+    def counters(self) -> list[Any]:
+        """otel-gpu's own destinations' exporters, each counting the spans it confirmed (the
+        exit report and the metrics' summary read them)."""
+        return self._counters
 
     def add_after_drain(self, hook: Callable[[], Any]) -> None:
         """Run ``hook`` on the export thread after each drain (every ~100 ms), e.g. a heartbeat."""
@@ -261,7 +269,7 @@ class Pipeline(SpanBuilder):
             # still stalled (export has not moved since): only a free export lock helps now
             room = self._make_room(wait=self._stalled_at != self.taken)
         except Exception as exc:
-            self._internal("export", exc)
+            self.report_internal("export", exc)
             room = len(self.queue) < self.maxsize
         if room:
             self.queue.append(call)
@@ -357,7 +365,7 @@ class Pipeline(SpanBuilder):
                 try:
                     append(build(call))
                 except Exception as exc:
-                    self._internal("export", exc)
+                    self.report_internal("export", exc)
                     continue
                 if calls is not None:
                     calls.append(call)
@@ -369,28 +377,28 @@ class Pipeline(SpanBuilder):
                             on_end(span)
                     except Exception as exc:
                         failed += 1
-                        self._internal("export", exc)
+                        self.report_internal("export", exc)
             for end in self._chunk_ends:
                 try:
                     end(spans)
                 except Exception as exc:
-                    self._internal("export", exc)
+                    self.report_internal("export", exc)
             self.exported += len(spans) - failed
             if calls:
                 try:
                     metrics.calls.record(calls)  # type: ignore[union-attr]
                 except Exception as exc:
-                    self._internal("metrics", exc)
+                    self.report_internal("metrics", exc)
             if metrics is not None and self.unsampled:
                 try:
                     metrics.calls.record_unsampled(self.unsampled)
                 except Exception as exc:
-                    self._internal("metrics", exc)
+                    self.report_internal("metrics", exc)
             for hook in (*self._after_drain, *hooks):
                 try:
                     hook()
                 except Exception as exc:
-                    self._internal("export", exc)
+                    self.report_internal("export", exc)
         finally:
             if paused:
                 gc.enable()
@@ -417,7 +425,9 @@ class Pipeline(SpanBuilder):
                     )
                 )
 
-    def _internal(self, kind: str, exc: Exception) -> None:
+    def report_internal(self, kind: str, exc: BaseException) -> None:
+        """An internal error on the export thread, logged once per kind; in strict mode kept
+        for :meth:`flush` to raise (the test's thread, not the export thread)."""
         try:
             _guard.internal_error(kind, exc)
         except Exception as raised:  # strict mode: keep it for flush() to re-raise in the test
@@ -434,8 +444,8 @@ class Pipeline(SpanBuilder):
             try:
                 observer.flush(max(deadline - time.monotonic(), 0.0))
             except Exception as exc:
-                self._internal("observer", exc)
-        ok = _bounded_call(
+                self.report_internal("observer", exc)
+        ok = bounded_call(
             lambda: self.processor.force_flush(int(max(deadline - time.monotonic(), 0) * 1000)),
             max(deadline - time.monotonic(), 0.0),
         )
@@ -443,14 +453,14 @@ class Pipeline(SpanBuilder):
         if metrics is not None:
             try:
                 ok = (
-                    _bounded_call(
+                    bounded_call(
                         lambda: metrics.flush(max(deadline - time.monotonic(), 0.0)),
                         max(deadline - time.monotonic(), 0.0),
                     )
                     and ok
                 )
             except Exception as exc:
-                self._internal("metrics", exc)
+                self.report_internal("metrics", exc)
         if self.errors and _guard.is_strict():
             errors, self.errors = self.errors, []
             raise errors[0]
@@ -464,7 +474,7 @@ class Pipeline(SpanBuilder):
         while self.queue:
             before = self.taken
             end = time.monotonic() + window
-            _bounded_call(functools.partial(self.drain, end), window)
+            bounded_call(functools.partial(self.drain, end), window)
             if self.taken == before:
                 return
 
@@ -481,7 +491,7 @@ class Pipeline(SpanBuilder):
         self._wake.set()
         if bounded:  # the user chose a bound: what is not built within it is dropped, counted
             # On a helper thread: a span whose materialisation blocks must not hold exit.
-            _bounded_call(lambda: self.drain(deadline), max(deadline - time.monotonic(), 0.0))
+            bounded_call(lambda: self.drain(deadline), max(deadline - time.monotonic(), 0.0))
         else:  # the default loses nothing: build all, then give the destinations their time
             self._drain_while_progressing(timeout)
             deadline = time.monotonic() + timeout
@@ -489,7 +499,7 @@ class Pipeline(SpanBuilder):
             try:
                 observer.close()
             except Exception as exc:
-                self._internal("observer", exc)
+                self.report_internal("observer", exc)
         if self.unsampled_dropped:
             _guard.logger.warning(
                 "otel-gpu call metrics: %d call(s) the head sampler dropped were not counted: the "
@@ -501,12 +511,12 @@ class Pipeline(SpanBuilder):
             try:
                 self.metrics.shutdown(max(deadline - time.monotonic(), 0.0))
             except Exception as exc:
-                self._internal("metrics", exc)
+                self.report_internal("metrics", exc)
         if self._own_provider is not None:
             provider = self._own_provider
-            _bounded_call(provider.shutdown, max(deadline - time.monotonic(), 0.0))
+            bounded_call(provider.shutdown, max(deadline - time.monotonic(), 0.0))
         else:
-            _bounded_call(
+            bounded_call(
                 lambda: self.processor.force_flush(int(max(deadline - time.monotonic(), 0) * 1000)),
                 max(deadline - time.monotonic(), 0.0),
             )
@@ -570,22 +580,6 @@ def _root_sampler(sampler: Any) -> Callable[[int, str], bool] | None:
     return lambda trace_id, name: root.should_sample(None, trace_id, name).decision.is_sampled()
 
 
-def _bounded_call(fn: Callable[[], Any], timeout: float) -> Any:
-    """Run ``fn`` on a daemon thread and wait at most ``timeout`` s: exit must never hang on a network."""
-    result: list[Any] = []
-
-    def target() -> None:
-        try:
-            result.append(fn())
-        except Exception as exc:
-            _guard.logger.debug("otel-gpu flush failed: %s", exc)
-
-    worker = threading.Thread(target=target, name="otel-gpu-flush", daemon=True)
-    worker.start()
-    worker.join(timeout)
-    return result[0] if result else None
-
-
 # ---------------------------------------------------------------------- process-wide pipeline
 
 _lock = threading.Lock()
@@ -629,7 +623,11 @@ def get() -> Pipeline | None:
 
 
 def current() -> Pipeline | None:
+    """The process's pipeline if one is built (never builds one)."""
     return None if _pipeline is _FAILED else _pipeline
+
+
+sink.install(current)  # calls finished off a wrapper (CUDA graph replays) find the pipeline
 
 
 def set_tracer_provider(provider: Any) -> None:

@@ -1,7 +1,7 @@
 """Building spans from call records: attributes, events, status and the provider's limits.
 
 The export thread (or a caller helping it, see :mod:`otel_gpu.export.pipeline`) turns each
-queued :class:`~otel_gpu.calls.record.Call` into a finished span: an SDK ``ReadableSpan``
+queued :class:`~otel_gpu.core.record.Call` into a finished span: an SDK ``ReadableSpan``
 for an application's provider, or a ``SpanData`` for otel-gpu's own native encoders.
 :class:`SpanBuilder` holds that part of the pipeline; the queue, the thread, flush and exit
 stay in ``pipeline.py``.
@@ -16,10 +16,8 @@ from typing import Any
 from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan
-from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from otel_gpu import attributes
 from otel_gpu.attributes import (
     ATTRIBUTES_OMITTED,
     EVENT_EXCEPTION,
@@ -30,12 +28,14 @@ from otel_gpu.attributes import (
     NONFINITE,
     OUTPUT_PREFIX,
 )
-from otel_gpu.calls import metadata, stats
-from otel_gpu.calls.record import Call, exception_attributes
 from otel_gpu.config import Settings
+from otel_gpu.core import raw
+from otel_gpu.core.record import Call, ExceptionText, exception_attributes
+from otel_gpu.core.scope import SCOPE
+from otel_gpu.core.stats import event_attributes
 from otel_gpu.exporters.spandata import SpanData
 
-__all__ = ["SCOPE", "SpanBuilder"]
+__all__ = ["SCOPE", "SpanBuilder", "describe_exceptions_with"]
 
 # keys (and prefixes) whose values the export thread writes per call
 _PER_CALL_KEYS = (
@@ -46,18 +46,18 @@ _PER_CALL_KEYS = (
     ATTRIBUTES_OMITTED,
 )
 
-try:
-    from importlib.metadata import version as _pkg_version
-
-    _VERSION = _pkg_version("otel-gpu")
-except Exception:
-    _VERSION = "0.0.0"
-
-SCOPE = InstrumentationScope(attributes.SCOPE, _VERSION)
 _UNSET = Status(StatusCode.UNSET)
-_payload = metadata._payload
+_payload = raw.payload_of
 _kind = operator.itemgetter(1)
-_OBJECT = metadata.OBJECT
+_OBJECT = raw.OBJECT
+_exception_text: ExceptionText | None = None
+
+
+def describe_exceptions_with(text: ExceptionText) -> None:
+    """Format the exceptions of the spans built from now on with ``text`` (the calls' describer,
+    which bounds the time an exception's ``__str__`` may take on the export thread)."""
+    global _exception_text
+    _exception_text = text
 
 
 def _without_ids(raw: Any) -> Any:
@@ -229,8 +229,8 @@ class SpanBuilder:
         if not ids:
             return attrs, (token, len(attrs)), dropped
         attrs = dict(attrs)
-        for attr, raw, index, _ in ids:
-            attrs[attr] = f"0x{(inputs if raw == 0 else outputs)[index][2][2]:x}"
+        for attr, which, index, _ in ids:
+            attrs[attr] = f"0x{(inputs if which == 0 else outputs)[index][2][2]:x}"
         return attrs, (token, ids[0][3]), dropped
 
     def _new_layout(self, call: Call, key: Any, kinds: Any, objects: bool) -> Any:
@@ -294,22 +294,22 @@ class SpanBuilder:
         if call.stats:
             nonfinite = False
             for result in call.stats:
-                events.append(Event(EVENT_STATS, stats.event_attributes(result), call.end_ns))
+                events.append(Event(EVENT_STATS, event_attributes(result), call.end_ns))
                 nonfinite = nonfinite or result.nonfinite
             if nonfinite:
                 attrs[NONFINITE] = True
         if span.attributes:
             attrs.update(span.attributes)
         if call.inputs:
-            metadata.to_attributes(INPUT_PREFIX, call.inputs, limit, attrs)
+            raw.to_attributes(INPUT_PREFIX, call.inputs, limit, attrs)
         if call.outputs:
-            metadata.to_attributes(OUTPUT_PREFIX, call.outputs, limit, attrs)
+            raw.to_attributes(OUTPUT_PREFIX, call.outputs, limit, attrs)
         if span.events:
             events.extend(Event(name, a, ts) for name, a, ts in span.events)
         status = span.status or _UNSET
         if call.exc is not None:
             exc = call.exc
-            exc_attrs = exception_attributes(exc, call.tb, off_thread=True)
+            exc_attrs = exception_attributes(exc, call.tb, _exception_text)
             events.append(Event(EVENT_EXCEPTION, exc_attrs, call.end_ns))
             status = Status(
                 StatusCode.ERROR, f"{type(exc).__name__}: {exc_attrs[EXCEPTION_MESSAGE]}"[:limit]
@@ -340,7 +340,7 @@ class SpanBuilder:
             f"{len(omitted)} attributes omitted (attribute count limit {limit}): "
             + ", ".join(omitted)
         )
-        kept[ATTRIBUTES_OMITTED] = metadata._truncate(summary, metadata.MAX_VALUE_BYTES)
+        kept[ATTRIBUTES_OMITTED] = raw.truncate(summary, raw.MAX_VALUE_BYTES)
         return kept
 
 

@@ -220,7 +220,7 @@ def _run_async(
 ) -> Any:
     """An async call: the span starts now and ends when its work completes."""
     from otel_gpu.calls import decorator
-    from otel_gpu.calls.record import Call
+    from otel_gpu.core.record import Call
     from otel_gpu.export import pipeline
 
     internal = _guard.internal_error
