@@ -38,7 +38,7 @@ import torch
 
 from otel_gpu import _guard
 from otel_gpu.attributes import COMPILED
-from otel_gpu.calls import metadata, stats
+from otel_gpu.calls import lifecycle, metadata, stats
 from otel_gpu.core.record import Call
 from otel_gpu.export import pipeline
 
@@ -211,8 +211,6 @@ if SUPPORTED:
 
 
 def _begin(plan_id: int, depth: int, names: str, tensors: list[torch.Tensor]) -> None:
-    from otel_gpu.calls import decorator  # imports this module: resolved at the first call
-
     entries = _stack.entries
     del entries[depth:]  # calls a graph that raised left open are never parents
     pipe = pipeline.get()
@@ -227,7 +225,7 @@ def _begin(plan_id: int, depth: int, names: str, tensors: list[torch.Tensor]) ->
     if depth:
         top = entries[-1]
         current = top.span if isinstance(top, Call) else top
-    call = decorator._begin(plan, pipe, current)
+    call = lifecycle.begin(plan, pipe, current)
     if not isinstance(call, Call):  # None or an unsampled span: children follow the decision
         entries.append(call)
         return
@@ -238,11 +236,11 @@ def _begin(plan_id: int, depth: int, names: str, tensors: list[torch.Tensor]) ->
         if pending:
             call.stats = [stats.compute("input." + k, t) for k, t in pending]
     entries.append(call)
-    call.start_ns = decorator._time_ns()
+    call.start_ns = lifecycle.time_ns()
 
 
 def _end(depth: int, names: str, tensors: list[torch.Tensor]) -> None:
-    end_ns = _time_ns()
+    end_ns = lifecycle.time_ns()
     entries = _stack.entries
     if len(entries) <= depth:
         return  # the stack was cut by a later run: nothing of this call is left to finish
@@ -281,9 +279,3 @@ def _capture(
         if key != name and isinstance(meta, tuple) and len(meta) > 4:
             raw[-1] = (key, raw[-1][1], (*meta[:4], True, *meta[5:]))
     return tuple(raw)
-
-
-def _time_ns() -> int:
-    from otel_gpu.calls import decorator
-
-    return decorator._time_ns()
