@@ -18,7 +18,6 @@ import enum
 import fractions
 import inspect
 import itertools
-import operator
 import sys
 import types
 from collections.abc import Callable, Mapping
@@ -39,6 +38,7 @@ from otel_gpu.core.raw import (
     TENSOR,
     VALUE,
     enum_value,
+    kind_of,
     payload_of,
     scalar_value,
     to_attributes,
@@ -141,7 +141,6 @@ def redact(raw: _Raw, words: tuple[str, ...]) -> None:
             raw[i] = (key, REDACTED, None)
 
 
-_kind = operator.itemgetter(1)
 # payload types that are never a string nor a str-based enum: a tensor's or a container's
 # tuple, an object's description tuple, and the atoms other than str
 _NO_TEXT = frozenset((tuple, type(None), bool, int, float, torch.dtype, torch.device))
@@ -346,7 +345,7 @@ def _capture_structure(
         if walked > max_items:
             break
         capture(out, f"{key}.{name}", item, max_items, tensors, depth + 1)
-    if TENSOR not in map(_kind, out[mark:]):  # one C-level pass
+    if TENSOR not in map(kind_of, out[mark:]):  # one C-level pass
         del out[mark:]
         return False
     return True

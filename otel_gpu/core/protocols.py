@@ -8,6 +8,7 @@
   it (the observers of a level, the head sampler).
 - :class:`RingDump`: what the watchdog and the snapshot ask of the in-memory ring.
 - :class:`ExportState`: what the metrics read of the pipeline (its counts, its provider).
+- :class:`MetricsSink`: what the pipeline feeds the metrics (each chunk's calls) and closes.
 
 Part of the core: it imports nothing of otel-gpu but ``config`` and the core's records.
 """
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
     from otel_gpu.core.plan import Plan
     from otel_gpu.core.record import Call
 
-__all__ = ["ExportState", "Host", "Observer", "RingDump", "SpanSink"]
+__all__ = ["ExportState", "Host", "MetricsSink", "Observer", "RingDump", "SpanSink"]
 
 
 class Observer(Protocol):
@@ -177,3 +178,16 @@ class ExportState(Protocol):
 
     @property
     def owns_provider(self) -> bool: ...
+
+
+class MetricsSink(Protocol):
+    """The metrics beside the spans (``OTEL_GPU_METRICS``), as the pipeline drives them."""
+
+    @property
+    def calls(self) -> Any:
+        """The call metrics: ``record(calls)`` per chunk, ``record_unsampled(deque)``."""
+        ...
+
+    def flush(self, timeout: float) -> bool: ...
+
+    def shutdown(self, timeout: float) -> None: ...

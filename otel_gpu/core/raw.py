@@ -23,6 +23,7 @@ __all__ = [
     "TENSOR",
     "VALUE",
     "enum_value",
+    "kind_of",
     "payload_of",
     "scalar_value",
     "to_attributes",
@@ -41,6 +42,8 @@ REDACTED = 5  # payload: None
 
 MAX_VALUE_BYTES = 2048  # Tempo's default cut for attribute values
 
+kind_of = operator.itemgetter(1)
+"""The kind of a raw record (a C-level getter: mapped over every record of a call)."""
 payload_of = operator.itemgetter(2)
 """The payload of a raw record (a C-level getter: mapped over every record of a call)."""
 

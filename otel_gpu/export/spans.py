@@ -9,13 +9,12 @@ stay in ``pipeline.py``.
 
 from __future__ import annotations
 
-import operator
 from itertools import chain, islice
 from typing import Any
 
 from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import Event, ReadableSpan
+from opentelemetry.sdk.trace import Event, ReadableSpan, SpanLimits
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from otel_gpu.attributes import (
@@ -48,7 +47,7 @@ _PER_CALL_KEYS = (
 
 _UNSET = Status(StatusCode.UNSET)
 _payload = raw.payload_of
-_kind = operator.itemgetter(1)
+_kind = raw.kind_of
 _OBJECT = raw.OBJECT
 _exception_text: ExceptionText | None = None
 
@@ -70,19 +69,25 @@ _LAYOUTS_MAX = 1024  # layouts whose attributes are kept (a model has a few per 
 
 
 class SpanBuilder:
-    """Turns call records into spans within the provider's limits (the pipeline's span half)."""
+    """Turns call records into spans within the provider's limits. The pipeline holds one, built
+    from its target provider (resource, span limits)."""
 
-    settings: Settings
-    resource: Resource
-    max_attributes: int | None
-    max_events: int | None
-    max_value_len: int | None
-    _heads: dict[Any, int]  # plan -> leading attributes shared by its spans
-    # (plan, inputs, outputs, their payload types) -> (attributes, encoder key, dropped count,
-    # where each object's id goes)
-    _layouts: dict[Any, tuple[dict[str, Any], object, int, tuple[tuple[str, int, int, int], ...]]]
-    # events to put on the next span built (drops since the last span that carried them)
-    _notes: list[Event]
+    def __init__(self, settings: Settings, provider: Any) -> None:
+        self.settings = settings
+        self.resource: Resource = _HashedResource(provider.resource)
+        limits = getattr(provider, "_span_limits", None) or SpanLimits()
+        self.max_attributes: int | None = limits.max_span_attributes
+        self.max_events: int | None = limits.max_events
+        # never above Tempo's 2048 default cut, also for attributes users set on the call's span
+        self.max_value_len: int | None = min(limits.max_span_attribute_length or 2048, 2048)
+        self._heads: dict[Any, int] = {}  # plan -> leading attributes shared by its spans
+        # (plan, inputs, outputs, their payload types) -> (attributes, encoder key, dropped
+        # count, where each object's id goes)
+        self._layouts: dict[
+            Any, tuple[dict[str, Any], object, int, tuple[tuple[str, int, int, int], ...]]
+        ] = {}
+        self.notes: list[Event] = []
+        """Events to put on the next span built (the pipeline's drops since the last one)."""
 
     def materialise(self, call: Call) -> ReadableSpan:
         """Build the SDK span of one call record."""
@@ -120,7 +125,7 @@ class SpanBuilder:
             and n == len(plan.attributes)
             and not (call.inputs or call.outputs or call.stats or span.attributes or span.events)
             and call.exc is None
-            and not self._notes
+            and not self.notes
         ):
             # Nothing of the call's own (level 1): its attributes are its plan's, checked once
             # per plan (``_head_of``), shared rather than copied and checked again per span.
@@ -138,7 +143,7 @@ class SpanBuilder:
                 SCOPE,
                 fixed=(plan, n),
             )
-        if not (call.stats or span.attributes or span.events or self._notes) and call.exc is None:
+        if not (call.stats or span.attributes or span.events or self.notes) and call.exc is None:
             # Level 3 and 4: the attributes are a function of the plan and the captured layout,
             # which a serving loop or a model repeats: built, checked and encoded once per layout.
             layout = self._layout(call)
@@ -289,8 +294,8 @@ class SpanBuilder:
         # Order matters when the attribute count limit cuts: what a query keys on comes first.
         attrs: dict[str, Any] = dict(plan.attributes)
         events: list[Event] = []
-        if self._notes:  # drops since the last exported span (see Pipeline._note_drops)
-            events, self._notes = self._notes, []
+        if self.notes:  # drops since the last exported span (see Pipeline._note_drops)
+            events, self.notes = self.notes, []
         if call.stats:
             nonfinite = False
             for result in call.stats:

@@ -52,7 +52,7 @@ from otel_gpu.calls import metadata
 from otel_gpu.config import Settings, runtime_dir
 
 _payload = metadata.payload_of
-_kind = metadata._kind
+_kind = metadata.kind_of
 
 if TYPE_CHECKING:
     from otel_gpu.core.plan import Plan
