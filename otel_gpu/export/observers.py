@@ -21,16 +21,15 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from otel_gpu import _guard
 from otel_gpu.config import LEVELS, ConfigError, Settings
-from otel_gpu.core.protocols import Observer
+from otel_gpu.core.protocols import ExportState, Host, Observer
 from otel_gpu.exporters.destinations import PRECALL_LEVEL
 
 if TYPE_CHECKING:
     from otel_gpu.core.protocols import MetricsSink
-    from otel_gpu.export.pipeline import Pipeline
 
 __all__ = [
     "REGISTRY",
@@ -51,7 +50,15 @@ def _load(target: str) -> Any:
     return getattr(importlib.import_module(module), name)
 
 
-Factory = Callable[[Settings, "Pipeline"], "Observer | None"]
+class Wired(Host, ExportState, Protocol):
+    """What the wiring uses of the pipeline: the plugins' host, the metrics' counts, and
+    otel-gpu's own console destinations (which print a call's inputs before it runs)."""
+
+    @property
+    def consoles(self) -> tuple[Any, ...]: ...
+
+
+Factory = Callable[[Settings, Wired], "Observer | None"]
 """Builds an observer when the settings ask for it (None otherwise). Called once per pipeline."""
 
 
@@ -62,42 +69,42 @@ class Entry(NamedTuple):
     factory: Factory
 
 
-def _console(settings: Settings, pipeline: Pipeline) -> Observer | None:
+def _console(settings: Settings, pipeline: Wired) -> Observer | None:
     if not pipeline.consoles:  # otel-gpu's own provider with a console or text destination
         return None
     return _load("otel_gpu.exporters.destinations:ConsolePrecall")(pipeline.consoles, settings)
 
 
-def _journal(settings: Settings, pipeline: Pipeline) -> Observer | None:
+def _journal(settings: Settings, pipeline: Wired) -> Observer | None:
     if not settings.journal:
         return None
     return _load("otel_gpu.journal.writer:make_observer")(settings, pipeline)
 
 
-def _watchdog(settings: Settings, pipeline: Pipeline) -> Observer | None:
+def _watchdog(settings: Settings, pipeline: Wired) -> Observer | None:
     if not settings.stuck_after:
         return None
     return _load(_WATCHDOG)(settings, pipeline)
 
 
-def _snapshot(settings: Settings, pipeline: Pipeline) -> Observer | None:
+def _snapshot(settings: Settings, pipeline: Wired) -> Observer | None:
     # not a per-call observer: it only adds an export-thread hook (otel-gpu snapshot)
     _load("otel_gpu.anomalies.snapshot:Responder")(settings, pipeline)
     return None
 
 
-def _ring(settings: Settings, pipeline: Pipeline) -> Observer | None:
+def _ring(settings: Settings, pipeline: Wired) -> Observer | None:
     # a ring of size 0 still dumps the call itself when OTEL_GPU_ON_NONFINITE=dump
     if not (settings.ring or settings.on_nonfinite == "dump"):
         return None
     return _load(_RING)(settings, pipeline)
 
 
-def _recorder(settings: Settings, pipeline: Pipeline) -> Observer | None:
+def _recorder(settings: Settings, pipeline: Wired) -> Observer | None:
     return _load("otel_gpu.recorder.recorder:make_observer")(settings, pipeline)
 
 
-def _nvtx(settings: Settings, pipeline: Pipeline) -> Observer | None:
+def _nvtx(settings: Settings, pipeline: Wired) -> Observer | None:
     if not settings.nvtx:
         return None
     return _load("otel_gpu.devices.nvtx:make_observer")()
@@ -129,7 +136,7 @@ class Built(NamedTuple):
     """The ring (``recorder/ring.py``'s ``Ring``) or None, also handed to the watchdog (which dumps it for stuck calls)."""
 
 
-def build(settings: Settings, pipeline: Pipeline) -> Built:
+def build(settings: Settings, pipeline: Wired) -> Built:
     """The observers ``settings`` ask for, in the registry's order. One that fails to build is an
     internal error under its entry's name; the others are built all the same."""
     built: dict[str, Observer] = {}
@@ -159,7 +166,7 @@ def by_level(observers: tuple[Observer, ...]) -> dict[int, tuple[Observer, ...]]
     return {lvl: tuple(o for o in observers if o.min_level <= lvl) for lvl in LEVELS}
 
 
-def build_metrics(settings: Settings, pipeline: Pipeline) -> MetricsSink | None:
+def build_metrics(settings: Settings, pipeline: Wired) -> MetricsSink | None:
     """``OTEL_GPU_METRICS``: the metrics beside the spans, or None (a bad metrics setting is one
     warning, and the spans go on without them)."""
     try:
@@ -173,7 +180,7 @@ def build_metrics(settings: Settings, pipeline: Pipeline) -> MetricsSink | None:
     return None
 
 
-def start_recovery(settings: Settings, pipeline: Pipeline) -> None:
+def start_recovery(settings: Settings, pipeline: Wired) -> None:
     """``OTEL_GPU_RECOVER_ON_START``: recover dead processes' journals into the pipeline's
     processor, in the background, once the pipeline is complete."""
     try:
