@@ -67,18 +67,14 @@ def enum_value(value: enum.Enum) -> Any:
     return None
 
 
-def _is_torch_atom(value: Any) -> bool:
-    torch = sys.modules.get("torch")
-    return torch is not None and isinstance(value, (torch.dtype, torch.device))
-
-
 def scalar_value(value: Any, limit: int) -> Any:
     """An attribute-safe form of a scalar: enums by name, dtypes and devices as strings."""
     if value is None:
         return "None"
     if isinstance(value, enum.Enum):
         return f"{type(value).__name__}.{value.name}"
-    if _is_torch_atom(value):
+    torch = sys.modules.get("torch")  # a dtype or device payload means torch is imported
+    if torch is not None and isinstance(value, (torch.dtype, torch.device)):
         return str(value)
     if isinstance(value, str):
         return truncate(value, limit)
