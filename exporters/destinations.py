@@ -21,7 +21,7 @@ import errno
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import IO, TYPE_CHECKING, Any, NamedTuple, cast
 
 from opentelemetry.sdk.resources import Resource
@@ -31,19 +31,21 @@ from otel_gpu.exporters.console import ConsoleSpanExporter
 
 from otel_gpu import _guard
 from otel_gpu.attributes import INPUT_PREFIX
-from otel_gpu.calls import metadata
 from otel_gpu.config import (
     ConfigError,
     Settings,
     check_standard,
     expand_path,
     otel_standard_variables,
+    otlp_protocol,
 )
+from otel_gpu.core import raw
 
 if TYPE_CHECKING:
-    from otel_gpu.calls.record import Call
+    from otel_gpu.core.record import Call
 
 __all__ = [
+    "PRECALL_LEVEL",
     "CountingExporter",
     "DrainBatchProcessor",
     "FileStream",
@@ -51,8 +53,6 @@ __all__ = [
     "build_provider",
     "otlp_exporter",
 ]
-
-_PROTOCOLS = ("grpc", "http/protobuf")
 
 
 class FileStream:
@@ -260,7 +260,7 @@ class ConsolePrecall:
             try:
                 attrs: dict[str, Any] = {}
                 if call.inputs:
-                    metadata.to_attributes(INPUT_PREFIX, call.inputs, self.limit, attrs)
+                    raw.to_attributes(INPUT_PREFIX, call.inputs, self.limit, attrs)
                 ctx = call.span.get_span_context()
                 exporter.write_call_start(call.plan.name, ctx.span_id, time.time_ns(), attrs)
             except Exception as exc:
@@ -276,35 +276,6 @@ class ConsolePrecall:
 
     def close(self) -> None:
         pass
-
-
-def otlp_protocol(env: Mapping[str, str] | None = None, signal: str = "TRACES") -> str:
-    """The OTLP protocol the standard variables choose for ``signal`` (``TRACES`` or ``METRICS``):
-    ``OTEL_EXPORTER_OTLP_<signal>_PROTOCOL``, then ``OTEL_EXPORTER_OTLP_PROTOCOL``, then gRPC, as
-    the OTel SDK reads them; ConfigError naming the variable if unsupported."""
-    env = otel_standard_variables() if env is None else env
-    what = "OTEL_GPU_LOGDEST=otlp" + (" with OTEL_GPU_METRICS" if signal == "METRICS" else "")
-    for name in (f"OTEL_EXPORTER_OTLP_{signal}_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"):
-        value = env.get(name, "").strip()
-        if value:
-            if value not in _PROTOCOLS:
-                raise ConfigError(
-                    f"{name}={value!r} is not supported by {what}. "
-                    f"Allowed: {', '.join(_PROTOCOLS)}."
-                )
-            return value
-    return "grpc"
-
-
-def check_otlp_environment(env: Mapping[str, str] | None = None) -> None:
-    """Validate the standard OTLP variables otel-gpu relies on; ConfigError naming the bad one.
-
-    The protocol, and the timeouts and batch-processor settings within their ranges
-    (``otel_gpu.config.STANDARD``): a timeout of 1e30 s would make every send fail.
-    """
-    env = otel_standard_variables() if env is None else env
-    otlp_protocol(env)
-    check_standard("otlp", env)
 
 
 def otlp_exporter() -> SpanExporter:
@@ -366,6 +337,11 @@ def _registered_sampler() -> Any:
     return sampler
 
 
+PRECALL_LEVEL = 3
+"""The lowest level whose calls the console prints before they run (:class:`ConsolePrecall`,
+the observer registry's ``console`` entry); level 1 prints only the end-of-call line."""
+
+
 def build_provider(settings: Settings) -> OwnProvider:
     """otel-gpu's own provider for ``settings.dest``, one span processor per destination."""
     from otel_gpu.resource import build_resource
@@ -380,9 +356,7 @@ def build_provider(settings: Settings) -> OwnProvider:
     hooks: list[Callable[[], Any]] = []
     consoles: list[ConsoleSpanExporter] = []
     counters: list[CountingExporter] = []
-    from otel_gpu.export import observers
-
-    precall = observers.serves("console", settings.level)  # the registry decides, once
+    precall = settings.level >= PRECALL_LEVEL  # the registry's console entry, same bound
     native = settings.encoder == "native"
     for item in settings.dest:
         key = item.lower()

@@ -33,6 +33,7 @@ __all__ = [
     "Setting",
     "Settings",
     "StandardSetting",
+    "check_otlp_environment",
     "check_sdk_import_variables",
     "check_standard",
     "child_environment",
@@ -43,6 +44,7 @@ __all__ = [
     "load",
     "no_color",
     "otel_standard_variables",
+    "otlp_protocol",
     "rank",
     "resource_variables",
     "run_program_pid",
@@ -1020,8 +1022,6 @@ def _mistyped_keyword(item: str) -> str | None:
 def _check_dest(setting: Setting, raw: object, item: str, source: str) -> None:
     """Fail at configuration, not on the hundredth call, for a path we cannot write."""
     if item.lower() == "otlp":
-        from otel_gpu.exporters.destinations import check_otlp_environment
-
         check_otlp_environment()  # an unsupported protocol or timeout fails now, not at the first call
         return
     if item.lower() in _DEST_KEYWORDS:
@@ -1124,3 +1124,37 @@ def with_changes(settings: Settings, **changes: Any) -> Settings:
     if bad:
         raise ConfigError(f"unknown setting(s): {', '.join(sorted(bad))}")
     return replace(settings, **changes)
+
+
+# ---------------------------------------------------------------------- the OTLP protocol
+
+_PROTOCOLS = ("grpc", "http/protobuf")
+
+
+def otlp_protocol(env: Mapping[str, str] | None = None, signal: str = "TRACES") -> str:
+    """The OTLP protocol the standard variables choose for ``signal`` (``TRACES`` or ``METRICS``):
+    ``OTEL_EXPORTER_OTLP_<signal>_PROTOCOL``, then ``OTEL_EXPORTER_OTLP_PROTOCOL``, then gRPC, as
+    the OTel SDK reads them; ConfigError naming the variable if unsupported."""
+    env = otel_standard_variables() if env is None else env
+    what = "OTEL_GPU_LOGDEST=otlp" + (" with OTEL_GPU_METRICS" if signal == "METRICS" else "")
+    for name in (f"OTEL_EXPORTER_OTLP_{signal}_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"):
+        value = env.get(name, "").strip()
+        if value:
+            if value not in _PROTOCOLS:
+                raise ConfigError(
+                    f"{name}={value!r} is not supported by {what}. "
+                    f"Allowed: {', '.join(_PROTOCOLS)}."
+                )
+            return value
+    return "grpc"
+
+
+def check_otlp_environment(env: Mapping[str, str] | None = None) -> None:
+    """Validate the standard OTLP variables otel-gpu relies on; ConfigError naming the bad one.
+
+    The protocol, and the timeouts and batch-processor settings within their ranges
+    (``otel_gpu.config.STANDARD``): a timeout of 1e30 s would make every send fail.
+    """
+    env = otel_standard_variables() if env is None else env
+    otlp_protocol(env)
+    check_standard("otlp", env)

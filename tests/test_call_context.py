@@ -64,7 +64,7 @@ def test_a_call_span_attached_is_the_current_span_for_both_paths():
     current_span() and by the API."""
     from opentelemetry.trace import SpanContext, TraceFlags
 
-    from otel_gpu.calls.record import CallSpan
+    from otel_gpu.core.record import CallSpan
 
     span = CallSpan(SpanContext(7, 9, False, TraceFlags(TraceFlags.SAMPLED)), "parent")
     token = _context.attach_span(span)

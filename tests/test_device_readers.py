@@ -34,7 +34,7 @@ from otel_gpu.attributes import (
     MEMORY_PEAK,
     MEMORY_RESERVED,
 )
-from otel_gpu.calls.record import Call, CallSpan
+from otel_gpu.core.record import Call, CallSpan
 from otel_gpu.metrics import summary
 from otel_gpu.metrics.calls import CallMetrics
 from otel_gpu.metrics.names import CALL_DEVICE_DURATION, CALL_DURATION

@@ -112,7 +112,7 @@ def test_observer_start_end_cost(tmp_path):
 
     from otel_gpu import config
     from otel_gpu.calls import metadata
-    from otel_gpu.calls.record import Call, CallSpan
+    from otel_gpu.core.record import Call, CallSpan
 
     class Plan:
         name = "bench.f"

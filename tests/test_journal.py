@@ -26,7 +26,7 @@ from opentelemetry.trace import SpanContext, TraceFlags
 import otel_gpu
 from otel_gpu import _guard, config
 from otel_gpu.calls import metadata
-from otel_gpu.calls.record import Call, CallSpan
+from otel_gpu.core.record import Call, CallSpan
 from otel_gpu.export import pipeline
 from otel_gpu.journal import writer
 from otel_gpu.journal.reader import read

@@ -256,7 +256,7 @@ def test_plan_attributes_the_pipeline_rewrites_or_the_sdk_cleans_are_not_hinted(
     or that BoundedAttributes may change (a mixed list, which older SDKs drop) are not
     hinted as the plan's constant head, and both paths agree. (The layout cache may hint a
     call's whole attributes, as built and cleaned for that layout.)"""
-    from otel_gpu.calls.decorator import _decorate
+    from otel_gpu.calls.decorator import decorate as _decorate
 
     otel_gpu.configure(level=3, dest=str(tmp_path / "t.jsonl"), provider="own")
 

@@ -53,11 +53,12 @@ from otel_gpu.attributes import (
     SNAPSHOT_SPAN_NAME,
     THREAD_ID,
 )
-from otel_gpu.calls.record import Call, CallSpan
 from otel_gpu.config import Settings
+from otel_gpu.core.plan import Plan
+from otel_gpu.core.record import Call, CallSpan
 
 if TYPE_CHECKING:
-    from otel_gpu.export.pipeline import Pipeline
+    from otel_gpu.core.protocols import Host
 
 __all__ = ["REQUEST_SUFFIX", "Reply", "Responder", "reply_path", "request", "request_path"]
 
@@ -74,21 +75,10 @@ def reply_path(directory: str, pid: int) -> str:
     return os.path.join(directory, f"{_PREFIX}{pid}{REPLY_SUFFIX}")
 
 
-class _SnapshotPlan:
-    """The plan of a snapshot span: what the pipeline needs to build it."""
-
-    __slots__ = ("attributes", "level", "name")
-
-    def __init__(self, level: int) -> None:
-        self.name = SNAPSHOT_SPAN_NAME
-        self.level = level
-        self.attributes: dict[str, Any] = {}
-
-
 class Responder:
     """On the export thread, after each drain: answer a snapshot request, if there is one."""
 
-    def __init__(self, settings: Settings, pipeline: Pipeline) -> None:
+    def __init__(self, settings: Settings, pipeline: Host) -> None:
         from otel_gpu.journal.writer import journal_dir
 
         self.pid = os.getpid()
@@ -121,7 +111,7 @@ class Responder:
         from otel_gpu.anomalies.watchdog import add_thread_stacks
 
         now = time.time_ns()
-        plan = _SnapshotPlan(self.level)
+        plan = Plan(SNAPSHOT_SPAN_NAME, self.level)  # the plan of a snapshot span
         ctx = SpanContext(
             random.getrandbits(128) or 1,
             random.getrandbits(64) or 1,

@@ -44,27 +44,22 @@ from otel_gpu.attributes import (
     THREAD_ID,
     THREAD_NAME,
 )
-from otel_gpu.calls.record import Call, CallSpan
 from otel_gpu.config import Settings
+from otel_gpu.core.plan import Plan
+from otel_gpu.core.record import Call, CallSpan
 
 if TYPE_CHECKING:
-    from otel_gpu.export.pipeline import Pipeline
-    from otel_gpu.recorder.ring import Ring
+    from otel_gpu.core.protocols import Host, RingDump
+
 
 __all__ = ["Watchdog", "add_thread_stacks"]
 
 _STACK_LIMIT = 2048  # bytes of a thread's stack: the innermost frames are kept
 
 
-class _StuckPlan:
-    """The plan of a stuck-call report: what the pipeline needs to build its span."""
-
-    __slots__ = ("attributes", "level", "name")
-
-    def __init__(self, call: Call) -> None:
-        self.name = STUCK_SPAN_NAME + call.plan.name
-        self.level = call.plan.level
-        self.attributes = dict(call.plan.attributes)
+def _stuck_plan(call: Call) -> Plan:
+    """The plan of a stuck-call report: the call's name behind a prefix, its level and attributes."""
+    return Plan(STUCK_SPAN_NAME + call.plan.name, call.plan.level, dict(call.plan.attributes))
 
 
 class Watchdog:
@@ -75,11 +70,11 @@ class Watchdog:
 
     min_level: int  # set by the observer registry (otel_gpu.export.observers)
 
-    def __init__(self, settings: Settings, pipeline: Pipeline) -> None:
+    def __init__(self, settings: Settings, pipeline: Host) -> None:
         self.after = float(settings.stuck_after or 0)
         self.limit = settings.repr_limit
         self.pipeline = pipeline
-        self.ring: Ring | None = None
+        self.ring: RingDump | None = None
         """The in-memory ring, dumped with a stuck call: handed over by the registry."""
         self.active: dict[int, tuple[Call, float, int]] = {}
         self.reported: set[int] = set()
@@ -146,7 +141,7 @@ class Watchdog:
             TraceFlags(TraceFlags.SAMPLED),
             parent.trace_state,
         )
-        plan = _StuckPlan(call)
+        plan = _stuck_plan(call)
         now = time.time_ns()
         record = Call(plan, CallSpan(ctx, plan.name), parent, call.start_ns)
         record.end_ns = now

@@ -83,8 +83,8 @@ def isolated(rounds: int = 9, calls: int = 1000) -> list[float]:
     """µs per call of the observer's ``start`` and ``end`` alone (a pair taken from the pool,
     the stream asked, two records), with no export thread beside it: per round, the median of
     20 batches of ``calls`` calls, the pairs given back between batches, outside the timing."""
-    from otel_gpu.calls.record import Call, CallSpan
     from otel_gpu.config import Settings
+    from otel_gpu.core.record import Call, CallSpan
     from otel_gpu.devices import device_time
 
     class _Pipe:

@@ -18,7 +18,7 @@ from opentelemetry.context.context import Context
 from opentelemetry.context.contextvars_context import ContextVarsRuntimeContext
 from opentelemetry.trace import INVALID_SPAN, Span
 
-from otel_gpu.calls.record import CallSpan
+from otel_gpu.core.record import CallSpan
 
 __all__ = ["FAST", "attach_span", "current_span", "detach"]
 

@@ -38,55 +38,22 @@ import torch
 
 from otel_gpu import _guard
 from otel_gpu.attributes import COMPILED
-from otel_gpu.calls import metadata, stats
-from otel_gpu.calls.record import Call
+from otel_gpu.calls import lifecycle, metadata, stats
+from otel_gpu.core.record import Call
+from otel_gpu.devices import compiling
 from otel_gpu.export import pipeline
 
 __all__ = ["ATTRIBUTE", "SUPPORTED", "call", "is_compiling", "register"]
 
 ATTRIBUTE = COMPILED
 
-# The ops need torch.library.register_fake (torch >= 2.4); without it the wrapper never takes
-# the compiled path, and a compiled graph breaks around decorated calls as it did before.
-SUPPORTED = hasattr(torch.library, "register_fake") and hasattr(torch.compiler, "is_compiling")
-
-
-def _never() -> bool:
-    return False
-
-
-# torch.export traces through Dynamo too, but an exported program outlives this process: it
-# must not carry otel-gpu's operators nor plan ids that mean nothing elsewhere.
-_is_exporting = getattr(torch.compiler, "is_exporting", _never)
-_compiler = torch.compiler
-_dynamo_compiling = getattr(torch.compiler, "is_dynamo_compiling", None)
-_FAKE = getattr(getattr(torch._C, "_TorchDispatchModeKey", None), "FAKE", None)
-
-
-def _fake_mode_here() -> bool:
-    """Whether a FakeTensorMode is active on this thread (dispatch modes are thread-local)."""
-    return _FAKE is None or torch._C._get_dispatch_mode(_FAKE) is not None
-
-
-def _tracing_here() -> bool:
-    """True only on the thread that traces: in code Dynamo traces (``is_dynamo_compiling`` is a
-    constant True there, False at run time on every thread), or under torch.export's non-strict
-    tracing, whose process-wide flag is confirmed by a fake mode active on this thread. ~0.1 µs
-    a call: one call that returns False and one attribute read."""
-    if _dynamo_compiling():  # type: ignore[misc]
-        return True
-    return _compiler._is_exporting_flag and _fake_mode_here()
-
-
-if not SUPPORTED:
-    is_compiling = _never
-elif _dynamo_compiling is None or not hasattr(_compiler, "_is_exporting_flag"):
-    is_compiling = torch.compiler.is_compiling  # older torch: the process-wide flag
-else:
-    is_compiling = _tracing_here
+# whether this thread traces (the compile seam, shared with the NVTX observer)
+_is_exporting = compiling.is_exporting
+is_compiling = compiling.is_compiling
+SUPPORTED = compiling.SUPPORTED
 
 _TOKEN = torch.zeros(1)  # what both ops mutate: the compiler neither drops nor reorders them
-# plan id (a graph constant) -> _Plan; weak, so a dropped model's plans (and modules) go
+# plan id (a graph constant) -> Plan; weak, so a dropped model's plans (and modules) go
 _PLANS: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
 _ids = itertools.count()
 
@@ -211,8 +178,6 @@ if SUPPORTED:
 
 
 def _begin(plan_id: int, depth: int, names: str, tensors: list[torch.Tensor]) -> None:
-    from otel_gpu.calls import decorator  # imports this module: resolved at the first call
-
     entries = _stack.entries
     del entries[depth:]  # calls a graph that raised left open are never parents
     pipe = pipeline.get()
@@ -227,7 +192,7 @@ def _begin(plan_id: int, depth: int, names: str, tensors: list[torch.Tensor]) ->
     if depth:
         top = entries[-1]
         current = top.span if isinstance(top, Call) else top
-    call = decorator._begin(plan, pipe, current)
+    call = lifecycle.begin(plan, pipe, current)
     if not isinstance(call, Call):  # None or an unsampled span: children follow the decision
         entries.append(call)
         return
@@ -240,11 +205,11 @@ def _begin(plan_id: int, depth: int, names: str, tensors: list[torch.Tensor]) ->
     entries.append(call)
     if pipe.device_time is not None:  # device time: the start event, as eager calls record it
         pipe.device_time.start(call)
-    call.start_ns = decorator._time_ns()
+    call.start_ns = lifecycle.time_ns()
 
 
 def _end(depth: int, names: str, tensors: list[torch.Tensor]) -> None:
-    end_ns = _time_ns()
+    end_ns = lifecycle.time_ns()
     entries = _stack.entries
     if len(entries) <= depth:
         return  # the stack was cut by a later run: nothing of this call is left to finish
@@ -285,9 +250,3 @@ def _capture(
         if key != name and isinstance(meta, tuple) and len(meta) > 4:
             raw[-1] = (key, raw[-1][1], (*meta[:4], True, *meta[5:]))
     return tuple(raw)
-
-
-def _time_ns() -> int:
-    from otel_gpu.calls import decorator
-
-    return decorator._time_ns()

@@ -11,413 +11,105 @@ from __future__ import annotations
 import functools
 import inspect
 import os
-import random
 import sys
-import time
-import types
 from collections.abc import Callable
 from typing import Any, TypeVar, overload
 
-from opentelemetry import trace
-from opentelemetry.trace import NonRecordingSpan, SpanContext, Status, StatusCode, TraceFlags
-from opentelemetry.trace.span import DEFAULT_TRACE_STATE, TraceState
+from opentelemetry.trace.span import DEFAULT_TRACE_STATE
 
 from otel_gpu import _guard, config
 from otel_gpu.attributes import (
     CODE_FILE_PATH,
     CODE_FUNCTION_NAME,
     CODE_LINE_NUMBER,
-    STATS_INF_COUNT,
-    STATS_NAN_COUNT,
 )
-from otel_gpu.calls import _context, compiled, memory, metadata, record, stats
-from otel_gpu.calls.record import Call, CallSpan
-from otel_gpu.devices import cuda, device_time
-from otel_gpu.export import pipeline
+from otel_gpu.calls import compiled, describe, lifecycle, metadata
+from otel_gpu.calls.lifecycle import NonFiniteError
+from otel_gpu.core import record
+from otel_gpu.core.plan import Plan, Shape, qualified_name, shape_of
+from otel_gpu.core.record import Call
+from otel_gpu.devices import cuda
+from otel_gpu.export import pipeline, spans
 from otel_gpu.instrumentation import targets as _targets
 
-__all__ = ["NonFiniteError", "api", "configure", "flush"]
-
-
-class NonFiniteError(FloatingPointError):
-    """Raised after a call whose tensors hold NaN/Inf, with ``OTEL_GPU_ON_NONFINITE=raise``.
-
-    ``tensors`` maps each non-finite tensor (``"output.0"``, ``"input.q"``) to its NaN and Inf
-    counts; ``span_id`` is the call's span id (16 hex digits); ``result`` is what the call
-    returned, so a debugger can inspect it.
-    """
-
-    def __init__(
-        self, message: str, tensors: dict[str, tuple[int, int]], span_id: str, result: Any
-    ) -> None:
-        super().__init__(message)
-        self.tensors = tensors
-        self.span_id = span_id
-        self.result = result
+__all__ = ["NonFiniteError", "api", "configure", "decorate", "flush", "make_plan"]
 
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
-_NOT_SAMPLED = TraceFlags(TraceFlags.DEFAULT)
-_get_current_span = _context.current_span
-_attach_span = _context.attach_span  # the API's attach(set_span_in_context(span)), fewer calls
-_detach = _context.detach
-_getrandbits = random.getrandbits  # reseeded in fork children by the random module
-_time_ns = time.time_ns
+# the lifecycle's steps as module globals: one dict lookup each on the hot path
+_begin = lifecycle.begin
+_attach_span = lifecycle.attach_span
+_detach = lifecycle.detach
+_time_ns = lifecycle.time_ns
+_traceback_of = lifecycle.traceback_of
 _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+# a call's exception is formatted on the export thread within a time bound (user __str__)
+spans.describe_exceptions_with(describe.exception_text)
 
 
-def _qualified_name(fn: Any) -> str:
-    """module.Class.method from __qualname__; partials and callable objects fall back to their type."""
-    module = getattr(fn, "__module__", None) or type(fn).__module__
-    qualname = getattr(fn, "__qualname__", None) or type(fn).__qualname__
-    return f"{module}.{qualname}"
-
-
-class _Plan:
-    """What a decorated function's calls must do, fixed at decoration time."""
-
-    __slots__ = (
-        "__weakref__",
-        "attributes",
-        "binder",
-        "capture_stats",
-        "instrumented",
-        "level",
-        "max_items",
-        "memory",
-        "module",
-        "name",
-        "on_nonfinite",
-        "param_names",
-        "qualname",
-        "receiver",
-        "receiver_passed",
-        "redact",
-        "redacted",
-        "replay_note",
-        "skip",
-    )
-
-    def __init__(
-        self,
-        fn: Callable[..., Any],
-        name: str,
-        settings: config.Settings,
-        shape: _Shape | None = None,
-        attributes: dict[str, Any] | None = None,
-    ) -> None:
-        shape = shape or _Shape(fn, fn, True, None)
-        self.name = name
-        self.level = settings.level
-        self.max_items = settings.max_items
-        self.on_nonfinite = settings.on_nonfinite
-        code = getattr(fn, "__code__", None)
-        self.module = getattr(fn, "__module__", None) or type(fn).__module__
-        self.qualname = getattr(fn, "__qualname__", None) or type(fn).__qualname__
-        self.attributes: dict[str, Any] = {CODE_FUNCTION_NAME: f"{self.module}.{self.qualname}"}
-        if code is not None:
-            self.attributes[CODE_FILE_PATH] = code.co_filename
-            self.attributes[CODE_LINE_NUMBER] = code.co_firstlineno
-        if attributes:
-            self.attributes.update(attributes)
-        # Calls pass the receiver as args[0] only for functions decorated in a class body (or taken
-        # from the class); a bound method or a callable object carries its receiver itself.
-        self.receiver_passed = shape.receiver_passed
-        self.receiver = shape.receiver
-        self.replay_note = shape.replay_note
-        self.instrumented: str | None = None  # the otel_gpu.instrument() target that made this
-        signed = shape.signature_source
-        self.binder = (
-            metadata.make_binder(signed, skip_self=shape.receiver_passed)
-            if self.level >= 3
-            else None
-        )
-        self.redact = settings.redact
-        try:
-            params = list(inspect.signature(signed).parameters.values())
-        except (TypeError, ValueError):
-            params = []
-        names = [p.name for p in params]
-        # top-level parameter names that look like secrets (the flight recorder uses this)
-        self.redacted = frozenset(n for n in names if metadata.is_secret(n, self.redact))
-        # under torch.compile: positional parameter names, after the receiver passed as args[0]
-        positional = [p.name for p in params if p.kind in _POSITIONAL]
-        passed = shape.receiver_passed and positional[:1] in (["self"], ["cls"])
-        self.skip = 1 if passed else 0
-        self.param_names = tuple(positional[self.skip :])
-        # CUDA graph capture can only be in progress where CUDA exists; decide the check now.
-        self.capture_stats: Callable[[], bool] | None = None
-        if self.level >= 5:
-            self.capture_stats = cuda.is_capturing if cuda.cuda_available() else None
-        # Memory per call: only where CUDA exists, decided now (no per-call cost without it)
-        self.memory = self.level >= 3 and cuda.cuda_available()
-
-
-class _Shape:
-    """How a callable is called: where its signature comes from and where its receiver is."""
-
-    __slots__ = ("receiver", "receiver_passed", "replay_note", "signature_source", "target")
-
-    def __init__(
-        self,
-        target: Any,
-        signature_source: Any,
-        receiver_passed: bool,
-        receiver: Any,
-        replay_note: str | None = None,
-    ) -> None:
-        self.target = target  # the innermost function: name and code.* come from it
-        self.signature_source = signature_source  # what inspect.signature() binds the call to
-        self.receiver_passed = receiver_passed  # args[0] is self/cls
-        self.receiver = receiver  # a bound method's __self__, or a callable object itself
-        self.replay_note = replay_note
-
-
-def _innermost(fn: Any) -> Any:
+def make_plan(
+    fn: Callable[..., Any],
+    name: str,
+    settings: config.Settings,
+    shape: Shape | None = None,
+    attributes: dict[str, Any] | None = None,
+) -> Plan:
+    """The plan of a function decorated with ``settings``: span name, ``code.*`` attributes,
+    binder, redacted parameters and the graph-capture check, decided once."""
+    shape = shape or Shape(fn, fn, True, None)
+    plan = Plan(name, settings.level)
+    plan.max_items = settings.max_items
+    plan.on_nonfinite = settings.on_nonfinite
+    code = getattr(fn, "__code__", None)
+    plan.module = getattr(fn, "__module__", None) or type(fn).__module__
+    plan.qualname = getattr(fn, "__qualname__", None) or type(fn).__qualname__
+    plan.attributes[CODE_FUNCTION_NAME] = f"{plan.module}.{plan.qualname}"
+    if code is not None:
+        plan.attributes[CODE_FILE_PATH] = code.co_filename
+        plan.attributes[CODE_LINE_NUMBER] = code.co_firstlineno
+    if attributes:
+        plan.attributes.update(attributes)
+    # Calls pass the receiver as args[0] only for functions decorated in a class body (or taken
+    # from the class); a bound method or a callable object carries its receiver itself.
+    plan.receiver_passed = shape.receiver_passed
+    plan.receiver = shape.receiver
+    plan.replay_note = shape.replay_note
+    signed = shape.signature_source
+    if plan.level >= 3:
+        plan.binder = metadata.make_binder(signed, skip_self=shape.receiver_passed)
+    plan.redact = settings.redact
     try:
-        return inspect.unwrap(fn) if hasattr(fn, "__wrapped__") else fn
-    except ValueError:  # a __wrapped__ cycle
-        return fn
-
-
-def _shape_of(fn: Any) -> _Shape:
-    """Decide, once, how calls of ``fn`` bind: every callable shape gets the right names and receiver.
-
-    A bound method whose function carries ``__wrapped__`` (``functools.wraps``, ``torch.no_grad``)
-    unwraps to a plain function with ``self`` first, yet its calls never pass ``self``: binding
-    must follow the bound method's own signature, or every argument shifts by one.
-    """
-    if isinstance(fn, types.MethodType):
-        return _Shape(_innermost(fn.__func__), fn, False, fn.__self__)
-    if isinstance(fn, functools.partial):
-        note = "a functools.partial: replay cannot rebuild the arguments it binds"
-        return _Shape(_innermost(fn.func), fn, False, None, note)
-    if inspect.isfunction(fn) or hasattr(fn, "__wrapped__"):
-        return _Shape(_innermost(fn), fn, True, None)
-    if inspect.isbuiltin(fn) or inspect.isroutine(fn) or isinstance(fn, type):
-        return _Shape(fn, fn, False, None)
-    # a callable object: its __call__ is bound to it; the object is the receiver
-    return _Shape(fn, fn, False, fn, None)
-
-
-def _capture_inputs(plan: _Plan, bound: list[tuple[str, Any, bool]], tensors: Any) -> tuple:
-    out: list[tuple[str, int, Any]] = []
-    for name, value, is_default in bound:
-        mark = len(out)
-        try:
-            metadata.capture(out, name, value, plan.max_items, tensors)
-        except BaseException as exc:  # a hostile argument costs only its own metadata
-            del out[mark:]
-            out.append((name, metadata.VALUE, f"<metadata unavailable: {type(exc).__name__}>"))
-            _guard.internal_error("metadata", exc)
-        if is_default:
-            out.append((name, metadata.DEFAULT, True))
-    if plan.redact:
-        metadata.redact(out, plan.redact)
-    return tuple(out)  # queued until export: the GC can untrack a tuple of atoms, never a list
-
-
-def _traceback_of(exc: BaseException) -> Any:
-    """``exc.__traceback__``, or None when a ``__traceback__`` property raises: the user's own
-    exception must reach the caller, never one that reading it raised."""
-    try:
-        return exc.__traceback__
-    except BaseException:  # a property on the user's exception class
-        return None
-
-
-def _nonfinite(call: Call, result: Any) -> NonFiniteError | None:
-    """OTEL_GPU_ON_NONFINITE=error/raise: status ERROR naming the tensors (dump: the ring writes)."""
-    bad = {
-        s.key: (s.values.get(STATS_NAN_COUNT, 0), s.values.get(STATS_INF_COUNT, 0))
-        for s in call.stats
-        if s.nonfinite
-    }
-    if not bad:
-        return None
-    message = "non-finite values in " + ", ".join(
-        f"{key} ({nan} NaN, {inf} Inf)" for key, (nan, inf) in bad.items()
-    )
-    if call.plan.on_nonfinite in ("error", "raise"):
-        call.span.set_status(Status(StatusCode.ERROR, message[:256]))
-    span_id = format(call.span.get_span_context().span_id, "016x")
-    return NonFiniteError(f"{call.plan.name}: {message} (span {span_id})", bad, span_id, result)
-
-
-def _launch_stats(plan: _Plan, prefix: str, tensors: list[tuple[str, Any]]) -> list[stats.Pending]:
-    """Start the reductions for a call's tensors, or record why not (CUDA graph capture)."""
-    if plan.capture_stats is not None and plan.capture_stats():
-        # CUDA graph capture: into static device buffers, read after replays (devices/cuda_graphs)
-        return [stats.capture(prefix + k, t) for k, t in tensors]
-    return [stats.compute(prefix + k, t) for k, t in tensors]
-
-
-def _begin(
-    plan: _Plan, pipe: pipeline.Pipeline, current: trace.Span | None = None
-) -> Call | NonRecordingSpan | None:
-    """Ids and context for a new call; None when the parent says the trace is not sampled.
-
-    ``current``: the parent span when it is not the context's (calls inside compiled graphs).
-    """
-    parent: SpanContext | None = (current or _get_current_span()).get_span_context()
-    state: TraceState | None
-    if _FAST_CONTEXT and type(parent) is SpanContext:
-        # the tuple unpacked: five property reads cost 0.4 µs more, and a module's every call
-        # has a parent (the layout is checked once at import, see _context_maker)
-        trace_id, _, _, flags, state, valid = parent  # type: ignore[misc]
-        if valid:
-            if not flags & _SAMPLED_BIT:
-                return None
-        else:
-            parent = None
-    elif parent is not None and parent.is_valid:
-        if not parent.trace_flags.sampled:
-            return None
-        trace_id = parent.trace_id
-        state = parent.trace_state
-    else:
-        parent = None
-    if parent is None:
-        trace_id = _getrandbits(128) or 1
-        state = None
-        sampler = pipe.root_sampler
-        if sampler is not None and not sampler(trace_id, plan.name):
-            return NonRecordingSpan(
-                SpanContext(trace_id, _getrandbits(64) or 1, False, _NOT_SAMPLED)
-            )
-    # the SpanContext is built when first asked for (a child's start, the export thread): a leaf
-    # span never needs one on the caller's thread, and it is one GC-tracked object less queued
-    span = CallSpan(None, plan.name, trace_id, _getrandbits(64) or 1, state or _NO_STATE)
-    return Call(plan, span, parent, _time_ns())
+        params = list(inspect.signature(signed).parameters.values())
+    except (TypeError, ValueError):
+        params = []
+    names = [p.name for p in params]
+    plan.redacted = frozenset(n for n in names if metadata.is_secret(n, plan.redact))
+    # under torch.compile: positional parameter names, after the receiver passed as args[0]
+    positional = [p.name for p in params if p.kind in _POSITIONAL]
+    passed = shape.receiver_passed and positional[:1] in (["self"], ["cls"])
+    plan.skip = 1 if passed else 0
+    plan.param_names = tuple(positional[plan.skip :])
+    # CUDA graph capture can only be in progress where CUDA exists; decide the check now.
+    if plan.level >= 5:
+        plan.capture_stats = cuda.is_capturing if cuda.cuda_available() else None
+    # Memory per call: only where CUDA exists, decided now (no per-call cost without it)
+    plan.memory = plan.level >= 3 and cuda.cuda_available()
+    return plan
 
 
 _NO_STATE = DEFAULT_TRACE_STATE
-_SAMPLED_BIT = int(TraceFlags.SAMPLED)
 _new_context, _FAST_CONTEXT = record.new_context, record.FAST_CONTEXT
 
 
-def _run_unsampled(
-    span: NonRecordingSpan,
-    fn: Callable[..., Any],
-    args: tuple,
-    kwargs: dict,
-    plan: _Plan,
-    pipe: pipeline.Pipeline,
-) -> Any:
-    """Run a call the sampler dropped, with its unsampled context current so children agree.
-
-    With ``OTEL_GPU_METRICS`` it is still timed and counted: the call metrics count every call,
-    not only the sampled ones (no span, so no exemplar and no NaN check)."""
-    token = _attach_span(span)
-    if pipe.metrics is None:
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            _detach(token)
-    failed: type | None = None
-    start = _time_ns()
-    try:
-        return fn(*args, **kwargs)
-    except BaseException as exc:
-        failed = type(exc)
-        raise
-    finally:
-        end = _time_ns()
-        _detach(token)
-        pipe.note_unsampled(plan, end - start, failed)
-
-
-def _tell_end(call: Call, observers: tuple[Any, ...], result: Any) -> None:
-    """The observers' ``end`` for a light (level 1-2) call that raised."""
-    call.result = result
-    for observer in observers:
-        try:
-            observer.end(call)
-        except BaseException as exc:  # user hooks run here
-            _guard.internal_error("observer", exc)
-    call.result = None
-    call.args = None
-
-
 def _make_wrapper(
-    fn: Callable[..., Any], plan: _Plan, settings: config.Settings
+    fn: Callable[..., Any], plan: Plan, settings: config.Settings
 ) -> Callable[..., Any]:
     level = plan.level
     get_pipeline = pipeline.get
     internal = _guard.internal_error
-    reads_memory = plan.memory
-
-    def before(call: Call, pipe: pipeline.Pipeline, args: tuple, kwargs: dict) -> list | None:
-        """Work before the call runs: inputs captured and stats launched (level 3+), observers told."""
-        pending = None
-        call.args = args
-        if level >= 3:
-            try:
-                tensors: list | None = [] if level >= 5 else None
-                call.bound = plan.binder(args, kwargs)  # type: ignore[misc]
-                call.inputs = _capture_inputs(plan, call.bound, tensors)
-                if tensors:
-                    pending = _launch_stats(plan, "input.", tensors)
-            except BaseException as exc:  # user hooks run here
-                internal("metadata", exc)
-        for observer in pipe.observers_at[level]:
-            try:
-                observer.start(call)
-            except BaseException as exc:  # user hooks run here
-                internal("observer", exc)
-        if reads_memory:  # last, so nothing of otel-gpu's own is counted in the call's memory
-            try:
-                call.memory = memory.begin()
-            except BaseException as exc:
-                internal("memory", exc)
-        return pending
-
-    def after(call: Call, pipe: pipeline.Pipeline, result: Any, pending: list | None) -> None:
-        if call.device is not None:  # device time: its end event before any statistics kernel
-            device_time.stop(call)
-        if reads_memory:  # first, before the output statistics allocate
-            try:
-                memory.end(call, getattr(call, "memory", None))
-            except BaseException as exc:
-                internal("memory", exc)
-            call.memory = None
-        if level >= 3 and call.exc is None:
-            tensors: list | None = [] if level >= 5 else None
-            try:
-                call.outputs = tuple(metadata.capture_output(result, plan.max_items, tensors))
-            except BaseException as exc:  # user hooks run here
-                internal("metadata", exc)
-            if tensors:
-                try:
-                    pending = (pending or []) + _launch_stats(plan, "output.", tensors)
-                except BaseException as exc:  # user hooks run here
-                    internal("statistics", exc)
-        nonfinite: NonFiniteError | None = None
-        if pending:
-            try:
-                call.stats = stats.finish(pending, call)
-                if plan.on_nonfinite != "mark":
-                    nonfinite = _nonfinite(call, result)
-            except BaseException as exc:  # user hooks run here
-                internal("statistics", exc)
-        observers = pipe.observers_at[level]
-        if observers:
-            call.result = result
-            for observer in observers:
-                try:
-                    observer.end(call)
-                except BaseException as exc:  # user hooks run here
-                    internal("observer", exc)
-            call.result = None
-        call.bound = None
-        call.args = None
-        pipe.submit(call)
-        if nonfinite is not None and plan.on_nonfinite == "raise" and call.exc is None:
-            # after the span is queued, so the trace shows the call; never instead of the
-            # user's own exception, which passes through untouched
-            raise nonfinite
+    # the lifecycle's start and finish (calls/lifecycle.py), bound once: as cheap as closures
+    before, after, end = lifecycle.start, lifecycle.finish, lifecycle.end
 
     heavy = level >= 3  # metadata (and stats) to capture around every call
 
@@ -435,7 +127,7 @@ def _make_wrapper(
                     return await fn(*args, **kwargs)
                 finally:
                     _detach(token)
-            # Level 1 with no observer skips before()/after(), as the sync wrapper does. The body
+            # Level 1 with no observer skips start/finish, as the sync wrapper does. The body
             # repeats the sync wrapper's with `await`: a shared helper would cost a call per call.
             busy = heavy or pipe.observers_at[level]
             pending = before(call, pipe, args, kwargs) if busy else None
@@ -472,7 +164,7 @@ def _make_wrapper(
         @functools.wraps(fn)
         def light_wrapper(*args: Any, **kwargs: Any) -> Any:
             # Levels 1-2: no metadata, so the observers (the crash journal by default) are told
-            # inline; before()/after() cost two calls and their checks, ~0.4 µs a call.
+            # inline; lifecycle.start/finish cost two calls and their checks, ~0.4 µs a call.
             if is_compiling():
                 return compiled_call(plan_id, plan, fn, args, kwargs)
             pipe = get_pipeline()
@@ -480,7 +172,7 @@ def _make_wrapper(
             if call is None or pipe is None:
                 return fn(*args, **kwargs)
             if not isinstance(call, Call):
-                return _run_unsampled(call, fn, args, kwargs, plan, pipe)
+                return lifecycle.run_unsampled(call, fn, args, kwargs, plan, pipe)
             observers = pipe.observers_at[level]
             if observers:
                 call.args = args
@@ -498,9 +190,7 @@ def _make_wrapper(
                 _detach(token)
                 call.exc = exc
                 call.tb = _traceback_of(exc)
-                if observers:
-                    _tell_end(call, observers, None)
-                pipe.submit(call)
+                end(call, pipe, observers)
                 raise
             call.end_ns = _time_ns()
             _detach(token)
@@ -529,8 +219,8 @@ def _make_wrapper(
         if call is None or pipe is None:
             return fn(*args, **kwargs)
         if not isinstance(call, Call):
-            return _run_unsampled(call, fn, args, kwargs, plan, pipe)
-        # Level 1 with no observer skips before()/after(): ids, clocks and one append.
+            return lifecycle.run_unsampled(call, fn, args, kwargs, plan, pipe)
+        # Level 1 with no observer skips start/finish: ids, clocks and one append.
         busy = heavy or pipe.observers_at[level]
         pending = before(call, pipe, args, kwargs) if busy else None
         token = _attach_span(call.span)
@@ -558,24 +248,28 @@ def _make_wrapper(
     return wrapper
 
 
-def _decorate(
+def decorate(
     fn: Any,
     name: str | None,
     attributes: dict[str, Any] | None = None,
     instrumented: str | None = None,
 ) -> Any:
+    """What ``@otel_gpu.api`` and every instrumentation path do to ``fn``: its plan, and the
+    wrapper of the configured level (``fn`` itself at level 0). ``name`` is the span name (None:
+    ``module.qualname``), ``attributes`` go on every span of it, ``instrumented`` names the
+    ``otel_gpu.instrument()`` target that asked for it."""
     # staticmethod/classmethod objects: wrap the function inside and re-wrap.
     if isinstance(fn, (staticmethod, classmethod)):
-        return type(fn)(_decorate(fn.__func__, name, attributes, instrumented))
+        return type(fn)(decorate(fn.__func__, name, attributes, instrumented))
     settings = config.current()
     if settings.level == 0:
         return fn  # level 0: the function itself, no wrapper, no per-call check
     _targets.apply_settings(settings)  # OTEL_GPU_INSTRUMENT where no start-up hook applied it
     if settings.strict:
         _guard.set_strict(True)
-    shape = _shape_of(fn)
-    span_name = name or _qualified_name(shape.target)
-    plan = _Plan(shape.target, span_name, settings, shape, attributes)
+    shape = shape_of(fn)
+    span_name = name or qualified_name(shape.target)
+    plan = make_plan(shape.target, span_name, settings, shape, attributes)
     plan.instrumented = instrumented
     wrapper = _make_wrapper(fn, plan, settings)
     wrapper.__otel_gpu_plan__ = plan  # type: ignore[attr-defined]
@@ -596,13 +290,13 @@ def api(fn: Any = None, /, *, name: str | None = None) -> Any:
     the library whose functions are decorated.
     """
     if fn is None:
-        return lambda f: _decorate(f, name)
+        return lambda f: decorate(f, name)
     if isinstance(fn, str):
         raise TypeError(
             "otel_gpu.api takes the span name as a keyword: @otel_gpu.api(name=...), "
             f"not @otel_gpu.api({fn!r})"
         )
-    return _decorate(fn, name)
+    return decorate(fn, name)
 
 
 def configure(

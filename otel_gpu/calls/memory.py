@@ -29,7 +29,7 @@ from __future__ import annotations
 from contextvars import ContextVar, Token
 
 from otel_gpu.attributes import MEMORY_ALLOCATED_DELTA, MEMORY_PEAK, MEMORY_PREFIX
-from otel_gpu.calls.record import Call
+from otel_gpu.core.record import Call
 from otel_gpu.devices import memory as devices
 
 __all__ = ["Reading", "begin", "end"]

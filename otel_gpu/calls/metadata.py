@@ -18,10 +18,9 @@ import enum
 import fractions
 import inspect
 import itertools
-import operator
 import sys
 import types
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -29,27 +28,44 @@ from torch.utils import _pytree  # torch imports it itself; its registry is read
 
 from otel_gpu.calls import _subclass
 
+# the record kinds and their conversion live in the core; re-exported for the capture's readers
+from otel_gpu.core.raw import (
+    CONTAINER,
+    DEFAULT,
+    MAX_VALUE_BYTES,
+    OBJECT,
+    REDACTED,
+    TENSOR,
+    VALUE,
+    enum_value,
+    kind_of,
+    payload_of,
+    scalar_value,
+    to_attributes,
+    truncate,
+)
+
 __all__ = [
+    "CONTAINER",
+    "DEFAULT",
+    "MAX_VALUE_BYTES",
+    "OBJECT",
+    "REDACTED",
+    "TENSOR",
+    "VALUE",
     "Binder",
     "capture",
     "capture_output",
+    "enum_value",
     "instance_dict",
     "make_binder",
+    "payload_of",
+    "scalar_value",
     "to_attributes",
+    "truncate",
 ]
 
-# Raw record kinds.
-TENSOR = (
-    0  # payload: (shape, dtype, device, stride, requires_grad, is_contiguous) or an error string
-)
-VALUE = 1  # payload: a scalar, enum, dtype or device
-CONTAINER = 2  # payload: (type name, length)
-OBJECT = 3  # payload: (type qualname, repr or None, id), taken at call time (see _describe_object)
-DEFAULT = 4  # payload: True, marks a parameter whose default was used
-REDACTED = 5  # payload: None
-
 MAX_DEPTH = 4
-MAX_VALUE_BYTES = 2048  # Tempo's default cut for attribute values
 
 # a set: `type in tuple` compares with each of the five in turn (0.14 µs for a tensor, 0.03 here)
 _SCALARS = frozenset((type(None), bool, int, float, str))
@@ -118,15 +134,13 @@ def is_secret(name: str, words: tuple[str, ...]) -> bool:
 
 def redact(raw: _Raw, words: tuple[str, ...]) -> None:
     """Replace string values whose key (parameter, dict key or kwarg name) looks like a secret."""
-    if _NO_TEXT.issuperset(map(type, map(_payload, raw))):
+    if _NO_TEXT.issuperset(map(type, map(payload_of, raw))):
         return  # no string among the payloads (one C-level pass): nothing to redact
     for i, (key, kind, payload) in enumerate(raw):
         if kind == VALUE and isinstance(payload, str) and is_secret(key.rsplit(".", 1)[-1], words):
             raw[i] = (key, REDACTED, None)
 
 
-_payload = operator.itemgetter(2)
-_kind = operator.itemgetter(1)
 # payload types that are never a string nor a str-based enum: a tensor's or a container's
 # tuple, an object's description tuple, and the atoms other than str
 _NO_TEXT = frozenset((tuple, type(None), bool, int, float, torch.dtype, torch.device))
@@ -331,7 +345,7 @@ def _capture_structure(
         if walked > max_items:
             break
         capture(out, f"{key}.{name}", item, max_items, tensors, depth + 1)
-    if TENSOR not in map(_kind, out[mark:]):  # one C-level pass
+    if TENSOR not in map(kind_of, out[mark:]):  # one C-level pass
         del out[mark:]
         return False
     return True
@@ -562,80 +576,3 @@ def capture_output(
     else:
         capture(out, "0", result, max_items, tensors, 0)
     return out
-
-
-def _truncate(text: str, limit: int) -> str:
-    data = text.encode("utf-8", "replace")
-    if len(data) <= limit:
-        return text
-    return data[: max(limit - 3, 0)].decode("utf-8", "ignore") + "..."
-
-
-def enum_value(value: enum.Enum) -> Any:
-    """The value of an enum member when it is an attribute-safe scalar (``1``, ``"nhd"``), else None."""
-    inner = value.value
-    tp = type(inner)
-    if tp is bool or tp is float or tp is str:
-        return inner
-    if tp is int:
-        return inner if -(2**63) <= inner < 2**63 else str(inner)
-    return None
-
-
-def scalar_value(value: Any, limit: int) -> Any:
-    """An attribute-safe form of a scalar: enums by name, dtypes and devices as strings."""
-    if value is None:
-        return "None"
-    if isinstance(value, enum.Enum):
-        return f"{type(value).__name__}.{value.name}"
-    if isinstance(value, (torch.dtype, torch.device)):
-        return str(value)
-    if isinstance(value, str):
-        return _truncate(value, limit)
-    if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**63:
-        if value.bit_length() > 4000:  # str() refuses ints past 4300 digits
-            return f"<int of {value.bit_length()} bits>"
-        return _truncate(str(value), limit)  # OTLP ints are 64-bit
-    return value
-
-
-def to_attributes(
-    prefix: str, raw: Sequence[tuple[str, int, Any]], limit: int, attrs: dict[str, Any]
-) -> None:
-    """Expand raw records into ``attrs`` under ``prefix`` (``otel_gpu.input.`` …)."""
-    for key, kind, payload in raw:
-        base = prefix + key if key else prefix.rstrip(".")
-        if kind == TENSOR:
-            if isinstance(payload, str):
-                attrs[base + ".type"] = payload
-                continue
-            shape, dtype, device, stride, requires_grad, contiguous = payload
-            attrs[base + ".shape"] = list(shape)[:64]
-            attrs[base + ".dtype"] = str(dtype)
-            attrs[base + ".device"] = str(device)
-            if stride is not None:
-                attrs[base + ".stride"] = list(stride)[:64]
-            attrs[base + ".requires_grad"] = bool(requires_grad)
-            attrs[base + ".is_contiguous"] = bool(contiguous)
-        elif kind == VALUE:
-            attrs[base + ".value"] = scalar_value(payload, limit)
-            if isinstance(payload, enum.Enum):
-                inner = enum_value(payload)
-                if inner is not None:
-                    attrs[base + ".enum_value"] = (
-                        _truncate(inner, limit) if type(inner) is str else inner
-                    )
-        elif kind == CONTAINER:
-            attrs[base + ".type"] = payload[0]
-            attrs[base + ".length"] = payload[1]
-        elif kind == OBJECT:
-            qualname, text, oid = payload
-            attrs[base + ".type"] = _truncate(qualname, limit)
-            if text is not None:
-                attrs[base + ".repr"] = _truncate(text, limit)
-            else:
-                attrs[base + ".id"] = f"0x{oid:x}"
-        elif kind == DEFAULT:
-            attrs[base + ".default"] = True
-        elif kind == REDACTED:
-            attrs[base + ".value"] = "<redacted>"

@@ -29,23 +29,19 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from otel_gpu.attributes import (
-    STATS_INF_COUNT,
-    STATS_MAX,
-    STATS_MEAN,
-    STATS_MIN,
-    STATS_NAN_COUNT,
-    STATS_NOTE,
-    STATS_NUMEL,
-    STATS_STD,
-    STATS_TENSOR,
-)
 from otel_gpu.calls import _subclass
+from otel_gpu.core.stats import (
+    CAPTURED_ROW,
+    TensorStats,
+    captured_stats,
+    event_attributes,
+    fill,
+    join_note,
+)
 from otel_gpu.devices import cuda
 
 __all__ = [
@@ -57,6 +53,7 @@ __all__ = [
     "capture",
     "captured_stats",
     "compute",
+    "event_attributes",
     "finish",
     "skipped",
 ]
@@ -66,27 +63,12 @@ CAPTURED_NOTE = (
     "statistics not known at CUDA graph capture: recorded on the device at each replay, read "
     "into the replay spans (otel_gpu.cuda_graph.replay)"
 )
-CAPTURED_ROW = 7
 """Values per tensor in a captured call's static buffer: NaN count, Inf count, finite count,
 finite min, finite max, finite mean, sum of squared deviations from that mean."""
 
 _NATIVE_FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 # float32 sums of squares cancel when mean**2 dwarfs the variance; past this ratio refine in float64.
 _CANCELLATION_RATIO = 1e4
-
-
-@dataclass
-class TensorStats:
-    """The statistics of one tensor, as plain Python values ready for a span event."""
-
-    key: str
-    numel: int
-    values: dict[str, float | int] = field(default_factory=dict)
-    note: str | None = None
-
-    @property
-    def nonfinite(self) -> bool:
-        return bool(self.values.get(STATS_NAN_COUNT, 0) or self.values.get(STATS_INF_COUNT, 0))
 
 
 class Pending:
@@ -255,26 +237,6 @@ def _captured_vector(x: torch.Tensor, scale: int = 1) -> torch.Tensor:
     return torch.stack([*parts, lo, hi, mean, m2])
 
 
-def captured_stats(
-    key: str, numel: int, note: str | None, integer: bool, row: list[float]
-) -> TensorStats:
-    """The statistics of one tensor from its row of a captured call's buffer, read after a replay."""
-    stats = TensorStats(key, numel, note=note)
-    nan_n, inf_n, n_finite, lo, hi, mean, m2 = row
-    values = stats.values
-    if not integer:
-        values[STATS_NAN_COUNT] = int(nan_n)
-        values[STATS_INF_COUNT] = int(inf_n)
-    if n_finite == 0:
-        stats.note = _join(stats.note, "no finite values: min/max/mean/std left out")
-        return stats
-    std = math.sqrt(max(m2, 0.0) / (n_finite - 1)) if n_finite > 1 else None
-    _fill(stats, integer, lo, hi, mean, std)
-    if nan_n or inf_n:
-        stats.note = _join(stats.note, "min/max/mean/std over finite values only")
-    return stats
-
-
 def _moments(n: int, total: float, sumsq: float) -> tuple[float, float | None, bool]:
     """Mean and sample std from the sum and the sum of squares; True if precision is doubtful."""
     mean = total / n
@@ -298,7 +260,7 @@ def finish(pending: list[Pending], call: Any = None) -> list[TensorStats]:
 
         cuda_graphs.record(call).add_stats(pending)
         for p in captured:
-            p.note = _join(p.note, CAPTURED_NOTE)
+            p.note = join_note(p.note, CAPTURED_NOTE)
             p.vec = None
     live = [p for p in pending if p.vec is not None]
     rows = cuda.read_scalars([p.vec for p in live]) if live else []  # type: ignore[misc]
@@ -325,7 +287,7 @@ def finish(pending: list[Pending], call: Any = None) -> list[TensorStats]:
             mean, std, doubtful = mn, (0.0 if p.numel > 1 else None), False
         else:
             mean, std, doubtful = _moments(p.numel, total, sumsq)
-        _fill(stats, p.integer, mn, mx, mean, std)
+        fill(stats, p.integer, mn, mx, mean, std)
         if doubtful:
             refine.append((stats, p))
     if refine:
@@ -334,25 +296,6 @@ def finish(pending: list[Pending], call: Any = None) -> list[TensorStats]:
         p.source = None
         p.vec = None
     return results
-
-
-def _fill(
-    stats: TensorStats, integer: bool, mn: float, mx: float, mean: float, std: float | None
-) -> None:
-    """min/max (ints for integer tensors), mean, std or why not, and zero NaN/Inf counts."""
-    values = stats.values
-    if integer and stats.note and stats.note.startswith("integer"):
-        values[STATS_MIN], values[STATS_MAX] = int(mn), int(mx)
-    else:
-        values[STATS_MIN], values[STATS_MAX] = mn, mx
-    values[STATS_MEAN] = mean
-    if std is not None:
-        values[STATS_STD] = std
-    elif stats.note is None:
-        stats.note = "std needs at least 2 elements"
-    if not integer:
-        values.setdefault(STATS_NAN_COUNT, 0)
-        values.setdefault(STATS_INF_COUNT, 0)
 
 
 def _refine(items: list[tuple[TensorStats, Pending]]) -> None:
@@ -369,16 +312,3 @@ def _refine(items: list[tuple[TensorStats, Pending]]) -> None:
     for (stats, p), row in zip(items, rows):
         precise = captured_stats(p.key, p.numel, p.note, p.integer, row)
         stats.values, stats.note = precise.values, precise.note
-
-
-def _join(a: str | None, b: str) -> str:
-    return b if not a else f"{a}; {b}"
-
-
-def event_attributes(stats: TensorStats) -> dict[str, Any]:
-    """The attributes of one ``otel_gpu.stats`` span event."""
-    attrs: dict[str, Any] = {STATS_TENSOR: stats.key, STATS_NUMEL: stats.numel}
-    attrs.update(stats.values)
-    if stats.note:
-        attrs[STATS_NOTE] = stats.note
-    return attrs

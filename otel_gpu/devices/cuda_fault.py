@@ -26,7 +26,7 @@ from otel_gpu import _guard
 from otel_gpu.attributes import CUDA_FAULT, CUDA_FAULT_CANDIDATES, CUDA_FAULT_SUSPECT
 
 if TYPE_CHECKING:
-    from otel_gpu.calls.record import Call
+    from otel_gpu.core.record import Call
     from otel_gpu.devices.device_time import Pair
 
 __all__ = ["CANDIDATE", "KERNEL", "SURFACED", "Verdict", "find", "mark_raising", "surfaced_status"]
@@ -133,11 +133,10 @@ def surfaced_status(attributes: dict[str, Any], text: str) -> str:
 def journal(pipeline: Any, verdict: Verdict) -> None:
     """Keep the verdict in the crash journal, so ``otel-gpu recover`` names the suspect even if
     the process dies of the error."""
-    from otel_gpu.journal.writer import Journal
-
     for observer in pipeline.observers:
-        if isinstance(observer, Journal):
+        note = getattr(observer, "note_fault", None)  # the journal's (journal/writer.py)
+        if note is not None:
             try:
-                observer.note_fault(verdict.as_dict())
+                note(verdict.as_dict())
             except Exception as exc:
                 _guard.internal_error("journal", exc)

@@ -33,7 +33,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from opentelemetry import trace
@@ -44,8 +44,13 @@ from otel_gpu.attributes import (
     CUDA_GRAPH_CAPTURE,
     CUDA_GRAPH_REPLAY,
     CUDA_GRAPH_REPLAY_DEVICE_DURATION,
+    DUMP_DIR,
 )
+from otel_gpu.core import sink
 from otel_gpu.devices import cuda, replay_timing
+
+if TYPE_CHECKING:
+    from otel_gpu.core.protocols import SpanSink
 
 __all__ = [
     "ATTR_CAPTURE",
@@ -258,9 +263,7 @@ def _after_replay(graph: _Graph, start_ns: int, timer: list[Any] | None = None) 
     if not (stats_due or dump_due):
         replay_timing.give_back(graph.timers, timer)
         return
-    from otel_gpu.export import pipeline
-
-    pipe = pipeline.current()
+    pipe = sink.current()
     if pipe is None:
         return
     parent: SpanContext | None = trace.get_current_span().get_span_context()
@@ -323,7 +326,7 @@ class _Job:
 
     def __init__(
         self,
-        pipe: Any,
+        pipe: SpanSink,
         graph: _Graph,
         n: int,
         contexts: list[SpanContext],
@@ -393,11 +396,8 @@ class _Reader:
             job = jobs.get()
             try:
                 _emit(job)
-            except Exception as exc:
-                try:
-                    _guard.internal_error("cuda_graph", exc)
-                except Exception as raised:  # strict mode: kept for the pipeline's flush
-                    job.pipe.errors.append(raised)
+            except Exception as exc:  # strict mode: kept for the pipeline's flush to raise
+                job.pipe.report_internal("cuda_graph", exc)
             finally:
                 if job.host is not None:
                     with self._lock:
@@ -412,9 +412,8 @@ _reader = _Reader()
 
 def _emit(job: _Job) -> None:
     """One span per captured call of the job's replay, statistics read from the host copy."""
-    from otel_gpu.calls import stats
-    from otel_gpu.calls.record import Call, CallSpan
-    from otel_gpu.recorder.recorder import ATTR_DIR
+    from otel_gpu.core.record import Call, CallSpan
+    from otel_gpu.core.stats import TensorStats, captured_stats
 
     rows: list[list[float]] = []
     if job.host is not None:
@@ -433,13 +432,13 @@ def _emit(job: _Job) -> None:
             call.span.set_attribute(CUDA_GRAPH_REPLAY_DEVICE_DURATION, device)
         call.span.add_link(c.context)
         if directory is not None:
-            call.span.set_attribute(ATTR_DIR, directory)
+            call.span.set_attribute(DUMP_DIR, directory)  # the flight recorder's key
         results = []
         for key, numel, note, integer, row in c.layout:
             if row is None:
-                results.append(stats.TensorStats(key, numel, note=note))
+                results.append(TensorStats(key, numel, note=note))
             else:
-                results.append(stats.captured_stats(key, numel, note, integer, rows[offset + row]))
+                results.append(captured_stats(key, numel, note, integer, rows[offset + row]))
         if c.buffer is not None:
             offset += c.buffer.shape[0]
         call.stats = results

@@ -38,12 +38,16 @@ from otel_gpu.attributes import (
     DEVICE_UNMEASURED,
     DEVICE_UNRESOLVED,
 )
+from otel_gpu.core.plan import Plan
 from otel_gpu.devices import cuda_fault, events
 
 if TYPE_CHECKING:
-    from otel_gpu.calls.record import Call
     from otel_gpu.config import Settings
-    from otel_gpu.export.pipeline import Pipeline
+    from otel_gpu.core.record import Call
+
+Pipeline = Any
+"""The export pipeline (its queue, drain and ``device_time``), handed over by the observer
+registry; typed loosely so that devices never import export."""
 
 __all__ = ["POOL", "DeviceTime", "Pair", "make_observer", "stop"]
 
@@ -93,17 +97,6 @@ class Pair:
         self.name = ""
 
 
-class _DevicePlan:
-    """The plan of a ``<name> [device]`` child span (what the span builder reads of a plan)."""
-
-    __slots__ = ("__weakref__", "attributes", "level", "name")
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.level = 1
-        self.attributes: dict[str, Any] = {}
-
-
 class DeviceTime:
     """The device-time observer, its event pool and its resolver."""
 
@@ -132,7 +125,7 @@ class DeviceTime:
         self._lock = threading.Lock()  # held, active's flags, calibration, faults
         self._grow_lock = threading.Lock()
         self._calibration: dict[int, tuple[int, Any, float]] = {}  # device -> host ns, ref, when
-        self._child_plans: dict[Any, _DevicePlan] = {}
+        self._child_plans: dict[Any, Plan] = {}
 
     # ------------------------------------------------------------------ caller's thread
 
@@ -380,15 +373,15 @@ class DeviceTime:
         times = call.device
         if type(times) is not tuple or not times:
             return
-        from otel_gpu.calls.record import Call as CallRecord
-        from otel_gpu.calls.record import CallSpan
+        from otel_gpu.core.record import Call as CallRecord
+        from otel_gpu.core.record import CallSpan
 
         call.device = _RESOLVED
         plan = self._child_plans.get(call.plan)
         if plan is None:
             if len(self._child_plans) >= 4096:
                 self._child_plans.clear()
-            plan = self._child_plans[call.plan] = _DevicePlan(call.plan.name + " [device]")
+            plan = self._child_plans[call.plan] = Plan(call.plan.name + " [device]", 1)
         parent = call.span.get_span_context()
         span = CallSpan(
             None, plan.name, parent.trace_id, random.getrandbits(64) or 1, parent.trace_state

@@ -28,7 +28,7 @@ from otel_gpu import _guard
 from otel_gpu.devices import cuda
 
 if TYPE_CHECKING:
-    from otel_gpu.calls.record import Call
+    from otel_gpu.core.record import Call
 
 __all__ = [
     "Backend",
@@ -180,13 +180,13 @@ class NvtxRanges:
     min_level = 1
 
     def __init__(self, backend: Backend, check_capture: bool) -> None:
-        from otel_gpu.calls import compiled
+        from otel_gpu.devices import compiling
 
         self._backend = backend
         self._push = backend.push  # bound once: the common path's two calls
         self._pop = backend.pop
         self._in_payload = bool(backend.payload)
-        self._is_compiling = compiled.is_compiling
+        self._is_compiling = compiling.is_compiling
         self._check_capture = check_capture  # CUDA exists: capture may be in progress
         self._running_loop = asyncio.events._get_running_loop
         self._open: dict[Call, int] = {}  # call -> _PUSHED or a process range's handle

@@ -20,10 +20,9 @@ _MAX_TIMERS = 8  # pairs per graph: above the reader's buffers in flight, never 
 def start(timers: list[list[Any]]) -> list[Any] | None:
     """Record a start event before a replay on the current stream; None when device time is off
     (or every pair of the graph is being read)."""
-    from otel_gpu.export import pipeline
+    from otel_gpu.core import sink
 
-    pipe = pipeline.current()
-    device = pipe.device_time if pipe is not None else None
+    device = getattr(sink.current(), "device_time", None)
     if device is None or not (device.live or device._go_live()):
         return None
     backend = device.backend

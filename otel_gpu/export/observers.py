@@ -8,42 +8,57 @@ then), ``flush(timeout)`` when the pipeline flushes and ``close()`` at exit or r
 and its factory. It is the only place that decides which observers run at which level: the
 pipeline builds them once (:func:`build`) and keeps one tuple per level, so a level-1 function
 never runs the level-3 or level-10 observers and no call checks a level.
+
+This module wires the plugins to the pipeline: the observers, the metrics
+(:func:`build_metrics`) and recovery at start (:func:`start_recovery`) are built here, each
+given the complete pipeline as its :class:`~otel_gpu.core.protocols.Host`. It names each
+plugin by its import string, imported only when the settings ask for it, as sentry-python's
+integrations table does: no module of the pipeline's layer imports a plugin, and a plugin
+imports nothing of the pipeline (docs/architecture.md).
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
-from typing import TYPE_CHECKING, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from otel_gpu import _guard
-from otel_gpu.config import LEVELS, Settings
+from otel_gpu.config import LEVELS, ConfigError, Settings
+from otel_gpu.core.protocols import ExportState, Host, Observer
+from otel_gpu.exporters.destinations import PRECALL_LEVEL
 
 if TYPE_CHECKING:
-    from otel_gpu.calls.record import Call
-    from otel_gpu.export.pipeline import Pipeline
-    from otel_gpu.recorder.ring import Ring
+    from otel_gpu.core.protocols import MetricsSink
 
-__all__ = ["REGISTRY", "Built", "Entry", "Observer", "build", "by_level", "serves"]
-
-
-class Observer(Protocol):
-    """What the pipeline calls. ``start``/``end`` run on the caller's thread, so they stay cheap."""
-
-    min_level: int
-    """The lowest level served, set from the registry when the observer is built."""
-
-    def start(self, call: Call) -> None: ...
-
-    def end(self, call: Call) -> None: ...
-
-    def flush(self, timeout: float) -> bool:
-        """Finish queued work within ``timeout`` seconds; True when it did."""
-        ...
-
-    def close(self) -> None: ...
+__all__ = [
+    "REGISTRY",
+    "Built",
+    "Entry",
+    "Observer",
+    "build",
+    "build_metrics",
+    "by_level",
+    "serves",
+    "start_recovery",
+]
 
 
-Factory = Callable[[Settings, "Pipeline"], "Observer | None"]
+def _load(target: str) -> Any:
+    """``"package.module:name"`` imported and looked up: a plugin, when it is wanted."""
+    module, _, name = target.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+class Wired(Host, ExportState, Protocol):
+    """What the wiring uses of the pipeline: the plugins' host, the metrics' counts, and
+    otel-gpu's own console destinations (which print a call's inputs before it runs)."""
+
+    @property
+    def consoles(self) -> tuple[Any, ...]: ...
+
+
+Factory = Callable[[Settings, Wired], "Observer | None"]
 """Builds an observer when the settings ask for it (None otherwise). Called once per pipeline."""
 
 
@@ -54,71 +69,59 @@ class Entry(NamedTuple):
     factory: Factory
 
 
-def _console(settings: Settings, pipeline: Pipeline) -> Observer | None:
+def _console(settings: Settings, pipeline: Wired) -> Observer | None:
     if not pipeline.consoles:  # otel-gpu's own provider with a console or text destination
         return None
-    from otel_gpu.exporters.destinations import ConsolePrecall
-
-    return ConsolePrecall(pipeline.consoles, settings)
+    return _load("otel_gpu.exporters.destinations:ConsolePrecall")(pipeline.consoles, settings)
 
 
-def _journal(settings: Settings, pipeline: Pipeline) -> Observer | None:
+def _journal(settings: Settings, pipeline: Wired) -> Observer | None:
     if not settings.journal:
         return None
-    from otel_gpu.journal import writer
-
-    return writer.make_observer(settings, pipeline)
+    return _load("otel_gpu.journal.writer:make_observer")(settings, pipeline)
 
 
-def _watchdog(settings: Settings, pipeline: Pipeline) -> Observer | None:
+def _watchdog(settings: Settings, pipeline: Wired) -> Observer | None:
     if not settings.stuck_after:
         return None
-    from otel_gpu.anomalies.watchdog import Watchdog
-
-    return Watchdog(settings, pipeline)
+    return _load(_WATCHDOG)(settings, pipeline)
 
 
-def _snapshot(settings: Settings, pipeline: Pipeline) -> Observer | None:
+def _snapshot(settings: Settings, pipeline: Wired) -> Observer | None:
     # not a per-call observer: it only adds an export-thread hook (otel-gpu snapshot)
-    from otel_gpu.anomalies.snapshot import Responder
-
-    Responder(settings, pipeline)
+    _load("otel_gpu.anomalies.snapshot:Responder")(settings, pipeline)
     return None
 
 
-def _ring(settings: Settings, pipeline: Pipeline) -> Observer | None:
+def _ring(settings: Settings, pipeline: Wired) -> Observer | None:
     # a ring of size 0 still dumps the call itself when OTEL_GPU_ON_NONFINITE=dump
     if not (settings.ring or settings.on_nonfinite == "dump"):
         return None
-    from otel_gpu.recorder.ring import Ring
-
-    return Ring(settings, pipeline)
+    return _load(_RING)(settings, pipeline)
 
 
-def _recorder(settings: Settings, pipeline: Pipeline) -> Observer | None:
-    from otel_gpu.recorder import recorder
-
-    return recorder.make_observer(settings, pipeline)
+def _recorder(settings: Settings, pipeline: Wired) -> Observer | None:
+    return _load("otel_gpu.recorder.recorder:make_observer")(settings, pipeline)
 
 
-def _nvtx(settings: Settings, pipeline: Pipeline) -> Observer | None:
+def _nvtx(settings: Settings, pipeline: Wired) -> Observer | None:
     if not settings.nvtx:
         return None
-    from otel_gpu.devices import nvtx
-
-    return nvtx.make_observer()
+    return _load("otel_gpu.devices.nvtx:make_observer")()
 
 
-def _device_time(settings: Settings, pipeline: Pipeline) -> Observer | None:
+_RING = "otel_gpu.recorder.ring:Ring"
+_WATCHDOG = "otel_gpu.anomalies.watchdog:Watchdog"
+
+
+def _device_time(settings: Settings, pipeline: Wired) -> Observer | None:
     if settings.device_time == "off":
         return None
-    from otel_gpu.devices import device_time
-
-    return device_time.make_observer(settings, pipeline)
+    return _load("otel_gpu.devices.device_time:make_observer")(settings, pipeline)
 
 
 REGISTRY: tuple[Entry, ...] = (
-    Entry("console", 3, _console),  # level 1 prints only the end-of-call line
+    Entry("console", PRECALL_LEVEL, _console),  # level 1 prints only the end-of-call line
     Entry("journal", 1, _journal),
     Entry("watchdog", 1, _watchdog),
     Entry("snapshot", 1, _snapshot),  # answers otel-gpu snapshot; never on the caller's path
@@ -126,7 +129,7 @@ REGISTRY: tuple[Entry, ...] = (
     Entry("dump", 10, _recorder),  # the flight recorder
     Entry("nvtx", 1, _nvtx),  # its range opens after the others' start work
     # last: its start event is recorded right before the call runs (its end event right after
-    # it returns: calls/decorator.py records it before any statistics kernel)
+    # it returns: calls/lifecycle.py records it before any statistics kernel)
     Entry("device_time", 1, _device_time),
 )
 
@@ -139,11 +142,11 @@ def serves(name: str, level: int) -> bool:
 class Built(NamedTuple):
     observers: tuple[Observer, ...]
     """In the registry's order."""
-    ring: Ring | None
-    """The ring, also handed to the watchdog (which dumps it for stuck calls)."""
+    ring: Any
+    """The ring (``recorder/ring.py``'s ``Ring``) or None, also handed to the watchdog (which dumps it for stuck calls)."""
 
 
-def build(settings: Settings, pipeline: Pipeline) -> Built:
+def build(settings: Settings, pipeline: Wired) -> Built:
     """The observers ``settings`` ask for, in the registry's order. One that fails to build is an
     internal error under its entry's name; the others are built all the same."""
     built: dict[str, Observer] = {}
@@ -160,18 +163,37 @@ def build(settings: Settings, pipeline: Pipeline) -> Built:
             built[entry.name] = observer
     ring = None
     if "ring" in built:
-        from otel_gpu.recorder.ring import Ring
-
-        ring = built["ring"] if isinstance(built["ring"], Ring) else None
+        ring = built["ring"] if isinstance(built["ring"], _load(_RING)) else None
         if ring is not None and "watchdog" in built:
-            from otel_gpu.anomalies.watchdog import Watchdog
-
             watchdog = built["watchdog"]
-            if isinstance(watchdog, Watchdog):
-                watchdog.ring = ring
+            if isinstance(watchdog, _load(_WATCHDOG)):
+                watchdog.ring = ring  # type: ignore[attr-defined]
     return Built(tuple(built.values()), ring)
 
 
 def by_level(observers: tuple[Observer, ...]) -> dict[int, tuple[Observer, ...]]:
     """One tuple per level, decided once: the caller's thread only iterates its level's tuple."""
     return {lvl: tuple(o for o in observers if o.min_level <= lvl) for lvl in LEVELS}
+
+
+def build_metrics(settings: Settings, pipeline: Wired) -> MetricsSink | None:
+    """``OTEL_GPU_METRICS``: the metrics beside the spans, or None (a bad metrics setting is one
+    warning, and the spans go on without them)."""
+    try:
+        return _load("otel_gpu.metrics.provider:build")(settings, pipeline)  # type: ignore[no-any-return]
+    except ConfigError as exc:  # e.g. the metrics' OTLP protocol: spans go on without them
+        if _guard.is_strict():
+            raise
+        _guard.logger.warning("otel-gpu records no metrics in this process: %s", exc)
+    except Exception as exc:
+        pipeline.report_internal("metrics", exc)
+    return None
+
+
+def start_recovery(settings: Settings, pipeline: Wired) -> None:
+    """``OTEL_GPU_RECOVER_ON_START``: recover dead processes' journals into the pipeline's
+    processor, in the background, once the pipeline is complete."""
+    try:
+        _load("otel_gpu.journal.writer:start_recovery")(settings, pipeline)
+    except Exception as exc:
+        _guard.internal_error("journal", exc)

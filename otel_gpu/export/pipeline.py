@@ -1,6 +1,6 @@
 """Deferred materialisation: call records in, finished spans out, off the caller's thread.
 
-The caller's thread appends a :class:`~otel_gpu.calls.record.Call` to a bounded deque and
+The caller's thread appends a :class:`~otel_gpu.core.record.Call` to a bounded deque and
 returns. An export thread wakes every 100 ms (or sooner when the queue fills),
 turns each record into a finished span and hands it to the target TracerProvider's
 span processors (``on_end``). An application's provider gets SDK ``ReadableSpan`` objects,
@@ -28,19 +28,14 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from opentelemetry import trace
-
 from otel_gpu import _guard
 from otel_gpu.attributes import (
-    COMPONENT_TYPE,
-    ERROR_TYPE,
     EVENT_SPANS_DROPPED,
-    SPANS_DROPPED,
-    SPANS_DROPPED_TOTAL,
 )
-from otel_gpu.calls.record import Call
-from otel_gpu.config import ConfigError, Settings, check_sdk_import_variables
-from otel_gpu.export import observers as _observers
+from otel_gpu.config import Settings, check_sdk_import_variables
+from otel_gpu.core import sink
+from otel_gpu.core.record import Call
+from otel_gpu.core.threads import bounded_call
 
 # opentelemetry.sdk.trace reads OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT when it is imported and stops the
 # import with its own chained ValueError on a bad value, at any level. This is the first SDK import
@@ -48,19 +43,18 @@ from otel_gpu.export import observers as _observers
 # variable. The other standard variables are checked when otel-gpu builds its own provider.
 check_sdk_import_variables()
 
-from opentelemetry.sdk.trace import Event, SpanLimits  # noqa: E402
 from opentelemetry.sdk.trace import TracerProvider as SdkTracerProvider  # noqa: E402
-from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, ParentBased  # noqa: E402
 
+from otel_gpu.export import drops  # noqa: E402
+from otel_gpu.export import observers as _observers  # noqa: E402
+from otel_gpu.export import target as _target  # noqa: E402
 from otel_gpu.export.spans import SCOPE as SCOPE  # noqa: E402
-from otel_gpu.export.spans import SpanBuilder, _HashedResource  # noqa: E402
+from otel_gpu.export.spans import SpanBuilder  # noqa: E402
 
 if TYPE_CHECKING:
-    from otel_gpu.devices.device_time import DeviceTime
+    from otel_gpu.core.protocols import MetricsSink, RingDump
     from otel_gpu.export.observers import Observer
     from otel_gpu.exporters.console import ConsoleSpanExporter
-    from otel_gpu.metrics.provider import Metrics
-    from otel_gpu.recorder.ring import Ring
 
 __all__ = ["Pipeline", "get", "reset", "shutdown"]
 
@@ -73,8 +67,12 @@ _STALL_AFTER = 1.0  # seconds without progress before a full queue drops (block 
 DROP_EVENT = EVENT_SPANS_DROPPED
 
 
-class Pipeline(SpanBuilder):
-    """One process's path from call records to span processors."""
+class Pipeline:
+    """One process's path from call records to span processors.
+
+    It holds a :class:`~otel_gpu.export.spans.SpanBuilder` for its target provider, and is
+    complete (provider, resource, processor, sampler) before any observer is built: an observer
+    receives it as its :class:`~otel_gpu.core.protocols.Host`."""
 
     def __init__(self, settings: Settings, tracer_provider: Any = None) -> None:
         self.settings = settings
@@ -86,7 +84,6 @@ class Pipeline(SpanBuilder):
         self.stalled = 0  # of those, dropped in block mode because export made no progress
         self._stalled_at = -1  # self.taken when export was found stalled; drop until it moves
         self._noted = (0, 0)  # (dropped, stalled) already put on an exported span
-        self._notes: list[Event] = []
         self._drainer: int | None = None  # the thread holding _drain_lock
         self._handover = False  # a caller at a full queue waits to export the next chunk
         self.exported = 0  # spans handed to the processors
@@ -97,8 +94,10 @@ class Pipeline(SpanBuilder):
         # otel-gpu's own console destinations, which print a call's inputs before it runs
         self.consoles: tuple[ConsoleSpanExporter, ...] = ()
         self.root_sampler: Callable[[int, str], bool] | None = None
-        self.ring: Ring | None = None  # the in-memory ring, when OTEL_GPU_RING is on
-        self.device_time: DeviceTime | None = None  # set by its observer (devices/device_time.py)
+        self.ring: RingDump | None = None  # the in-memory ring, when OTEL_GPU_RING is on
+        # device time (devices/device_time.py), set by its observer; typed loosely so that
+        # export does not import a plugin
+        self.device_time: Any = None
         self.errors: list[BaseException] = []
         self._wake = threading.Event()
         self._drain_lock = threading.Lock()
@@ -108,94 +107,44 @@ class Pipeline(SpanBuilder):
         self._after_drain_hooks: list[Any] = []  # add_after_drain (the watchdog): drains only
         self._counters: list[Any] = []  # own destinations' exporters, counting confirmed spans
         self.native = False  # the processors take SpanData (own provider, native encoders)
-        self._heads: dict[Any, int] = {}  # plan -> leading attributes shared by its spans
-        self._layouts: dict[Any, Any] = {}  # a call's layout -> its attributes (spans.py)
-        self.metrics: Metrics | None = None  # OTEL_GPU_METRICS: fed each chunk's calls
+        self.metrics: MetricsSink | None = None  # OTEL_GPU_METRICS: fed each chunk's calls
         # calls the head sampler dropped, for the call metrics: (plan, duration ns, raised class)
         self.unsampled: collections.deque[tuple[Any, int, Any]] = collections.deque()
         self.unsampled_dropped = 0  # not counted in the metrics: the export fell far behind
         self._resolve(tracer_provider)
         if settings.metrics:
-            self._build_metrics()
+            self.metrics = _observers.build_metrics(settings, self)
         self._thread = threading.Thread(target=self._run, name="otel-gpu-export", daemon=True)
         self._thread.start()
         if settings.journal and settings.recover_on_start:
-            self._start_recovery()
-
-    def _start_recovery(self) -> None:
-        """``OTEL_GPU_RECOVER_ON_START``: recover dead processes' journals into this pipeline's
-        processor, in the background, now that it exists."""
-        try:
-            from otel_gpu.journal import writer
-
-            writer.start_recovery(self.settings, self)
-        except Exception as exc:
-            _guard.internal_error("journal", exc)
+            _observers.start_recovery(settings, self)
 
     # ------------------------------------------------------------------ set-up
 
     def _resolve(self, explicit: Any) -> None:
-        provider = explicit
-        mode = self.settings.provider
-        if provider is None and mode in ("auto", "global"):
-            candidate = trace.get_tracer_provider()
-            if hasattr(candidate, "_active_span_processor"):
-                provider = candidate
-            elif mode == "global":
-                _guard.warn_once(
-                    "provider.global",
-                    "OTEL_GPU_PROVIDER=global but the application has not set an SDK "
-                    "TracerProvider (found %s); using otel-gpu's own provider with OTEL_GPU_LOGDEST",
-                    type(candidate).__name__,
-                )
-        if provider is not None and not hasattr(provider, "_active_span_processor"):
-            _guard.warn_once(
-                "provider.unsupported",
-                "otel-gpu cannot feed spans to %s (not an OpenTelemetry SDK TracerProvider); "
-                "using its own provider with OTEL_GPU_LOGDEST",
-                type(provider).__name__,
-            )
-            provider = None
-        if provider is None:
-            from otel_gpu.exporters import destinations
-
-            own = destinations.build_provider(self.settings)
-            provider, self._after_drain, self.consoles = (
-                own.provider,
-                own.after_drain,
-                own.consoles,
-            )
-            self._counters = own.exporters
+        target = _target.resolve(self.settings, explicit)
+        provider = target.provider
+        if target.own is not None:
+            self._after_drain, self.consoles = target.own.after_drain, target.own.consoles
+            self._counters = target.own.exporters
             self._own_provider = provider
-            self.native = own.spandata
+            self.native = target.own.spandata
+        self.provider = provider
+        self.processor = provider._active_span_processor
+        self._chunk_ends, self._span_ends = _target.handoffs(
+            self.processor, self._own_provider is not None
+        )
+        self.spans = SpanBuilder(self.settings, provider)
+        self.resource = self.spans.resource
+        # bound once: the export loop builds a span per call through one of them
+        self.materialise = self.spans.materialise
+        self.materialise_native = self.spans.materialise_native
+        self.root_sampler = _target.root_sampler(getattr(provider, "sampler", None))
+        # The pipeline is complete: the observers get it as their host.
         built = _observers.build(self.settings, self)
         self.observers, self.ring = built.observers, built.ring
         # A function keeps the level it was decorated at; observers run only for levels they serve.
         self.observers_at = _observers.by_level(self.observers)
-        self.provider = provider
-        self.processor = provider._active_span_processor
-        self._chunk_ends, self._span_ends = _handoffs(
-            self.processor, self._own_provider is not None
-        )
-        self.resource = _HashedResource(provider.resource)
-        limits = getattr(provider, "_span_limits", None) or SpanLimits()
-        self.max_attributes = limits.max_span_attributes
-        self.max_events = limits.max_events
-        # never above Tempo's 2048 default cut, also for attributes users set on the call's span
-        self.max_value_len = min(limits.max_span_attribute_length or 2048, 2048)
-        self.root_sampler = _root_sampler(getattr(provider, "sampler", None))
-
-    def _build_metrics(self) -> None:
-        try:
-            from otel_gpu.metrics import provider
-
-            self.metrics = provider.build(self.settings, self)
-        except ConfigError as exc:  # e.g. the metrics' OTLP protocol: spans go on without them
-            if _guard.is_strict():
-                raise
-            _guard.logger.warning("otel-gpu records no metrics in this process: %s", exc)
-        except Exception as exc:
-            self._internal("metrics", exc)
 
     def note_unsampled(self, plan: Any, duration_ns: int, failed: Any) -> None:
         """A call the head sampler dropped, for the call metrics (caller's thread: one append).
@@ -210,6 +159,17 @@ class Pipeline(SpanBuilder):
         """Whether spans go to otel-gpu's own provider (``OTEL_GPU_LOGDEST``), not the
         application's (whose processors decide what is kept)."""
         return self._own_provider is not None
+
+    @property
+    def _layouts(self) -> dict[Any, Any]:
+        """The span builder's per-layout attribute cache (its size is bounded)."""
+        return self.spans._layouts
+
+    @property
+    def counters(self) -> list[Any]:
+        """otel-gpu's own destinations' exporters, each counting the spans it confirmed (the
+        exit report and the metrics' summary read them)."""
+        return self._counters
 
     def add_after_drain(self, hook: Callable[[], Any]) -> None:
         """Run ``hook`` on the export thread after each drain (every ~100 ms), e.g. a heartbeat."""
@@ -263,7 +223,7 @@ class Pipeline(SpanBuilder):
             # still stalled (export has not moved since): only a free export lock helps now
             room = self._make_room(wait=self._stalled_at != self.taken)
         except Exception as exc:
-            self._internal("export", exc)
+            self.report_internal("export", exc)
             room = len(self.queue) < self.maxsize
         if room:
             self.queue.append(call)
@@ -366,7 +326,7 @@ class Pipeline(SpanBuilder):
                     if call.device is not None and device is not None:
                         device.children(call, build, append)  # its `<name> [device]` span
                 except Exception as exc:
-                    self._internal("export", exc)
+                    self.report_internal("export", exc)
                     continue
                 if calls is not None:
                     calls.append(call)
@@ -378,55 +338,41 @@ class Pipeline(SpanBuilder):
                             on_end(span)
                     except Exception as exc:
                         failed += 1
-                        self._internal("export", exc)
+                        self.report_internal("export", exc)
             for end in self._chunk_ends:
                 try:
                     end(spans)
                 except Exception as exc:
-                    self._internal("export", exc)
+                    self.report_internal("export", exc)
             self.exported += len(spans) - failed
             if calls:
                 try:
                     metrics.calls.record(calls)  # type: ignore[union-attr]
                 except Exception as exc:
-                    self._internal("metrics", exc)
+                    self.report_internal("metrics", exc)
             if metrics is not None and self.unsampled:
                 try:
                     metrics.calls.record_unsampled(self.unsampled)
                 except Exception as exc:
-                    self._internal("metrics", exc)
+                    self.report_internal("metrics", exc)
             for hook in (*self._after_drain, *hooks):
                 try:
                     hook()
                 except Exception as exc:
-                    self._internal("export", exc)
+                    self.report_internal("export", exc)
         finally:
             if paused:
                 gc.enable()
         return on_time
 
     def _note_drops(self) -> None:
-        """Drops since the last note become events on the next span built, named after the
-        SDK's self-metric ``otel.sdk.processor.span.processed`` with its ``error.type``."""
-        dropped, stalled = self.dropped, self.stalled
-        seen_dropped, seen_stalled = self._noted
-        self._noted = (dropped, stalled)
-        full = (dropped - stalled) - (seen_dropped - seen_stalled)
-        for kind, count in (("queue_full", full), ("export_stalled", stalled - seen_stalled)):
-            if count > 0:
-                self._notes.append(
-                    Event(
-                        DROP_EVENT,
-                        {
-                            ERROR_TYPE: kind,
-                            COMPONENT_TYPE: "otel_gpu_queue",
-                            SPANS_DROPPED: count,
-                            SPANS_DROPPED_TOTAL: dropped,
-                        },
-                    )
-                )
+        """Drops since the last note become events on the next span built."""
+        self.spans.notes.extend(drops.events(self.dropped, self.stalled, self._noted))
+        self._noted = (self.dropped, self.stalled)
 
-    def _internal(self, kind: str, exc: Exception) -> None:
+    def report_internal(self, kind: str, exc: BaseException) -> None:
+        """An internal error on the export thread, logged once per kind; in strict mode kept
+        for :meth:`flush` to raise (the test's thread, not the export thread)."""
         try:
             _guard.internal_error(kind, exc)
         except Exception as raised:  # strict mode: keep it for flush() to re-raise in the test
@@ -443,8 +389,8 @@ class Pipeline(SpanBuilder):
             try:
                 observer.flush(max(deadline - time.monotonic(), 0.0))
             except Exception as exc:
-                self._internal("observer", exc)
-        ok = _bounded_call(
+                self.report_internal("observer", exc)
+        ok = bounded_call(
             lambda: self.processor.force_flush(int(max(deadline - time.monotonic(), 0) * 1000)),
             max(deadline - time.monotonic(), 0.0),
         )
@@ -452,14 +398,14 @@ class Pipeline(SpanBuilder):
         if metrics is not None:
             try:
                 ok = (
-                    _bounded_call(
+                    bounded_call(
                         lambda: metrics.flush(max(deadline - time.monotonic(), 0.0)),
                         max(deadline - time.monotonic(), 0.0),
                     )
                     and ok
                 )
             except Exception as exc:
-                self._internal("metrics", exc)
+                self.report_internal("metrics", exc)
         if self.errors and _guard.is_strict():
             errors, self.errors = self.errors, []
             raise errors[0]
@@ -473,7 +419,7 @@ class Pipeline(SpanBuilder):
         while self.queue:
             before = self.taken
             end = time.monotonic() + window
-            _bounded_call(functools.partial(self.drain, end), window)
+            bounded_call(functools.partial(self.drain, end), window)
             if self.taken == before:
                 return
 
@@ -490,7 +436,7 @@ class Pipeline(SpanBuilder):
         self._wake.set()
         if bounded:  # the user chose a bound: what is not built within it is dropped, counted
             # On a helper thread: a span whose materialisation blocks must not hold exit.
-            _bounded_call(lambda: self.drain(deadline), max(deadline - time.monotonic(), 0.0))
+            bounded_call(lambda: self.drain(deadline), max(deadline - time.monotonic(), 0.0))
         else:  # the default loses nothing: build all, then give the destinations their time
             self._drain_while_progressing(timeout)
             deadline = time.monotonic() + timeout
@@ -498,7 +444,7 @@ class Pipeline(SpanBuilder):
             try:
                 observer.close()
             except Exception as exc:
-                self._internal("observer", exc)
+                self.report_internal("observer", exc)
         if self.unsampled_dropped:
             _guard.logger.warning(
                 "otel-gpu call metrics: %d call(s) the head sampler dropped were not counted: the "
@@ -510,89 +456,26 @@ class Pipeline(SpanBuilder):
             try:
                 self.metrics.shutdown(max(deadline - time.monotonic(), 0.0))
             except Exception as exc:
-                self._internal("metrics", exc)
+                self.report_internal("metrics", exc)
         if self._own_provider is not None:
             provider = self._own_provider
-            _bounded_call(provider.shutdown, max(deadline - time.monotonic(), 0.0))
+            bounded_call(provider.shutdown, max(deadline - time.monotonic(), 0.0))
         else:
-            _bounded_call(
+            bounded_call(
                 lambda: self.processor.force_flush(int(max(deadline - time.monotonic(), 0) * 1000)),
                 max(deadline - time.monotonic(), 0.0),
             )
-        # never built in time: still queued, or taken but not handed over (failed, or stuck in a
-        # slow __repr__ on the export thread)
-        unexported = len(self.queue) + max(self.taken - self.exported, 0)
-        # Spans handed to a destination that it never confirmed (refused, failed to write,
-        # timed out, dropped by its own queue, abandoned at exit); each destination got every
-        # span, report the worst. Of those, ``failed`` ones failed outright (e.g. a full disk).
-        worst = max(self._counters, key=lambda c: self.exported - c.confirmed, default=None)
-        unconfirmed = max(self.exported - worst.confirmed, 0) if worst is not None else 0
-        failed = min(getattr(worst, "failed", 0), unconfirmed) if worst is not None else 0
-        lost = self.dropped + unexported + unconfirmed
-        if lost:
-            _guard.logger.warning(
-                "otel-gpu dropped %d span(s): %d because the queue was full (OTEL_GPU_QUEUE_FULL=%s, "
-                "OTEL_GPU_QUEUE_SIZE=%d; %d of them because export stalled), %d not built within "
-                "OTEL_GPU_FLUSH_TIMEOUT=%ss at exit (or, unset, with no progress for that long) or "
-                "failed, %d not confirmed by a destination (%d refused or not written, e.g. a full "
-                "disk; %d not within that time)",
-                lost,
-                self.dropped,
-                self.settings.queue_full,
-                self.maxsize,
-                self.stalled,
-                unexported,
-                timeout,
-                unconfirmed,
-                failed,
-                unconfirmed - failed,
-            )
-
-
-def _handoffs(processor: Any, own: bool) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
-    """How a chunk of spans reaches the processors: ``(chunk_ends, span_ends)``.
-
-    otel-gpu's own local destinations (``DrainBatchProcessor``) take a chunk in one call; the
-    SDK's multi-processor dispatch and a lock per span cost ~10% of a level-1 span's export.
-    Every other processor (the OTLP batch processor, an application's) gets ``on_end`` per span.
-    """
-    processors = getattr(processor, "_span_processors", None) if own else None
-    if processors is None:
-        return (), (processor.on_end,)
-    from otel_gpu.exporters.destinations import DrainBatchProcessor
-
-    chunk = tuple(p.on_end_batch for p in processors if isinstance(p, DrainBatchProcessor))
-    single = tuple(p.on_end for p in processors if not isinstance(p, DrainBatchProcessor))
-    return chunk, single
-
-
-def _root_sampler(sampler: Any) -> Callable[[int, str], bool] | None:
-    """The decision for calls with no parent; None means always sample (the default, and fastest).
-
-    Calls with a parent follow the parent's sampled flag, as ParentBased samplers do.
-    """
-    root = sampler._root if isinstance(sampler, ParentBased) else sampler
-    if root is None or root is ALWAYS_ON:
-        return None
-    if root is ALWAYS_OFF:
-        return lambda trace_id, name: False
-    return lambda trace_id, name: root.should_sample(None, trace_id, name).decision.is_sampled()
-
-
-def _bounded_call(fn: Callable[[], Any], timeout: float) -> Any:
-    """Run ``fn`` on a daemon thread and wait at most ``timeout`` s: exit must never hang on a network."""
-    result: list[Any] = []
-
-    def target() -> None:
-        try:
-            result.append(fn())
-        except Exception as exc:
-            _guard.logger.debug("otel-gpu flush failed: %s", exc)
-
-    worker = threading.Thread(target=target, name="otel-gpu-flush", daemon=True)
-    worker.start()
-    worker.join(timeout)
-    return result[0] if result else None
+        drops.report_lost(
+            self.settings,
+            self.dropped,
+            self.stalled,
+            # never built in time: still queued, or taken but not handed over (failed, or stuck
+            # in a slow __repr__ on the export thread)
+            len(self.queue) + max(self.taken - self.exported, 0),
+            self.exported,
+            self._counters,
+            timeout,
+        )
 
 
 # ---------------------------------------------------------------------- process-wide pipeline
@@ -638,7 +521,11 @@ def get() -> Pipeline | None:
 
 
 def current() -> Pipeline | None:
+    """The process's pipeline if one is built (never builds one)."""
     return None if _pipeline is _FAILED else _pipeline
+
+
+sink.install(current)  # calls finished off a wrapper (CUDA graph replays) find the pipeline
 
 
 def set_tracer_provider(provider: Any) -> None:

@@ -1,7 +1,7 @@
 """Building spans from call records: attributes, events, status and the provider's limits.
 
 The export thread (or a caller helping it, see :mod:`otel_gpu.export.pipeline`) turns each
-queued :class:`~otel_gpu.calls.record.Call` into a finished span: an SDK ``ReadableSpan``
+queued :class:`~otel_gpu.core.record.Call` into a finished span: an SDK ``ReadableSpan``
 for an application's provider, or a ``SpanData`` for otel-gpu's own native encoders.
 :class:`SpanBuilder` holds that part of the pipeline; the queue, the thread, flush and exit
 stay in ``pipeline.py``.
@@ -9,17 +9,14 @@ stay in ``pipeline.py``.
 
 from __future__ import annotations
 
-import operator
 from itertools import chain, islice
 from typing import Any
 
 from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import Event, ReadableSpan
-from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.sdk.trace import Event, ReadableSpan, SpanLimits
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from otel_gpu import attributes
 from otel_gpu.attributes import (
     ATTRIBUTES_OMITTED,
     CUDA_FAULT,
@@ -31,13 +28,15 @@ from otel_gpu.attributes import (
     NONFINITE,
     OUTPUT_PREFIX,
 )
-from otel_gpu.calls import metadata, stats
-from otel_gpu.calls.record import Call, exception_attributes
 from otel_gpu.config import Settings
+from otel_gpu.core import raw
+from otel_gpu.core.record import Call, ExceptionText, exception_attributes
+from otel_gpu.core.scope import SCOPE
+from otel_gpu.core.stats import event_attributes
 from otel_gpu.devices import cuda_fault
 from otel_gpu.exporters.spandata import SpanData
 
-__all__ = ["SCOPE", "SpanBuilder"]
+__all__ = ["SCOPE", "SpanBuilder", "describe_exceptions_with"]
 
 # keys (and prefixes) whose values the export thread writes per call
 _PER_CALL_KEYS = (
@@ -48,18 +47,18 @@ _PER_CALL_KEYS = (
     ATTRIBUTES_OMITTED,
 )
 
-try:
-    from importlib.metadata import version as _pkg_version
-
-    _VERSION = _pkg_version("otel-gpu")
-except Exception:
-    _VERSION = "0.0.0"
-
-SCOPE = InstrumentationScope(attributes.SCOPE, _VERSION)
 _UNSET = Status(StatusCode.UNSET)
-_payload = metadata._payload
-_kind = operator.itemgetter(1)
-_OBJECT = metadata.OBJECT
+_payload = raw.payload_of
+_kind = raw.kind_of
+_OBJECT = raw.OBJECT
+_exception_text: ExceptionText | None = None
+
+
+def describe_exceptions_with(text: ExceptionText) -> None:
+    """Format the exceptions of the spans built from now on with ``text`` (the calls' describer,
+    which bounds the time an exception's ``__str__`` may take on the export thread)."""
+    global _exception_text
+    _exception_text = text
 
 
 def _without_ids(raw: Any) -> Any:
@@ -72,19 +71,25 @@ _LAYOUTS_MAX = 1024  # layouts whose attributes are kept (a model has a few per 
 
 
 class SpanBuilder:
-    """Turns call records into spans within the provider's limits (the pipeline's span half)."""
+    """Turns call records into spans within the provider's limits. The pipeline holds one, built
+    from its target provider (resource, span limits)."""
 
-    settings: Settings
-    resource: Resource
-    max_attributes: int | None
-    max_events: int | None
-    max_value_len: int | None
-    _heads: dict[Any, int]  # plan -> leading attributes shared by its spans
-    # (plan, inputs, outputs, their payload types) -> (attributes, encoder key, dropped count,
-    # where each object's id goes)
-    _layouts: dict[Any, tuple[dict[str, Any], object, int, tuple[tuple[str, int, int, int], ...]]]
-    # events to put on the next span built (drops since the last span that carried them)
-    _notes: list[Event]
+    def __init__(self, settings: Settings, provider: Any) -> None:
+        self.settings = settings
+        self.resource: Resource = _HashedResource(provider.resource)
+        limits = getattr(provider, "_span_limits", None) or SpanLimits()
+        self.max_attributes: int | None = limits.max_span_attributes
+        self.max_events: int | None = limits.max_events
+        # never above Tempo's 2048 default cut, also for attributes users set on the call's span
+        self.max_value_len: int | None = min(limits.max_span_attribute_length or 2048, 2048)
+        self._heads: dict[Any, int] = {}  # plan -> leading attributes shared by its spans
+        # (plan, inputs, outputs, their payload types) -> (attributes, encoder key, dropped
+        # count, where each object's id goes)
+        self._layouts: dict[
+            Any, tuple[dict[str, Any], object, int, tuple[tuple[str, int, int, int], ...]]
+        ] = {}
+        self.notes: list[Event] = []
+        """Events to put on the next span built (the pipeline's drops since the last one)."""
 
     def materialise(self, call: Call) -> ReadableSpan:
         """Build the SDK span of one call record."""
@@ -122,7 +127,7 @@ class SpanBuilder:
             and n == len(plan.attributes)
             and not (call.inputs or call.outputs or call.stats or span.attributes or span.events)
             and call.exc is None
-            and not self._notes
+            and not self.notes
         ):
             # Nothing of the call's own (level 1): its attributes are its plan's, checked once
             # per plan (``_head_of``), shared rather than copied and checked again per span.
@@ -142,7 +147,7 @@ class SpanBuilder:
             )
         own = span.attributes
         if (
-            not (call.stats or span.events or self._notes)
+            not (call.stats or span.events or self.notes)
             and call.exc is None
             and (not own or _device_readings(own))
         ):
@@ -241,8 +246,8 @@ class SpanBuilder:
         if not ids:
             return attrs, (token, len(attrs)), dropped
         attrs = dict(attrs)
-        for attr, raw, index, _ in ids:
-            attrs[attr] = f"0x{(inputs if raw == 0 else outputs)[index][2][2]:x}"
+        for attr, which, index, _ in ids:
+            attrs[attr] = f"0x{(inputs if which == 0 else outputs)[index][2][2]:x}"
         return attrs, (token, ids[0][3]), dropped
 
     def _new_layout(self, call: Call, key: Any, kinds: Any, objects: bool) -> Any:
@@ -301,27 +306,27 @@ class SpanBuilder:
         # Order matters when the attribute count limit cuts: what a query keys on comes first.
         attrs: dict[str, Any] = dict(plan.attributes)
         events: list[Event] = []
-        if self._notes:  # drops since the last exported span (see Pipeline._note_drops)
-            events, self._notes = self._notes, []
+        if self.notes:  # drops since the last exported span (see Pipeline._note_drops)
+            events, self.notes = self.notes, []
         if call.stats:
             nonfinite = False
             for result in call.stats:
-                events.append(Event(EVENT_STATS, stats.event_attributes(result), call.end_ns))
+                events.append(Event(EVENT_STATS, event_attributes(result), call.end_ns))
                 nonfinite = nonfinite or result.nonfinite
             if nonfinite:
                 attrs[NONFINITE] = True
         if span.attributes:
             attrs.update(span.attributes)
         if call.inputs:
-            metadata.to_attributes(INPUT_PREFIX, call.inputs, limit, attrs)
+            raw.to_attributes(INPUT_PREFIX, call.inputs, limit, attrs)
         if call.outputs:
-            metadata.to_attributes(OUTPUT_PREFIX, call.outputs, limit, attrs)
+            raw.to_attributes(OUTPUT_PREFIX, call.outputs, limit, attrs)
         if span.events:
             events.extend(Event(name, a, ts) for name, a, ts in span.events)
         status = span.status or _UNSET
         if call.exc is not None:
             exc = call.exc
-            exc_attrs = exception_attributes(exc, call.tb, off_thread=True)
+            exc_attrs = exception_attributes(exc, call.tb, _exception_text)
             events.append(Event(EVENT_EXCEPTION, exc_attrs, call.end_ns))
             text = f"{type(exc).__name__}: {exc_attrs[EXCEPTION_MESSAGE]}"
             if span.attributes and span.attributes.get(CUDA_FAULT) == "surfaced":
@@ -353,7 +358,7 @@ class SpanBuilder:
             f"{len(omitted)} attributes omitted (attribute count limit {limit}): "
             + ", ".join(omitted)
         )
-        kept[ATTRIBUTES_OMITTED] = metadata._truncate(summary, metadata.MAX_VALUE_BYTES)
+        kept[ATTRIBUTES_OMITTED] = raw.truncate(summary, raw.MAX_VALUE_BYTES)
         return kept
 
 

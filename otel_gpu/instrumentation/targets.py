@@ -447,13 +447,13 @@ def _patch(owner: Any, attr: str, spec: str, name: str | None) -> list[str]:
 
 
 def _wrap(fn: Any, span_name: str, spec: str) -> Any:
-    from otel_gpu.calls.decorator import _decorate
+    from otel_gpu.calls.decorator import decorate
 
     make = _wrappers.get(spec)
     if make is not None:
         return make(fn)
 
-    return _decorate(fn, span_name, instrumented=spec)
+    return decorate(fn, span_name, instrumented=spec)
 
 
 def _is_ours(obj: Any) -> bool:

@@ -99,7 +99,7 @@ def span_name(op: str) -> str:
 
 def wrap(original: Any, op: str) -> Any:
     """Our wrapper for ``distributed_c10d.<op>``, or ``original`` itself at level 0."""
-    from otel_gpu.calls.decorator import _decorate
+    from otel_gpu.calls.decorator import decorate
 
     params = list(inspect.signature(original).parameters)
     position = {name: i for i, name in enumerate(params)}
@@ -142,7 +142,7 @@ def wrap(original: Any, op: str) -> Any:
         return original(*args, **kwargs)
 
     functools.update_wrapper(inner, original)
-    sync = _decorate(inner, span_name(op), instrumented=SPEC)
+    sync = decorate(inner, span_name(op), instrumented=SPEC)
     if sync is inner:
         return original  # level 0: nothing patched
     plan = sync.__otel_gpu_plan__
@@ -219,8 +219,8 @@ def _run_async(
     attributes: Callable[[tuple, dict, bool], dict[str, Any]],
 ) -> Any:
     """An async call: the span starts now and ends when its work completes."""
-    from otel_gpu.calls import decorator
-    from otel_gpu.calls.record import Call
+    from otel_gpu.calls import lifecycle
+    from otel_gpu.core.record import Call
     from otel_gpu.export import pipeline
 
     internal = _guard.internal_error
@@ -230,16 +230,16 @@ def _run_async(
         internal("collective", exc)
         attrs = {}
     pipe = pipeline.get()
-    call = decorator._begin(plan, pipe) if pipe is not None else None
+    call = lifecycle.begin(plan, pipe) if pipe is not None else None
     if call is None or pipe is None:
         return original(*args, **kwargs)
     if not isinstance(call, Call):
-        return decorator._run_unsampled(call, original, args, kwargs, plan, pipe)
+        return lifecycle.run_unsampled(call, original, args, kwargs, plan, pipe)
     call.args = args
     if plan.level >= 3:
         try:
             call.bound = plan.binder(args, kwargs)
-            call.inputs = decorator._capture_inputs(plan, call.bound, None)
+            call.inputs = lifecycle.capture_inputs(plan, call.bound, None)
         except Exception as exc:
             internal("metadata", exc)
     observers = pipe.observers_at[plan.level]
@@ -249,18 +249,18 @@ def _run_async(
         except Exception as exc:
             internal("observer", exc)
     call.span.set_attributes(attrs)
-    token = decorator._attach_span(call.span)
+    token = lifecycle.attach_span(call.span)
     call.start_ns = time.time_ns()
     try:
         work = original(*args, **kwargs)
     except BaseException as exc:
         call.end_ns = time.time_ns()
-        decorator._detach(token)
+        lifecycle.detach(token)
         call.exc = exc
-        call.tb = decorator._traceback_of(exc)
-        _finish(call, pipe, observers)
+        call.tb = lifecycle.traceback_of(exc)
+        lifecycle.end(call, pipe, observers)
         raise
-    decorator._detach(token)
+    lifecycle.detach(token)
     call.bound = None
     call.args = None
     future = None
@@ -271,7 +271,7 @@ def _run_async(
     if future is None:
         call.end_ns = time.time_ns()
         call.span.set_attribute(COLLECTIVE_ASYNC_END, "call_returned")
-        _finish(call, pipe, observers)
+        lifecycle.end(call, pipe, observers)
         return work
 
     def done(fut: Any) -> None:
@@ -283,8 +283,8 @@ def _run_async(
         # the work failed: the span says so, and the program's own wait() raises
         except BaseException as exc:
             call.exc = exc
-            call.tb = decorator._traceback_of(exc)
-        _finish(call, pipe, observers)
+            call.tb = lifecycle.traceback_of(exc)
+        lifecycle.end(call, pipe, observers)
 
     try:
         future.add_done_callback(done)
@@ -292,19 +292,8 @@ def _run_async(
         internal("collective", exc)
         call.end_ns = time.time_ns()
         call.span.set_attribute(COLLECTIVE_ASYNC_END, "call_returned")
-        _finish(call, pipe, observers)
+        lifecycle.end(call, pipe, observers)
     return work
-
-
-def _finish(call: Any, pipe: Any, observers: tuple) -> None:
-    for observer in observers:
-        try:
-            observer.end(call)
-        except Exception as exc:
-            _guard.internal_error("observer", exc)
-    call.bound = None
-    call.args = None
-    pipe.submit(call)
 
 
 def install(register: Callable[[str, str, Callable[[Any], Any]], list[str]]) -> list[str]:

@@ -100,7 +100,7 @@ def uninstrument_module(model: Any) -> int:
 
 
 def _wrap_module(module: Any, span_name: str, path: str, settings: config.Settings) -> None:
-    from otel_gpu.calls.decorator import _decorate
+    from otel_gpu.calls.decorator import decorate
 
     cls = type(module)
     original = module.__dict__.get("forward")
@@ -127,7 +127,7 @@ def _wrap_module(module: Any, span_name: str, path: str, settings: config.Settin
         MODULE_CLASS: f"{cls.__module__}.{cls.__qualname__}",
         MODULE_PATH: path,
     }
-    wrapped = _decorate(forward, span_name, attributes)
+    wrapped = decorate(forward, span_name, attributes)
     wrapped.__otel_gpu_plan__.replay_note = (
         "the forward of a torch.nn.Module instance (instrument_module): replay cannot rebuild "
         "the module, whose parameters are not recorded"

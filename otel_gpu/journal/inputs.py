@@ -16,7 +16,7 @@ from otel_gpu.calls import metadata
 
 __all__ = ["compact", "decode", "encode", "key_of"]
 
-_kind = metadata._kind
+_kind = metadata.kind_of
 _TENSOR, _VALUE, _CONTAINER, _OBJECT = (
     metadata.TENSOR,
     metadata.VALUE,

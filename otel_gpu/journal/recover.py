@@ -132,7 +132,7 @@ def _input_attributes(entries: list[tuple[Any, ...]], limit: int, attrs: dict[st
         elif kind == metadata.CONTAINER:
             raw.append((key, kind, (entry[2], entry[3])))
         elif kind == metadata.OBJECT:  # the repr was never taken on the caller's thread
-            attrs[f"{INPUT_PREFIX}{key}.type"] = metadata._truncate(str(entry[2]), limit)
+            attrs[f"{INPUT_PREFIX}{key}.type"] = metadata.truncate(str(entry[2]), limit)
         elif kind == metadata.DEFAULT:
             raw.append((key, kind, True))
         elif kind == metadata.REDACTED:
@@ -167,7 +167,7 @@ def spans_of(journal: JournalFile, limit: int = 256) -> list[Any]:
     from opentelemetry.sdk.trace import ReadableSpan, SpanLimits
     from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
-    from otel_gpu.export.pipeline import SCOPE
+    from otel_gpu.core.scope import SCOPE
 
     resource = _resource(journal.resource)
     limits = SpanLimits()

@@ -77,13 +77,13 @@ from otel_gpu.journal.layout import (
     process_start_ticks,
 )
 
-_payload = metadata._payload
-_kind = metadata._kind
+_payload = metadata.payload_of
+_kind = metadata.kind_of
 
 if TYPE_CHECKING:
-    from otel_gpu.calls.decorator import _Plan
-    from otel_gpu.calls.record import Call
-    from otel_gpu.export.pipeline import Pipeline
+    from otel_gpu.core.plan import Plan
+    from otel_gpu.core.protocols import Host
+    from otel_gpu.core.record import Call
 
 __all__ = [
     "Journal",
@@ -193,7 +193,7 @@ class Journal:
 
     min_level: int  # set by the observer registry (otel_gpu.export.observers)
 
-    def __init__(self, directory: str, settings: Settings, pipeline: Pipeline | None) -> None:
+    def __init__(self, directory: str, settings: Settings, pipeline: Host | None) -> None:
         self.pid = os.getpid()
         self.level = settings.level
         self.limit = settings.repr_limit
@@ -212,7 +212,7 @@ class Journal:
         metadata; not the header written at creation nor the export thread's heartbeat. Unlocked
         (one add on the caller's path): with several threads calling at once, an increment may
         rarely be lost."""
-        self._plans: dict[_Plan, int] = {}
+        self._plans: dict[Plan, int] = {}
         self._cache: dict[Any, tuple[tuple[type, ...], tuple[bytes, bool]]] = {}
         self._plan_end = HEADER_SIZE
         self._plan_count = 0
@@ -375,7 +375,7 @@ class Journal:
 
     # ------------------------------------------------------------------ rare paths
 
-    def _add_plan(self, plan: _Plan) -> int:
+    def _add_plan(self, plan: Plan) -> int:
         with self._lock:
             index = self._plans.get(plan)
             if index is not None:
@@ -402,7 +402,7 @@ class Journal:
             self._plans[plan] = index
             return index
 
-    def _write_meta(self, pipeline: Pipeline | None) -> None:
+    def _write_meta(self, pipeline: Host | None) -> None:
         mm = self._mm
         if mm is None:
             return
@@ -509,7 +509,7 @@ _recovery_lock = threading.Lock()
 _recovery_thread: threading.Thread | None = None
 
 
-def make_observer(settings: Settings, pipeline: Pipeline) -> Journal | None:
+def make_observer(settings: Settings, pipeline: Host) -> Journal | None:
     """The observer registry's factory: this process's journal (``OTEL_GPU_JOURNAL``).
 
     A journal that cannot be created (unwritable or foreign directory, full disk) is a
@@ -533,7 +533,7 @@ def make_observer(settings: Settings, pipeline: Pipeline) -> Journal | None:
     return journal
 
 
-def start_recovery(settings: Settings, pipeline: Pipeline) -> None:
+def start_recovery(settings: Settings, pipeline: Host) -> None:
     """``OTEL_GPU_RECOVER_ON_START``: once per process, in the background, so no call waits.
 
     The pipeline calls this once it is built, so its processor exists.
@@ -564,11 +564,8 @@ def start_recovery(settings: Settings, pipeline: Pipeline) -> None:
                         "OTEL_GPU_LOGDEST=crash.jsonl otel-gpu recover",
                         shown,
                     )
-            except Exception as exc:
-                try:
-                    _guard.internal_error("recover", exc)
-                except Exception as raised:  # strict mode: let flush() raise it in the test
-                    pipeline.errors.append(raised)
+            except Exception as exc:  # strict mode: the host keeps it for flush() to raise
+                pipeline.report_internal("recover", exc)
 
         _recovery_thread = threading.Thread(target=run, name="otel-gpu-recover", daemon=True)
         _recovery_thread.start()

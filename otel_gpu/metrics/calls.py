@@ -39,8 +39,8 @@ from otel_gpu.metrics.names import (
 if TYPE_CHECKING:
     from opentelemetry.metrics import Meter
 
-    from otel_gpu.calls.record import Call
     from otel_gpu.config import Settings
+    from otel_gpu.core.record import Call
 
 __all__ = ["CallMetrics", "error_type"]
 

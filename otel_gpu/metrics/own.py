@@ -31,7 +31,7 @@ from otel_gpu.metrics.names import (
 if TYPE_CHECKING:
     from opentelemetry.metrics import Meter
 
-    from otel_gpu.export.pipeline import Pipeline
+    from otel_gpu.core.protocols import ExportState
 
 __all__ = ["register"]
 
@@ -40,7 +40,7 @@ _QUEUE_FULL = {**_COMPONENT, ERROR_TYPE: "queue_full"}
 _STALLED = {**_COMPONENT, ERROR_TYPE: "export_stalled"}
 
 
-def register(meter: Meter, pipeline: Pipeline) -> None:
+def register(meter: Meter, pipeline: ExportState) -> None:
     """Create the observable instruments over ``pipeline`` (held weakly: a pipeline replaced by
     ``configure()`` reports nothing more)."""
     ref = weakref.ref(pipeline)

@@ -27,12 +27,14 @@ from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetr
 
 from otel_gpu import _guard
 from otel_gpu.config import Settings, expand_path
+from otel_gpu.core.scope import SCOPE
+from otel_gpu.core.threads import bounded_call
 from otel_gpu.metrics import names
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import Meter
 
-    from otel_gpu.export.pipeline import Pipeline
+    from otel_gpu.core.protocols import ExportState
     from otel_gpu.metrics.summary import Summary
 
 __all__ = ["Metrics", "build", "metrics_path", "metrics_protocol"]
@@ -54,7 +56,7 @@ def metrics_path(trace_path: str) -> str:
 def metrics_protocol(env: dict[str, str] | None = None) -> str:
     """The OTLP protocol for metrics: ``OTEL_EXPORTER_OTLP_METRICS_PROTOCOL``, then
     ``OTEL_EXPORTER_OTLP_PROTOCOL``, then gRPC."""
-    from otel_gpu.exporters.destinations import otlp_protocol
+    from otel_gpu.config import otlp_protocol
 
     return otlp_protocol(env, "METRICS")
 
@@ -121,20 +123,16 @@ class Metrics:
 
 
 def _version() -> str:
-    from otel_gpu.export.spans import SCOPE
-
     return SCOPE.version or ""
 
 
 def _bounded(fn: Any, timeout: float) -> None:
-    from otel_gpu.export.pipeline import _bounded_call
-
-    _bounded_call(fn, timeout)
+    bounded_call(fn, timeout)
 
 
-def _application_provider(settings: Settings, pipeline: Pipeline) -> Any:
+def _application_provider(settings: Settings, pipeline: ExportState) -> Any:
     """The application's global SDK MeterProvider, when the spans go to the application too."""
-    if pipeline._own_provider is not None:
+    if pipeline.owns_provider:
         return None
     candidate = metrics_api.get_meter_provider()
     if isinstance(candidate, MeterProvider):
@@ -149,7 +147,7 @@ def _application_provider(settings: Settings, pipeline: Pipeline) -> Any:
     return None
 
 
-def build(settings: Settings, pipeline: Pipeline) -> Metrics:
+def build(settings: Settings, pipeline: ExportState) -> Metrics:
     """The metrics of ``pipeline`` (``OTEL_GPU_METRICS=true``): provider, call instruments, GPU
     gauges and otel-gpu's own counters."""
     from otel_gpu.metrics import calls, own
@@ -167,7 +165,7 @@ def build(settings: Settings, pipeline: Pipeline) -> Metrics:
     return result
 
 
-def _own(settings: Settings, pipeline: Pipeline) -> Metrics:
+def _own(settings: Settings, pipeline: ExportState) -> Metrics:
     interval = int(settings.metrics_interval * 1000)
     readers: list[MetricReader] = []
     consoles: list[str] = []

@@ -18,7 +18,7 @@ from otel_gpu.config import expand_path
 from otel_gpu.metrics.names import CALL_DEVICE_DURATION, CALL_DURATION, CALL_NONFINITE, FUNCTION
 
 if TYPE_CHECKING:
-    from otel_gpu.export.pipeline import Pipeline
+    from otel_gpu.core.protocols import ExportState
     from otel_gpu.metrics.provider import Metrics
 
 __all__ = ["Summary", "bucket_quantile", "render"]
@@ -152,7 +152,7 @@ def _device_columns(row: _Row | None) -> str:
 class Summary:
     """The in-memory reader of the console destinations, and where their table goes."""
 
-    def __init__(self, pipeline: Pipeline, items: list[str]) -> None:
+    def __init__(self, pipeline: ExportState, items: list[str]) -> None:
         self.reader = InMemoryMetricReader()
         self._pipeline = pipeline
         self._items = items  # the console and text entries of OTEL_GPU_LOGDEST
@@ -164,11 +164,11 @@ class Summary:
                 _write(self._pipeline, item, text)
 
 
-def _write(pipeline: Pipeline, item: str, text: str) -> None:
+def _write(pipeline: ExportState, item: str, text: str) -> None:
     """Through the destination's console exporter (after its spans), else to the stream."""
     from otel_gpu.exporters.console import ConsoleSpanExporter
 
-    for counted in pipeline._counters:
+    for counted in pipeline.counters:
         exporter = getattr(counted, "exporter", None)
         if getattr(counted, "name", None) == item and isinstance(exporter, ConsoleSpanExporter):
             exporter.write_text(text)

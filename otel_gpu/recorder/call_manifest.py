@@ -21,16 +21,16 @@ from otel_gpu.recorder import target as _target
 from otel_gpu.recorder import tensor_files, values
 
 if TYPE_CHECKING:
-    from otel_gpu.calls.decorator import _Plan
-    from otel_gpu.calls.record import Call
-    from otel_gpu.export.pipeline import Pipeline
+    from otel_gpu.core.plan import Plan
+    from otel_gpu.core.protocols import Host
+    from otel_gpu.core.record import Call
     from otel_gpu.recorder.ring import _Entry
 
 __all__ = ["encode_inputs", "new_manifest", "write_ring_call"]
 
 
 def encode_inputs(
-    call: Call, targets: dict[_Plan, _target.Target], secret: Any, with_receiver: bool = True
+    call: Call, targets: dict[Plan, _target.Target], secret: Any, with_receiver: bool = True
 ) -> tuple[
     _target.Target,
     dict[str, torch.Tensor],
@@ -90,7 +90,7 @@ def new_manifest(
     meta: dict[str, Any],
     why_not: str | None,
     seq: int,
-    pipeline: Pipeline | None,
+    pipeline: Host | None,
 ) -> dict[str, Any]:
     """A call's manifest as the recorder writes it before the call runs (status ``inputs_saved``).
 
@@ -192,7 +192,7 @@ def _process() -> dict[str, Any]:
     return dict(_proc)
 
 
-def _resource_summary(pipeline: Pipeline | None) -> dict[str, Any]:
+def _resource_summary(pipeline: Host | None) -> dict[str, Any]:
     """Versions and the process's resource attributes, computed once per resource."""
     global _resource
     resource = pipeline.resource if pipeline is not None else None

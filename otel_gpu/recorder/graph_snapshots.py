@@ -30,7 +30,7 @@ from otel_gpu.recorder import call_manifest, tensor_files, values
 from otel_gpu.recorder import manifest as _manifest
 
 if TYPE_CHECKING:
-    from otel_gpu.calls.record import Call
+    from otel_gpu.core.record import Call
     from otel_gpu.recorder.recorder import Recorder
 
 __all__ = ["Deferred", "defer_inputs", "defer_outputs", "snapshot", "write_snapshot"]

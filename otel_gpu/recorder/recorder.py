@@ -35,7 +35,7 @@ from otel_gpu.attributes import (
     DUMP_OUTPUTS_UNSUPPORTED,
     DUMP_SKIPPED,
 )
-from otel_gpu.calls import _describe, metadata
+from otel_gpu.calls import describe, metadata
 from otel_gpu.config import Settings, expand_path
 from otel_gpu.recorder import graph_snapshots, tensor_files, values
 from otel_gpu.recorder import manifest as _manifest
@@ -43,9 +43,9 @@ from otel_gpu.recorder import target as _target
 from otel_gpu.recorder.call_manifest import encode_inputs, new_manifest
 
 if TYPE_CHECKING:
-    from otel_gpu.calls.decorator import _Plan
-    from otel_gpu.calls.record import Call
-    from otel_gpu.export.pipeline import Pipeline
+    from otel_gpu.core.plan import Plan
+    from otel_gpu.core.protocols import Host
+    from otel_gpu.core.record import Call
 
 __all__ = [
     "ATTR_DIR",
@@ -83,7 +83,7 @@ _STOP = object()
 _INPUTS, _FINAL, _SNAPSHOT = 0, 1, 2
 
 
-def make_observer(settings: Settings, pipeline: Pipeline | None) -> Recorder | None:
+def make_observer(settings: Settings, pipeline: Host | None) -> Recorder | None:
     """The observer registry's factory (level 10): the recorder for ``settings``."""
     return Recorder(settings, pipeline)
 
@@ -106,7 +106,7 @@ class Recorder:
 
     min_level: int  # set by the observer registry (otel_gpu.export.observers)
 
-    def __init__(self, settings: Settings, pipeline: Pipeline | None) -> None:
+    def __init__(self, settings: Settings, pipeline: Host | None) -> None:
         self.settings = settings
         self.pipeline = pipeline
         self.root = os.path.abspath(os.path.expanduser(expand_path(settings.dump_dir)))
@@ -124,7 +124,7 @@ class Recorder:
         self._active: dict[Call, _Pending] = {}
         self._deferred: dict[Call, graph_snapshots.Deferred] = {}  # calls in a CUDA graph capture
         self._selected: dict[str, bool] = {}
-        self._targets: dict[_Plan, _target.Target] = {}
+        self._targets: dict[Plan, _target.Target] = {}
         words = tuple(settings.redact)
         # the same rule as the span attributes (OTEL_GPU_REDACT): parameter, dict key or kwarg name
         self._secret = (lambda name: metadata.is_secret(name, words)) if words else None
@@ -214,7 +214,7 @@ class Recorder:
 
     # ------------------------------------------------------------------ decisions
 
-    def _gate(self, plan: _Plan) -> str | None:
+    def _gate(self, plan: Plan) -> str | None:
         if self.stopped is not None:
             return self.stopped
         name = plan.name
@@ -323,7 +323,7 @@ class Recorder:
         manifest["status"] = "raised"
         manifest["time"]["end_unix_nano"] = call.end_ns
         # message and traceback run the exception's own code: formatted off the caller's thread
-        manifest["exception"] = _describe.exception_record(exc, call.tb)
+        manifest["exception"] = describe.exception_record(exc, call.tb)
         if pending.written is None:  # inputs already on disk: record it now
             _manifest.write_json(pending.dir, _manifest.MANIFEST, manifest, self._fsync)
             return

@@ -35,15 +35,15 @@ from typing import TYPE_CHECKING, Any
 
 from otel_gpu import _files, _guard
 from otel_gpu.attributes import RING_DUMP_DIR
-from otel_gpu.calls import _describe, metadata
+from otel_gpu.calls import describe, metadata
 from otel_gpu.config import Settings, expand_path
 from otel_gpu.recorder import target as _target
 from otel_gpu.recorder import tensor_files
 
 if TYPE_CHECKING:
-    from otel_gpu.calls.decorator import _Plan
-    from otel_gpu.calls.record import Call
-    from otel_gpu.export.pipeline import Pipeline
+    from otel_gpu.core.plan import Plan
+    from otel_gpu.core.protocols import Host
+    from otel_gpu.core.record import Call
 
 __all__ = ["ATTR_RING_DIR", "Ring"]
 
@@ -90,7 +90,7 @@ class Ring:
 
     min_level: int  # set by the observer registry (otel_gpu.export.observers)
 
-    def __init__(self, settings: Settings, pipeline: Pipeline) -> None:
+    def __init__(self, settings: Settings, pipeline: Host) -> None:
         self.size = settings.ring
         self.max_bytes = int(settings.ring_max_mb * 2**20)
         self.settings = settings
@@ -104,7 +104,7 @@ class Ring:
         self.seen_nonfinite = False
         self._explained: set[int] = set()  # span ids whose NaN output a call inside produced
         self._lock = threading.RLock()
-        self._targets: dict[_Plan, _target.Target] = {}
+        self._targets: dict[Plan, _target.Target] = {}
         self._buffers = tensor_files.HostBuffers(self.max_bytes)
         words = tuple(settings.redact)
         self._secret = (lambda name: metadata.is_secret(name, words)) if words else None
@@ -143,7 +143,7 @@ class Ring:
         if call.exc is not None:
             entry.status = "raised"
             # message and traceback run the exception's own code: formatted off the caller's thread
-            entry.exception = _describe.exception_record(call.exc, call.tb)
+            entry.exception = describe.exception_record(call.exc, call.tb)
         else:
             entry.status = "completed"
         self._keep(entry)

@@ -14,8 +14,8 @@ from otel_gpu.attributes import CODE_FILE_PATH
 from otel_gpu.recorder import manifest, values
 
 if TYPE_CHECKING:
-    from otel_gpu.calls.decorator import _Plan
-    from otel_gpu.calls.record import Call
+    from otel_gpu.core.plan import Plan
+    from otel_gpu.core.record import Call
 
 __all__ = ["Target", "receiver"]
 
@@ -25,7 +25,7 @@ class Target:
 
     __slots__ = ("file", "found", "module", "qualname", "receiver", "why_not")
 
-    def __init__(self, plan: _Plan) -> None:
+    def __init__(self, plan: Plan) -> None:
         full = f"{plan.module}.{plan.qualname}"
         self.file = plan.attributes.get(CODE_FILE_PATH)
         if plan.module in sys.modules:  # the plan names the function as decoration found it

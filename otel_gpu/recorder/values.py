@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from otel_gpu.calls import _describe
+from otel_gpu.calls import describe
 from otel_gpu.calls.metadata import instance_dict
 from otel_gpu.recorder.kernel_choices import implementation_choices
 from otel_gpu.recorder.manifest import MAX_BYTES, MAX_DEPTH, MAX_ITEMS
@@ -157,7 +157,7 @@ class Encoder:
     ``__len__``, ``__iter__``, ``__eq__`` or ``__hash__``: builtin containers are read
     through the builtin methods (at most :data:`MAX_ITEMS` items each, and about
     :data:`MAX_BYTES` of values in all), and an unsupported object is recorded by type and
-    ``id``, its repr filled in later by :mod:`otel_gpu.calls._describe`. A cut container is
+    ``id``, its repr filled in later by :mod:`otel_gpu.calls.describe`. A cut container is
     encoded as ``unsupported`` with ``truncated`` (its length) and the items kept, so
     replay skips the call and says why.
     """
@@ -332,7 +332,7 @@ class Encoder:
         return {"t": "unsupported", "type": ref, "why": why, "truncated": True}
 
     def _unsupported(self, value: Any, path: str, why: str) -> dict[str, Any]:
-        """Type and id now; the repr later, off the caller's thread (:mod:`otel_gpu.calls._describe`)."""
+        """Type and id now; the repr later, off the caller's thread (:mod:`otel_gpu.calls.describe`)."""
         tp = type(value)
         ref = _type_ref(tp)
         self.unsupported.append(f"{self.prefix}{path} ({ref}): {why}")
@@ -342,7 +342,7 @@ class Encoder:
         elif issubclass(tp, torch.Tensor):
             del node["repr"]  # a subclass's repr may read every value: not taken
         else:
-            _describe.later(node, "repr", value)
+            describe.later(node, "repr", value)
         return node
 
     def _tensor(self, t: torch.Tensor, path: str) -> dict[str, Any]:

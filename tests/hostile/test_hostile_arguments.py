@@ -22,7 +22,7 @@ import pytest
 import torch
 
 import otel_gpu
-from otel_gpu.calls import _describe
+from otel_gpu.calls import describe as _describe
 from otel_gpu.recorder import manifest as _manifest
 from otel_gpu.recorder import values
 

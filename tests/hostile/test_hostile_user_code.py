@@ -34,7 +34,7 @@ from otel_gpu.attributes import (
     STATS_NUMEL,
     STATS_TENSOR,
 )
-from otel_gpu.calls import _describe
+from otel_gpu.calls import describe as _describe
 
 CHILD_TIMEOUT_S = 300  # a hang guard only
 
@@ -170,7 +170,7 @@ def test_a_list_nested_100000_deep_is_described_without_overflowing_the_stack(
     proc = _child(
         f"""
         import glob, json
-        from otel_gpu.calls import _describe
+        from otel_gpu.calls import describe as _describe
         sys.setrecursionlimit(1_000_000)
         otel_gpu.configure(level={level}, ring={ring}, dest=os.devnull, dump_dir=DUMPS)
 
@@ -270,7 +270,7 @@ def test_a_hook_calling_os_exit_is_never_run(
 
         assert take(value) == 42
         otel_gpu.flush(10)
-        from otel_gpu.calls import _describe
+        from otel_gpu.calls import describe as _describe
         assert _describe.drain(10)
         print("SURVIVED")
         """,

@@ -2,7 +2,8 @@
 
 The caller's thread builds one :class:`Call` per decorated call: ids, clocks and
 raw captures, nothing formatted. The export thread turns it into an SDK
-``ReadableSpan`` (see :mod:`otel_gpu.export.pipeline`).
+``ReadableSpan`` (see :mod:`otel_gpu.export.pipeline`). Part of the core: it imports nothing
+of otel-gpu but ``attributes``.
 
 :class:`CallSpan` is what ``trace.get_current_span()`` returns inside a decorated
 call. It carries the call's real ``SpanContext``, so decorated calls and user spans
@@ -15,7 +16,7 @@ from __future__ import annotations
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry import trace
 from opentelemetry.trace import Link, SpanContext, Status, StatusCode, TraceFlags
@@ -28,9 +29,21 @@ from otel_gpu.attributes import (
     EXCEPTION_STACKTRACE,
     EXCEPTION_TYPE,
 )
-from otel_gpu.calls import _describe
 
-__all__ = ["FAST_CONTEXT", "Call", "CallSpan", "new_context"]
+if TYPE_CHECKING:
+    from otel_gpu.core.plan import Plan
+
+__all__ = [
+    "FAST_CONTEXT",
+    "Call",
+    "CallSpan",
+    "ExceptionText",
+    "exception_attributes",
+    "new_context",
+]
+
+ExceptionText = Callable[[BaseException, Any], tuple[str, str]]
+"""``(exception, traceback) -> (message, stack trace)``, e.g. formatted within a time bound."""
 
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _NO_STATE = DEFAULT_TRACE_STATE
@@ -164,18 +177,20 @@ class CallSpan(trace.Span):
         """Ignored: the decorator ends the call's span when the call returns."""
 
 
-def exception_attributes(exc: BaseException, tb: Any, off_thread: bool = False) -> dict[str, str]:
+def exception_attributes(
+    exc: BaseException, tb: Any, text: ExceptionText | None = None
+) -> dict[str, str]:
     """The semantic-convention ``exception.*`` attributes.
 
-    ``off_thread`` (the export thread): the message and traceback run the exception's
-    ``__str__``, user code that may sleep, so the describer formats them within a time bound
-    rather than letting one exception hold every span queued behind it.
+    ``text`` (the export thread's, :func:`otel_gpu.calls.describe.exception_text`): the message
+    and traceback run the exception's ``__str__``, user code that may sleep, so it formats them
+    within a time bound rather than letting one exception hold every span queued behind it.
     """
     cls = type(exc)
     qualname = cls.__qualname__
     module = cls.__module__
-    if off_thread:
-        message, stack = _describe.exception_text(exc, tb)
+    if text is not None:
+        message, stack = text(exc, tb)
     else:
         message, stack = _safe_str(exc), _safe_traceback(cls, exc, tb)
     return {
@@ -242,7 +257,7 @@ class Call:
     memory: Any  # the allocator's counters at the start (calls/memory.py); not set elsewhere
 
     def __init__(
-        self, plan: Any, span: CallSpan, parent: SpanContext | None, start_ns: int
+        self, plan: Plan, span: CallSpan, parent: SpanContext | None, start_ns: int
     ) -> None:
         self.plan = plan
         self.span = span

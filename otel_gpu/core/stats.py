@@ -1,0 +1,104 @@
+"""The statistics record of one tensor and its span event's attributes.
+
+Filled on the caller's thread by :mod:`otel_gpu.calls.stats` (or from a CUDA graph's replay by
+:mod:`otel_gpu.devices.cuda_graphs`), turned into an ``otel_gpu.stats`` event on the export
+thread. Part of the core: no torch, nothing of otel-gpu but ``attributes``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from otel_gpu.attributes import (
+    STATS_INF_COUNT,
+    STATS_MAX,
+    STATS_MEAN,
+    STATS_MIN,
+    STATS_NAN_COUNT,
+    STATS_NOTE,
+    STATS_NUMEL,
+    STATS_STD,
+    STATS_TENSOR,
+)
+
+__all__ = [
+    "CAPTURED_ROW",
+    "TensorStats",
+    "captured_stats",
+    "event_attributes",
+    "fill",
+    "join_note",
+]
+
+CAPTURED_ROW = 7
+"""Values per tensor in a captured call's buffer: NaN and Inf counts, finite count, min, max,
+mean and the sum of squared deviations."""
+
+
+@dataclass
+class TensorStats:
+    """The statistics of one tensor, as plain Python values ready for a span event."""
+
+    key: str
+    numel: int
+    values: dict[str, float | int] = field(default_factory=dict)
+    note: str | None = None
+
+    @property
+    def nonfinite(self) -> bool:
+        return bool(self.values.get(STATS_NAN_COUNT, 0) or self.values.get(STATS_INF_COUNT, 0))
+
+
+def event_attributes(stats: TensorStats) -> dict[str, Any]:
+    """The attributes of one ``otel_gpu.stats`` span event."""
+    attrs: dict[str, Any] = {STATS_TENSOR: stats.key, STATS_NUMEL: stats.numel}
+    attrs.update(stats.values)
+    if stats.note:
+        attrs[STATS_NOTE] = stats.note
+    return attrs
+
+
+def captured_stats(
+    key: str, numel: int, note: str | None, integer: bool, row: list[float]
+) -> TensorStats:
+    """The statistics of one tensor from its row of a captured call's buffer, read after a replay."""
+    stats = TensorStats(key, numel, note=note)
+    nan_n, inf_n, n_finite, lo, hi, mean, m2 = row
+    values = stats.values
+    if not integer:
+        values[STATS_NAN_COUNT] = int(nan_n)
+        values[STATS_INF_COUNT] = int(inf_n)
+    if n_finite == 0:
+        stats.note = join_note(stats.note, "no finite values: min/max/mean/std left out")
+        return stats
+    std = math.sqrt(max(m2, 0.0) / (n_finite - 1)) if n_finite > 1 else None
+    fill(stats, integer, lo, hi, mean, std)
+    if nan_n or inf_n:
+        stats.note = join_note(stats.note, "min/max/mean/std over finite values only")
+    return stats
+
+
+def fill(
+    stats: TensorStats, integer: bool, mn: float, mx: float, mean: float, std: float | None
+) -> None:
+    """min/max (ints for integer tensors), mean, std or why not, and zero NaN/Inf counts."""
+    values = stats.values
+    if integer and stats.note and stats.note.startswith("integer"):
+        values[STATS_MIN], values[STATS_MAX] = int(mn), int(mx)
+    else:
+        values[STATS_MIN], values[STATS_MAX] = mn, mx
+    values[STATS_MEAN] = mean
+    if std is not None:
+        values[STATS_STD] = std
+    elif stats.note is None:
+        stats.note = "std needs at least 2 elements"
+    if not integer:
+        values.setdefault(STATS_NAN_COUNT, 0)
+        values.setdefault(STATS_INF_COUNT, 0)
+
+
+def join_note(a: str | None, b: str) -> str:
+    """Two notes as one (``a; b``), or ``b`` alone."""
+    return b if not a else f"{a}; {b}"
