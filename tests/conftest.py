@@ -52,6 +52,9 @@ def _clean_otel_gpu(monkeypatch: pytest.MonkeyPatch):
     if graphs is not None:  # a faked capture patched CUDAGraph: put it back
         graphs.uninstall()
     pipeline.reset(timeout=2.0)
+    events = sys.modules.get("otel_gpu.devices.events")
+    if events is not None:  # a backend chosen while cuda_available() was faked: choose again
+        events.use(None)
     pipeline.set_tracer_provider(None)
     config._reset()
     _guard._reset()
