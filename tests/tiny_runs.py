@@ -36,5 +36,25 @@ def main() -> None:
         run(ids, attention_mask=torch.ones_like(ids))
 
 
+def traced(tmp: Path, level: int, batch: int, *flags: str, **env: str) -> Path:
+    """Run this script under ``otel-gpu run --level LEVEL`` with the tiny GPT2's classes
+    instrumented; the trace file it wrote (dumps, at level 10, in ``tmp/dumps``)."""
+    import os
+    import subprocess
+
+    tmp.mkdir(parents=True, exist_ok=True)
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "FLASHINFER_"))}
+    clean.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", OTEL_GPU_STRICT="true")
+    clean.update(OTEL_GPU_INSTRUMENT="transformers.models.gpt2.modeling_gpt2")
+    clean.update(OTEL_GPU_PROVIDER="own", OTEL_GPU_DUMP_DIR=str(tmp / "dumps"))
+    clean.update(XDG_RUNTIME_DIR=str(tmp), **env)
+    dest = tmp / "spans.jsonl"
+    cmd = [sys.executable, "-m", "otel_gpu", "run", "--level", str(level), "--dest", str(dest)]
+    cmd += ["--", sys.executable, __file__, str(batch), *flags]
+    proc = subprocess.run(cmd, env=clean, cwd=tmp, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return dest
+
+
 if __name__ == "__main__":
     main()
