@@ -187,6 +187,12 @@ def test_flashinfer_definition_comes_from_the_real_fi_trace(tmp_path):
     line = json.loads(next((tmp_path / "out" / "workloads").iterdir()).read_text())
     assert line["definition"] == expected["name"]
     assert line["workload"]["axes"] == {"batch_size": 7, "hidden_size": 64}
+    # keyed by FlashInfer's input names, with only flashinfer-bench's fields
+    assert line["workload"]["inputs"] == {
+        "hidden_states": {"type": "random"},
+        "weight": {"type": "random"},
+    }
+    assert line["otel_gpu"]["inputs"]["input"]["shape"] == [7, 64]
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
         "definitions",
         "flashinfer",

@@ -140,7 +140,11 @@ def emit_files(directory: str, workloads: Sequence[Workload]) -> int:
         line = {
             "definition": fi_names.get(w.id, name),
             "solution": None,
-            "workload": {"uuid": w.id, "axes": _axes(fi_def, first), "inputs": inputs},
+            "workload": {
+                "uuid": w.id,
+                "axes": _axes(fi_def, first),
+                "inputs": _fi_inputs(fi_def, first, inputs) if fi_def else inputs,
+            },
             "evaluation": None,
             "otel_gpu": {
                 "format": FORMAT,
@@ -148,6 +152,7 @@ def emit_files(directory: str, workloads: Sequence[Workload]) -> int:
                 "definition_file": f"definitions/{name}.json",
                 "calls": summary["calls"],
                 "dump_dir": dump,
+                **({"inputs": inputs} if fi_def else {}),
                 **({"dump_unreadable": why} if why else {}),
             },
         }
@@ -232,25 +237,53 @@ def _flashinfer_definition(directory: str, w: Workload) -> dict[str, Any] | None
     return definition
 
 
+def _fi_params(fi_def: dict[str, Any], call: Any) -> dict[str, str]:
+    """The recorded parameter behind each input of FlashInfer's definition: the one of the same
+    name, else the one at the same position among the tensor parameters (FlashInfer's
+    ``hidden_states`` is ``rmsnorm``'s ``input``)."""
+    tensors = [p for p, f in call.inputs.items() if "." not in p and "shape" in f and "dtype" in f]
+    out = {}
+    wanted = [k for k, v in (fi_def.get("inputs") or {}).items() if isinstance(v, dict)]
+    for i, key in enumerate(wanted):
+        if key in call.inputs:
+            out[key] = key
+        elif fi_def["inputs"][key].get("shape") is not None and i < len(tensors):
+            out[key] = tensors[i]
+    return out
+
+
 def _axes(fi_def: dict[str, Any] | None, call: Any) -> dict[str, int]:
-    """The values of the definition's axes in this signature: each input's named dimensions
-    read from the recorded shape of the parameter of the same name, or of the same position
-    among the tensor parameters when the names differ (FlashInfer's ``hidden_states`` is
-    ``rmsnorm``'s ``input``)."""
+    """The values of the definition's axes in this signature, read from the recorded shapes."""
     if not fi_def:
         return {}
-    tensors = [p for p, f in call.inputs.items() if "." not in p and "shape" in f and "dtype" in f]
-    wanted = [k for k, v in (fi_def.get("inputs") or {}).items() if isinstance(v, dict)]
     axes: dict[str, int] = {}
-    for i, key in enumerate(wanted):
-        param = key if key in call.inputs else (tensors[i] if i < len(tensors) else None)
+    for key, param in _fi_params(fi_def, call).items():
         dims = (fi_def["inputs"][key] or {}).get("shape")
-        shape = call.inputs.get(param, {}).get("shape") if param else None
+        shape = call.inputs.get(param, {}).get("shape")
         if isinstance(dims, list) and isinstance(shape, list) and len(dims) == len(shape):
             for dim, size in zip(dims, shape):
                 if isinstance(dim, str) and type(size) is int:
                     axes.setdefault(dim, size)
     return axes
+
+
+def _fi_inputs(fi_def: dict[str, Any], call: Any, ours: dict[str, Any]) -> dict[str, Any]:
+    """``workload.inputs`` keyed by FlashInfer's input names, each entry with only the fields
+    flashinfer-bench's input types have (``random``; ``safetensors`` with ``path`` and
+    ``tensor_key``; ``scalar`` with ``value``)."""
+    out: dict[str, Any] = {}
+    for key, param in _fi_params(fi_def, call).items():
+        entry = ours.get(param)
+        if not entry:
+            continue
+        kind = entry.get("type")
+        if kind == "scalar":
+            out[key] = {"type": "scalar", "value": entry.get("value")}
+        elif kind == "safetensors":
+            out[key] = {k: entry[k] for k in ("type", "path", "tensor_key")}
+        elif kind in ("random", "torch"):
+            out[key] = {"type": "random"}
+    return out
 
 
 # --------------------------------------------------------------------------- the reading side
