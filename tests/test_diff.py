@@ -192,7 +192,8 @@ def test_nan_and_inf_positions_must_match():
 
 def test_bad_input_exits_2_and_gives_no_verdict(tmp_path):
     """Different services, a torn file, a file against a folder, and runs with only metadata
-    (level 3) that agrees: exit 2 with one line saying why; no verdict is claimed."""
+    (level 3) that agrees, a scalar argument included: exit 2 with one line saying why; no
+    verdict is claimed (equal metadata is not "same")."""
     a = _model(tmp_path, "a")
     other = _model(tmp_path, "b", service="other")
     code, report, err = _diff(a, other)
@@ -203,10 +204,22 @@ def test_bad_input_exits_2_and_gives_no_verdict(tmp_path):
     assert code == 2 and not report and "incomplete" in err
     code, _, err = _diff(a, tmp_path)
     assert code == 2 and "two trace files or two dump folders" in err
-    meta = [call("lib.f", inputs={"x": tensor([2])}, outputs={"0": tensor([2])})]
+    meta = [
+        call(
+            "lib.f",
+            inputs={"x": tensor([2]), "eps": {"value": 1e-6}},
+            outputs={"0": tensor([2])},
+        )
+    ]
     code, report, err = _diff(write(tmp_path / "m1", meta), write(tmp_path / "m2", meta))
     assert code == 2 and report["verdict"] == "not compared" and "not compared" in err
-    shapes = [call("lib.f", inputs={"x": tensor([3])}, outputs={"0": tensor([3])})]
+    shapes = [
+        call(
+            "lib.f",
+            inputs={"x": tensor([3]), "eps": {"value": 1e-6}},
+            outputs={"0": tensor([3])},
+        )
+    ]
     code, report, _ = _diff(write(tmp_path / "m3", meta), write(tmp_path / "m4", shapes))
     assert code == 1 and report["first_inputs_differ"]["function"] == "lib.f"
     versions = write(tmp_path / "v", meta, resource={"otel_gpu.version": "9.9"})

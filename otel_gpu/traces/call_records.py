@@ -189,13 +189,15 @@ def _get(node: dict[str, Any], camel: str, snake: str, default: Any = None) -> A
 
 
 def _span(raw: dict[str, Any], where: str) -> CallRecord | None:
-    name = str(raw.get("name", ""))
-    at = f"{where}: span {brief(name)}"
+    name = raw.get("name", "")
+    if type(name) is not str:
+        name = str(name)
+    at = f"{where}: span {brief(name) if len(name) > 60 else name!r}"
     trace_id = _id(_get(raw, "traceId", "trace_id"), 16, "traceId", at)
     span_id = _id(_get(raw, "spanId", "span_id"), 8, "spanId", at)
     if trace_id is None or span_id is None:
         raise reader.TraceFileError(f"{at}: no traceId or spanId (or an all-zero one)")
-    attrs = _attributes(raw, at)
+    attrs, inputs, outputs = _span_attributes(raw, at)
     if attrs.get(STUCK) is True or attrs.get(RECOVERED) is True or name == SNAPSHOT_SPAN_NAME:
         return None  # reports about calls, or calls that never ended: not calls to count
     status = raw.get("status") or {}
@@ -209,8 +211,8 @@ def _span(raw: dict[str, Any], where: str) -> CallRecord | None:
         where=where,
         error=isinstance(status, dict) and status.get("code") in _ERROR_CODES,
         compiled=attrs.get(COMPILED) is True,
-        inputs=arguments(attrs, INPUT_PREFIX),
-        outputs=arguments(attrs, OUTPUT_PREFIX),
+        inputs=inputs,
+        outputs=outputs,
     )
     dump = attrs.get(DUMP_DIR)
     call.dump_dir = dump if isinstance(dump, str) and dump else None
@@ -246,11 +248,86 @@ def _id(raw: Any, size: int, key: str, where: str) -> str | None:
 
 
 def _time(raw: Any, where: str) -> int:
+    if type(raw) is str and raw.isdigit() and len(raw) < 20:
+        return int(raw)  # below 10**19: inside fixed64 without a range check
     try:
         return unix_nano(raw)
     except ValueError as exc:
         raise reader.TraceFileError(
             f"{where}: time {brief(raw)} is not in nanoseconds ({exc})"
+        ) from None
+
+
+_Place = tuple[int, str, str] | None
+_PLACES: dict[str, _Place] = {}
+"""Per distinct key (a file repeats a few hundred): where :func:`_span_attributes` puts it."""
+_PLACES_MAX = 1 << 16  # past this, a hostile file's keys are placed one by one
+_OTHER_KEYS = frozenset({STUCK, RECOVERED, COMPILED, DUMP_DIR, DEVICE_DURATION})
+_UNUSED = frozenset({"device", "requires_grad"})  # fields neither command reads
+
+
+def _place(key: str) -> _Place:
+    """(0 input, 1 output, 2 other; argument path; field), or None for a key not kept."""
+    for side, prefix in ((0, INPUT_PREFIX), (1, OUTPUT_PREFIX)):
+        if key.startswith(prefix):
+            path, dot, name = key[len(prefix) :].rpartition(".")
+            return (side, path, name) if dot and path and name not in _UNUSED else None
+    return (2, key, "") if key in _OTHER_KEYS else None
+
+
+def _span_attributes(
+    node: dict[str, Any], where: str
+) -> tuple[dict[str, Any], dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
+    """The span's other kept attributes, and its inputs and outputs grouped by argument path
+    (as :func:`arguments` groups them), in one pass: it runs for every attribute of every span
+    of the file, and most keys are placed from :data:`_PLACES`."""
+    attrs: dict[str, Any] = {}
+    sides: tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]] = ({}, {})
+    places = _PLACES
+    for kv in _list(node, ("attributes",), where):
+        if not isinstance(kv, dict):
+            continue
+        key = kv.get("key")
+        if type(key) is not str:
+            key = str(key)
+        if key in places:
+            place = places[key]
+        else:
+            place = _place(key)
+            if len(places) < _PLACES_MAX:
+                places[key] = place
+        if place is None:
+            continue
+        cell = kv.get("value")
+        # the common kinds inline: this line runs for every kept attribute of the file
+        if type(cell) is dict and len(cell) == 1:
+            kind, raw = next(iter(cell.items()))
+            if kind == "stringValue" and type(raw) is str:
+                value: Any = raw
+            elif kind == "boolValue" and type(raw) is bool:
+                value = raw
+            elif kind == "intValue" and type(raw) is str and raw.isdigit() and len(raw) < 19:
+                value = int(raw)
+            else:
+                value = _value(cell, where, 0)
+        else:
+            value = _value(cell, where, 0)
+        if place[0] == 2:
+            attrs[key] = value
+        else:
+            sides[place[0]].setdefault(place[1], {})[place[2]] = value
+    return attrs, sides[0], sides[1]
+
+
+def _int(raw: Any, where: str) -> int:
+    """An ``intValue`` as ``ship`` takes it: a whole number in int64 (fast for a plain one)."""
+    if type(raw) is str and raw.isdigit() and len(raw) < 19:
+        return int(raw)  # below 10**18: inside int64 without a range check
+    try:
+        return int64(raw)
+    except ValueError as exc:
+        raise reader.TraceFileError(
+            f"{where}: intValue {brief(raw)} is not a 64-bit integer ({exc})"
         ) from None
 
 
@@ -268,14 +345,11 @@ def _value(node: Any, where: str, depth: int) -> Any:
     if not isinstance(node, dict) or not node:
         return None
     kind, raw = next(iter(node.items()))
+    if kind == "stringValue":
+        return raw if isinstance(raw, str) else None
     kind = kind.replace("_value", "Value")
     if kind == "intValue":
-        try:
-            return int64(raw)
-        except ValueError as exc:
-            raise reader.TraceFileError(
-                f"{where}: intValue {brief(raw)} is not a 64-bit integer ({exc})"
-            ) from None
+        return _int(raw, where)
     if kind == "doubleValue":
         try:
             return _DOUBLES[raw] if isinstance(raw, str) and raw in _DOUBLES else float(raw)
@@ -285,7 +359,12 @@ def _value(node: Any, where: str, depth: int) -> Any:
             ) from None
     if kind == "arrayValue":
         values = raw.get("values", []) if isinstance(raw, dict) else []
-        return [_value(v, where, depth + 1) for v in values] if isinstance(values, list) else []
+        if not isinstance(values, list):
+            return []
+        try:  # a shape or a stride: whole numbers, without a call per element
+            return [_int(v["intValue"], where) for v in values if len(v) == 1]
+        except (KeyError, TypeError):
+            return [_value(v, where, depth + 1) for v in values]
     if kind == "kvlistValue":
         values = raw.get("values", []) if isinstance(raw, dict) else []
         return {

@@ -66,7 +66,7 @@ def signature(call: CallRecord, rules: Rules | None = None) -> dict[str, dict[st
                 entry["stride"] = fields["stride"]
             out[path] = entry
         elif allowed is None or _param(path) in allowed:
-            kept = {k: v for k, v in fields.items() if k not in _SKIPPED_FIELDS}
+            kept = {k: fields[k] for k in sorted(fields) if k not in _SKIPPED_FIELDS}
             if kept:
                 out[path] = kept
     return out
@@ -133,17 +133,20 @@ def group(
 ) -> list[Workload]:
     """The workloads of ``calls`` recorded at level >= 3 (of the functions matching any glob
     in ``functions``, if given), by total time, largest first."""
-    found: dict[tuple[str, str], Workload] = {}
+    found: dict[str, Workload] = {}
     for call in calls:
         if not call.recorded:
             continue
         if functions and not any(fnmatch.fnmatchcase(call.name, g) for g in functions):
             continue
         sig = signature(call, rules)
-        key = _key({"f": call.name, "s": sig})
-        workload = found.get((call.name, key))
+        # repr is deterministic here (paths and fields in sorted order) and cheap; the id, a
+        # hash of the canonical JSON, is computed once per workload
+        text = repr((call.name, sig))
+        workload = found.get(text)
         if workload is None:
-            workload = found[(call.name, key)] = Workload(call.name, sig, key)
+            key = _key({"f": call.name, "s": sig})
+            workload = found[text] = Workload(call.name, sig, key)
         workload.calls.append(call)
     return sorted(found.values(), key=lambda w: (-w.total_s, w.function, w.id))
 
