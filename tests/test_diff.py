@@ -238,3 +238,23 @@ def test_the_command_line(tmp_path):
     with pytest.raises(SystemExit) as exited:
         main(["diff", a, b, "--rtol", "-1"])
     assert exited.value.code == 2
+
+
+def test_workloads_and_diff_of_trace_files_import_no_torch(tmp_path):
+    """Both commands read trace files (statistics, no dumps) without importing torch, as the
+    other trace tools do: they start in a fraction of torch's import time."""
+    import subprocess
+    import sys
+
+    path = _model(tmp_path, "a")
+    program = (
+        "import json, sys\n"
+        "from otel_gpu.cli import main\n"
+        f"codes = [main(['workloads', {path!r}]), main(['diff', {path!r}, {path!r}])]\n"
+        "print(json.dumps({'codes': codes, 'torch': 'torch' in sys.modules}))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout.splitlines()[-1]) == {"codes": [0, 0], "torch": False}
