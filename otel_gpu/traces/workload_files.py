@@ -223,16 +223,22 @@ def _flashinfer_definition(directory: str, w: Workload) -> dict[str, Any] | None
     kwargs = _meta_kwargs(w.calls[0].inputs)
     if kwargs is None:
         return None
-    scratch = tempfile.mkdtemp(prefix=".fi_trace-", dir=directory)
+    try:
+        scratch = tempfile.mkdtemp(prefix=".fi_trace-", dir=directory)
+    except OSError as exc:
+        raise EmitError(f"cannot write to {directory}: {exc.strerror or exc}") from None
     try:  # fi_trace writes its file when given a folder: a scratch one, never another place
         definition = tracer(save_dir=scratch, **kwargs)
     except Exception:
-        return None
+        return None  # a signature FlashInfer's template does not describe: ours only
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     if not isinstance(definition, dict) or not isinstance(definition.get("name"), str):
         return None
-    folder = _files.own_dir(directory, "flashinfer")
+    try:
+        folder = _files.own_dir(directory, "flashinfer")
+    except OSError as exc:
+        raise EmitError(f"cannot write to {directory}: {exc.strerror or exc}") from None
     _write(folder, f"{safe_name(definition['name'])}.json", _json(definition))
     return definition
 
