@@ -308,6 +308,10 @@ def _span_attributes(
                 value = raw
             elif kind == "intValue" and type(raw) is str and raw.isdigit() and len(raw) < 19:
                 value = int(raw)
+            elif kind == "arrayValue":
+                value = _digits(raw)
+                if value is None:
+                    value = _value(cell, where, 0)
             else:
                 value = _value(cell, where, 0)
         else:
@@ -317,6 +321,18 @@ def _span_attributes(
         else:
             sides[place[0]].setdefault(place[1], {})[place[2]] = value
     return attrs, sides[0], sides[1]
+
+
+def _digits(raw: Any) -> list[int] | None:
+    """A shape or a stride (an array of small non-negative ``intValue`` strings) in a few
+    C-speed passes; None for any other array, which :func:`_value` converts or refuses."""
+    try:
+        texts = [v["intValue"] for v in raw["values"]]
+        if "".join(texts).isdigit() and max(map(len, texts)) < 19:
+            return [int(t) for t in texts]
+    except (KeyError, TypeError, ValueError):
+        pass
+    return None
 
 
 def _int(raw: Any, where: str) -> int:

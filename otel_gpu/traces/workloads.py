@@ -134,19 +134,25 @@ def group(
     """The workloads of ``calls`` recorded at level >= 3 (of the functions matching any glob
     in ``functions``, if given), by total time, largest first."""
     found: dict[str, Workload] = {}
+    # calls of one function with the same recorded inputs (their repr, in the file's order)
+    # share a signature: it is computed once per distinct set of inputs
+    seen: dict[tuple[str, str], Workload] = {}
     for call in calls:
         if not call.recorded:
             continue
         if functions and not any(fnmatch.fnmatchcase(call.name, g) for g in functions):
             continue
-        sig = signature(call, rules)
-        # repr is deterministic here (paths and fields in sorted order) and cheap; the id, a
-        # hash of the canonical JSON, is computed once per workload
-        text = repr((call.name, sig))
-        workload = found.get(text)
+        raw = (call.name, repr(call.inputs))
+        workload = seen.get(raw)
         if workload is None:
-            key = _key({"f": call.name, "s": sig})
-            workload = found[text] = Workload(call.name, sig, key)
+            sig = signature(call, rules)
+            # paths and fields are in sorted order, so the repr is canonical; the id, a hash of
+            # the canonical JSON, is computed once per workload
+            text = repr((call.name, sig))
+            workload = found.get(text)
+            if workload is None:
+                workload = found[text] = Workload(call.name, sig, _key({"f": call.name, "s": sig}))
+            seen[raw] = workload
         workload.calls.append(call)
     return sorted(found.values(), key=lambda w: (-w.total_s, w.function, w.id))
 
