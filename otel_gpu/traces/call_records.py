@@ -38,7 +38,6 @@ __all__ = [
     "DEVICE_DURATION",
     "RANK_KEY",
     "CallRecord",
-    "arguments",
     "link",
     "load_calls",
 ]
@@ -87,17 +86,6 @@ class CallRecord:
     def recorded(self) -> bool:
         """Whether it carries level-3 metadata (an input or output attribute)."""
         return bool(self.inputs or self.outputs)
-
-
-def arguments(attrs: dict[str, Any], prefix: str) -> dict[str, dict[str, Any]]:
-    """``{"q": {"shape": [..], "dtype": ..}, "kv.0": {...}}`` from ``prefix<path>.<field>`` keys."""
-    out: dict[str, dict[str, Any]] = {}
-    for key, value in attrs.items():
-        if key.startswith(prefix):
-            path, dot, name = key[len(prefix) :].rpartition(".")
-            if dot and path:
-                out.setdefault(path, {})[name] = value
-    return out
 
 
 def load_calls(paths: Iterable[str], problem: reader.Problem) -> list[CallRecord]:
@@ -279,7 +267,7 @@ def _span_attributes(
     node: dict[str, Any], where: str
 ) -> tuple[dict[str, Any], dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
     """The span's other kept attributes, and its inputs and outputs grouped by argument path
-    (as :func:`arguments` groups them), in one pass: it runs for every attribute of every span
+    (``{"q": {"shape": [..], "dtype": ..}, "kv.0": {...}}``), in one pass: it runs for every attribute of every span
     of the file, and most keys are placed from :data:`_PLACES`."""
     attrs: dict[str, Any] = {}
     sides: tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]] = ({}, {})
