@@ -55,7 +55,7 @@ _ERROR_CODES = (2, "2", "STATUS_CODE_ERROR", "ERROR")
 
 @dataclass(eq=False, slots=True)
 class CallRecord:
-    """One call's span, with its arguments grouped by path (see :func:`arguments`)."""
+    """One call's span, with its arguments grouped by path (``inputs["q"]["shape"]``)."""
 
     name: str
     trace_id: str
