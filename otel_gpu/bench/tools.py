@@ -1,4 +1,5 @@
-"""``otel-gpu bench``'s tools rows: ``ship``, ``show`` and ``recover`` against the parse floor.
+"""``otel-gpu bench``'s tools rows: ``ship``, ``show``, ``workloads``, ``diff`` and ``recover``
+against the parse floor.
 
 The floor is a plain ``json.loads`` pass over the same OTLP JSON Lines file, in its own
 ``python`` process. Each tool runs as the user runs it (``python -m otel_gpu ship|show FILE``),
@@ -34,6 +35,7 @@ NAME = "tools"
 
 SHIP_LIMIT = 5.0  # × the json.loads pass (issue budget)
 SHOW_LIMIT = 2.0
+READERS_LIMIT = 3.0  # workloads and diff: × the json.loads pass of each file they read
 RECOVER_MIN = 10_000.0  # spans per second
 START_LIMIT = 0.4  # × `python -c "import torch"`
 
@@ -289,6 +291,10 @@ def measure(
             "floor": ([python, "-c", _FLOOR, path], env),
             "ship": ([python, "-m", "otel_gpu", "ship", "-q", path], ship_env),
             "show": ([python, "-m", "otel_gpu", "show", "--no-color", path], env),
+            "workloads": ([python, "-m", "otel_gpu", "workloads", path], env),
+            # the level-3 file against itself: read twice, lined up, metadata compared (exit 2,
+            # "not compared": the file holds no statistics)
+            "diff": ([python, "-m", "otel_gpu", "diff", path, path], env),
             "import torch": ([python, "-c", "import torch"], env),
             "--help": ([python, "-m", "otel_gpu", "--help"], env),
             "show --help": ([python, "-m", "otel_gpu", "show", "--help"], env),
@@ -307,7 +313,8 @@ def measure(
             for name in order:
                 argv, job_env = jobs[name]
                 done = _timed(argv, job_env, subprocess.DEVNULL)
-                if done["rc"] not in (0, 2) or (done["rc"] == 2 and "--help" not in name):
+                usage = "--help" in name or name == "diff"  # exit 2 is theirs to give
+                if done["rc"] not in (0, 2) or (done["rc"] == 2 and not usage):
                     failures.append(f"{name}: exit {done['rc']}: {done['stderr'].strip()}")
                     continue
                 samples[name]["cpu"].append(done["cpu"])
@@ -369,6 +376,21 @@ def _section(
                 "detail": f"wall {wall:.2f}×" if wall is not None else "did not run",
             }
         )
+    for name, files in (("workloads", 1), ("diff", 2)):
+        value = _ratio(medians, name, "floor", "cpu")
+        value = None if value is None else value / files
+        budgets.append(
+            {
+                "name": f"{name} ≤ {READERS_LIMIT:g}× a json.loads pass of each file it reads "
+                f"({spans} spans, CPU)",
+                "status": "n/a"
+                if value is None
+                else ("met" if value <= READERS_LIMIT else "missed"),
+                "value": value,
+                "limit": READERS_LIMIT,
+                "detail": f"{files} file{'s' if files > 1 else ''}",
+            }
+        )
     rate = None
     if recover.get("seconds") and recover.get("spans") == recover["expected"]:
         rate = recover["spans"] / recover["seconds"]
@@ -423,7 +445,7 @@ def render(section: dict[str, Any]) -> list[str]:
         "json.loads pass (CPU: user+system of the process)",
         f"{'command':28} {'CPU s':>7} {'wall s':>7} {'CPU×':>6} {'wall×':>6}",
     ]
-    for name in ("floor", "ship", "show"):
+    for name in ("floor", "ship", "show", "workloads", "diff"):
         cpu, wall = m[name]["cpu"], m[name]["wall"]
         if cpu is None or wall is None:
             lines.append(f"{name:28} did not run")

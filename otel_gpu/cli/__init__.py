@@ -64,6 +64,14 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "otel_gpu.cli.ranks",
         "line the ranks of a job up: the rank behind, where it is, and divergences",
     ),
+    "workloads": (
+        "otel_gpu.cli.workloads",
+        "group recorded calls by function and input signature: counts, time; --emit for benchmarks",
+    ),
+    "diff": (
+        "otel_gpu.cli.diff",
+        "compare two runs call by call: the first call that diverged, and calls in one run only",
+    ),
     "snapshot": (
         "otel_gpu.cli.snapshot",
         "make a live otel-gpu process export its threads' stacks and calls in flight now",

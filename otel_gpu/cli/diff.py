@@ -1,0 +1,52 @@
+"""``otel-gpu diff A B``: the command line of :mod:`otel_gpu.traces.diff`."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from typing import Any
+
+from otel_gpu.cli import add_command
+
+__all__ = ["register"]
+
+
+def _tolerance(raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"must be a number >= 0, not {raw!r}")
+    return value
+
+
+def _main(args: argparse.Namespace) -> int:
+    from otel_gpu.traces.diff import diff
+
+    return diff(args.a, args.b, rtol=args.rtol, atol=args.atol, as_json=args.json)
+
+
+def register(sub: Any) -> None:
+    p = add_command(
+        sub,
+        "diff",
+        "Compare two runs of one program, call by call: two OTLP JSON Lines trace files, or "
+        "two flight-recorder dump folders. Calls are lined up by function and position in the "
+        "call tree (fuzzily where the trees differ); each pair's tensors are compared by their "
+        "dumped values (level 10), else their statistics (level 5), else their metadata. "
+        "Names the first call whose inputs matched and outputs did not, the first call whose "
+        "inputs already differed, and calls present in one run only. Exit codes: 0 same; "
+        "1 diverged; 2 bad input (unreadable or torn files, different services or versions, "
+        "nothing comparable). See docs/diff.md.",
+    )
+    p.add_argument("a", metavar="A", help="run A: a trace file or a dump folder")
+    p.add_argument("b", metavar="B", help="run B: the same kind as A")
+    p.add_argument(
+        "--rtol", type=_tolerance, metavar="R", help="relative tolerance for every dtype"
+    )
+    p.add_argument(
+        "--atol", type=_tolerance, metavar="A", help="absolute tolerance for every dtype"
+    )
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=_main, reads_settings=False)  # trace files, never the environment

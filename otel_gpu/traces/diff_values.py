@@ -1,0 +1,185 @@
+"""How ``otel-gpu diff`` compares one tensor of two runs: by dumped values, statistics or metadata.
+
+Each comparison says what it compared (``method``) and gives a ``status``: ``same``, ``differ``
+or ``not compared`` (with ``why``). A verdict built from these claims only what was compared.
+
+* ``tensors`` (level 10, both calls dumped): element by element, ``|a - b| <= atol + rtol * |b|``
+  with NaN equal to NaN and infinities equal only to themselves; reports the largest absolute
+  and relative error, the mismatched fraction and the cosine similarity.
+* ``fingerprint`` (level 5, when both statistics events carry :data:`FINGERPRINT`): equal or not.
+* ``statistics`` (level 5): numel and NaN/Inf counts exactly; min, max, mean and std within
+  ``atol + rtol * M``, where ``M`` is the tensor's largest magnitude in either run (an
+  element-wise error of ``rtol`` moves the mean or std by at most about that much).
+* ``metadata`` (level 3): shape and dtype, and the value of a non-tensor argument; equal
+  metadata of a tensor is ``not compared`` (its values are unknown).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+__all__ = [
+    "FINGERPRINT",
+    "TOLERANCES",
+    "compare_metadata",
+    "compare_stats",
+    "compare_tensors",
+    "tolerance",
+]
+
+FINGERPRINT = "fingerprint"
+"""The ``otel_gpu.stats`` event attribute read as a hash of the tensor's bytes (produced by a
+later release; a statistics event without it is compared by its statistics)."""
+
+TOLERANCES: dict[str, tuple[float, float]] = {
+    "float64": (1e-7, 1e-7),
+    "complex128": (1e-7, 1e-7),
+    "float32": (1.3e-6, 1e-5),
+    "complex64": (1.3e-6, 1e-5),
+    "float16": (1e-3, 1e-5),
+    "complex32": (1e-3, 1e-5),
+    "bfloat16": (1.6e-2, 1e-5),
+    "float8_e4m3fn": (1.25e-1, 1e-3),
+    "float8_e4m3fnuz": (1.25e-1, 1e-3),
+    "float8_e5m2": (2.5e-1, 1e-3),
+    "float8_e5m2fnuz": (2.5e-1, 1e-3),
+}
+"""Default ``(rtol, atol)`` per dtype: ``torch.testing.assert_close``'s for the wide types, a
+step of the format's mantissa for float8; every other dtype (integers, bool) exactly."""
+_EXACT = (0.0, 0.0)
+_STATS = ("min", "max", "mean", "std")
+
+
+def tolerance(
+    dtype: Any, rtol: float | None = None, atol: float | None = None
+) -> tuple[float, float]:
+    """``(rtol, atol)`` for ``dtype`` (``torch.float32`` or ``float32``), flags overriding."""
+    default = TOLERANCES.get(str(dtype).removeprefix("torch."), _EXACT)
+    return (default[0] if rtol is None else rtol, default[1] if atol is None else atol)
+
+
+def _result(tensor: str, status: str, method: str, **detail: Any) -> dict[str, Any]:
+    return {"tensor": tensor, "status": status, "method": method, **detail}
+
+
+def compare_metadata(tensor: str, a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """Shape and dtype of a tensor, or the value of another argument, in runs A and B."""
+    if "dtype" in a and "dtype" in b:
+        for key in ("dtype", "shape"):
+            if a.get(key) != b.get(key):
+                return _result(tensor, "differ", "metadata", a=a.get(key), b=b.get(key), field=key)
+        return _result(tensor, "not compared", "metadata", why="no statistics or dump of it")
+    if "value" in a and "value" in b:
+        status = "same" if a["value"] == b["value"] else "differ"
+        return _result(tensor, status, "metadata", a=a["value"], b=b["value"], field="value")
+    return _result(tensor, "not compared", "metadata", why="not a tensor or a recorded value")
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
+def compare_stats(
+    tensor: str,
+    a: dict[str, Any],
+    b: dict[str, Any],
+    dtype: Any,
+    rtol: float | None = None,
+    atol: float | None = None,
+) -> dict[str, Any]:
+    """Two ``otel_gpu.stats`` events of one tensor (their attributes, the tensor name left out)."""
+    if FINGERPRINT in a and FINGERPRINT in b:
+        same = a[FINGERPRINT] == b[FINGERPRINT]
+        return _result(tensor, "same" if same else "differ", "fingerprint")
+    for key in ("numel", "nan_count", "inf_count"):
+        if key in a and key in b and a[key] != b[key]:
+            return _result(tensor, "differ", "statistics", field=key, a=a[key], b=b[key])
+    present: dict[str, tuple[float, float]] = {}
+    for k in _STATS:
+        x, y = _number(a.get(k)), _number(b.get(k))
+        if x is not None and y is not None:
+            present[k] = (x, y)
+    if not present:
+        return _result(tensor, "not compared", "statistics", why="no statistic in both runs")
+    r, t = tolerance(dtype, rtol, atol)
+    # the largest finite magnitude: an infinity read from a file must not widen the bound
+    extremes = [abs(x) for k in ("min", "max") for x in present.get(k, ())]
+    extremes = [x for x in extremes if math.isfinite(x)] or [
+        abs(x) for pair in present.values() for x in pair if math.isfinite(x)
+    ]
+    magnitude = max(extremes, default=0.0)
+    bound = t + r * magnitude
+    worst = None
+    for key, (x, y) in present.items():
+        if math.isnan(x) and math.isnan(y):
+            continue
+        error = (
+            abs(x - y) if math.isfinite(x) and math.isfinite(y) else (0.0 if x == y else math.inf)
+        )
+        if not error <= bound and (worst is None or error > worst[1]):
+            worst = (key, error)
+    if worst is not None:
+        return _result(
+            tensor, "differ", "statistics", field=worst[0], error=worst[1], tolerance=bound
+        )
+    return _result(tensor, "same", "statistics", tolerance=bound)
+
+
+def compare_tensors(
+    tensor: str, a: Any, b: Any, rtol: float | None = None, atol: float | None = None
+) -> dict[str, Any]:
+    """Two dumped tensors (torch), element by element; see the module's docstring."""
+    import torch
+
+    if a.dtype != b.dtype or tuple(a.shape) != tuple(b.shape):
+        return _result(
+            tensor,
+            "differ",
+            "tensors",
+            field="dtype" if a.dtype != b.dtype else "shape",
+            a=f"{str(a.dtype).removeprefix('torch.')}{list(a.shape)}",
+            b=f"{str(b.dtype).removeprefix('torch.')}{list(b.shape)}",
+        )
+    r, t = tolerance(a.dtype, rtol, atol)
+    if a.numel() == 0:
+        return _result(tensor, "same", "tensors", rtol=r, atol=t, numel=0)
+    wide = torch.complex128 if a.is_complex() else torch.float64
+    x, y = a.detach().to(wide).flatten(), b.detach().to(wide).flatten()
+    nan = torch.isnan(x) | torch.isnan(y)
+    both_nan = torch.isnan(x) & torch.isnan(y)
+    same_inf = torch.isinf(x) & (x == y)
+    error = torch.where(nan | same_inf, torch.zeros_like(x.real), (x - y).abs())
+    mismatch = ((error > t + r * y.abs()) | (nan & ~both_nan)) & ~same_inf
+    finite = torch.isfinite(error)
+    max_abs = float(error[finite].max()) if bool(finite.any()) else math.inf
+    scale = y.abs()
+    rel = torch.where(scale > 0, error / scale.clamp_min(1e-300), (error > 0) * math.inf)
+    ok = ~nan & torch.isfinite(x) & torch.isfinite(y)
+    if a.is_complex():
+        cos = torch.nn.functional.cosine_similarity(
+            torch.view_as_real(x[ok]).flatten(), torch.view_as_real(y[ok]).flatten(), dim=0
+        )
+    else:
+        cos = torch.tensor(_cosine(x[ok], y[ok]))
+    count = int(mismatch.sum())
+    return _result(
+        tensor,
+        "differ" if count else "same",
+        "tensors",
+        max_abs_error=max_abs,
+        max_rel_error=float(rel[ok].max()) if bool(ok.any()) else 0.0,
+        mismatch_pct=100.0 * count / a.numel(),
+        cosine_similarity=float(cos),
+        rtol=r,
+        atol=t,
+    )
+
+
+def _cosine(x: Any, y: Any) -> float:
+    nx, ny = float(x.norm()), float(y.norm())
+    if nx == 0.0 or ny == 0.0:
+        return 1.0 if nx == ny else 0.0
+    return float((x @ y) / (nx * ny))
