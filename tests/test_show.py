@@ -564,11 +564,12 @@ def test_the_depth_check_pairs_escapes_as_json_does() -> None:
     quotes and backslashes around depths 0-140, and the 64-level bound holds exactly."""
     import random
 
+    from otel_gpu import _text
     from otel_gpu.traces import reader
 
     def reference(raw: bytes) -> bool:
         shape = raw.replace(b"\\\\", b"").replace(b'\\"', b"")
-        shape = shape.translate(reader._BRACKETS, reader._NOT_BRACKETS).replace(b'""', b"")
+        shape = shape.translate(_text._BRACKETS, _text._NOT_BRACKETS).replace(b'""', b"")
         if b'"' in shape:
             shape = b"".join(shape.split(b'"')[::2])
         for _ in range(reader.MAX_DEPTH):

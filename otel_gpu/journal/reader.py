@@ -15,10 +15,10 @@ import stat
 from dataclasses import dataclass, field
 from typing import Any
 
+from otel_gpu._text import too_deep
 from otel_gpu.journal import layout
 from otel_gpu.journal.inputs import decode as decode_inputs
 from otel_gpu.journal.layout import MAX_SIZE
-from otel_gpu.traces.reader import too_deep
 
 __all__ = ["MAX_SIZE", "JournalFile", "Record", "decode_inputs", "read"]
 

@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from otel_gpu import _text
 from otel_gpu._text import brief
 from otel_gpu.attributes import (
     CUDA_FAULT,
@@ -87,14 +88,13 @@ _DOUBLES = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 MAX_LINE_BYTES = 64 * 1024 * 1024
 """The longest line read: 64 MiB. otel-gpu writes one export batch (at most 512 spans) a line,
 a few MiB at most; a collector's file exporter writes one batch a line too."""
-MAX_DEPTH = 64
+MAX_DEPTH = _text.MAX_JSON_DEPTH
+too_deep = _text.too_deep
 """The deepest nesting of JSON arrays and objects read in a line. OTLP trace data needs 12
 levels down to an attribute's value, and 3 more for each array or map value nested in it."""
 _LONG = f"line longer than {MAX_LINE_BYTES // 2**20} MiB (the most a line may hold): skipped"
 _DEEP = f"arrays and objects nested deeper than {MAX_DEPTH} levels (the most read)"
 _SKIP_CHUNK = 2**20
-_BRACKETS = bytes.maketrans(b"{}", b"[]")
-_NOT_BRACKETS = bytes(c for c in range(256) if c not in b'[]{}"')
 
 
 class TraceFileError(ValueError):
@@ -228,53 +228,6 @@ def load_json(raw: bytes, where: str, torn: bool = False) -> Any:
         raise TraceFileError(f"{where}: not JSON ({exc})") from None
     except RecursionError:  # unbalanced brackets that too_deep left to the parser
         raise TraceFileError(f"{where}: {_DEEP}") from None
-
-
-def too_deep(raw: bytes) -> bool:
-    """Whether arrays and objects nest deeper than :data:`MAX_DEPTH` in ``raw`` (JSON text).
-
-    Checked on the bytes, before parsing: ``json.loads`` and every recursive walk after it
-    would end in ``RecursionError`` on a nesting bomb. Costs a few C-speed passes over the line
-    (about a tenth of ``json.loads``'s time on a line of 512 otel-gpu spans), no Python loop
-    per byte.
-    """
-    # Drop escaped backslashes and quotes (pairing from the left, as JSON does), then all but
-    # brackets and quotes, then the strings (with any brackets in them). What is left is
-    # brackets; each pass removes the innermost pairs, so passes count the depth.
-    shape = _unescaped(raw).translate(_BRACKETS, _NOT_BRACKETS)
-    shape = shape.replace(b'""', b"")  # removing two neighbouring quotes keeps the pairing
-    if b'"' in shape:
-        shape = b"".join(shape.split(b'"')[::2])
-    for _ in range(MAX_DEPTH):
-        if not shape:
-            return False
-        inner = shape.replace(b"[]", b"")
-        if len(inner) == len(shape):
-            return False  # unbalanced: the JSON parser says where
-        shape = inner
-    return b"[]" in shape
-
-
-def _unescaped(raw: bytes) -> bytes:
-    """``raw`` without its escaped quotes, escapes paired from the left as JSON pairs them.
-
-    Split at the backslashes, which are few in trace files (two ``bytes.replace`` over the
-    whole line cost more than ``too_deep``'s other passes together): a backslash either
-    escapes the next one (``\\\\``) or the first byte after it, which is dropped if a quote."""
-    if b"\\" not in raw:
-        return raw
-    parts = raw.split(b"\\")
-    out = [parts[0]]
-    pending = False  # the last backslash escapes the next one
-    for part in parts[1:]:
-        if pending:  # this backslash was escaped: what follows it is plain
-            pending = False
-            out.append(part)
-        elif not part:
-            pending = True
-        else:
-            out.append(part[1:] if part[0] == 0x22 else part)  # 0x22: an escaped quote
-    return b"".join(out)
 
 
 def read_spans(
