@@ -11,8 +11,6 @@ and ``ranks``. Nothing read here runs code: it is JSON turned into plain values.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import gc
 import math
 from collections.abc import Iterable, Iterator
@@ -132,17 +130,6 @@ def _above(call: CallRecord, node: CallRecord | None) -> bool:
     return False
 
 
-def _list(node: Any, keys: tuple[str, ...], where: str) -> list[Any]:
-    if not isinstance(node, dict):
-        raise reader.TraceFileError(f"{where}: expected a JSON object holding {keys[0]}")
-    for key in keys:
-        if key in node:
-            if not isinstance(node[key], list):
-                raise reader.TraceFileError(f"{where}: {key} is not a list")
-            return node[key]  # type: ignore[no-any-return]
-    return []
-
-
 def _line(payload: Any, where: str) -> Iterator[CallRecord]:
     if not isinstance(payload, dict):
         raise reader.TraceFileError(f"{where}: expected a JSON object (OTLP TracesData)")
@@ -150,7 +137,7 @@ def _line(payload: Any, where: str) -> Iterator[CallRecord]:
         if any(k in payload for k in _OTHER_SIGNALS):
             return
         raise reader.TraceFileError(f"{where}: not OTLP trace data (no resourceSpans)")
-    for rs in _list(payload, ("resourceSpans", "resource_spans"), where):
+    for rs in reader.list_at(payload, ("resourceSpans", "resource_spans"), where):
         resource = rs.get("resource") if isinstance(rs, dict) else None
         res = _attributes(resource, where) if isinstance(resource, dict) else {}
         rank = res.get(RANK_KEY)
@@ -160,8 +147,8 @@ def _line(payload: Any, where: str) -> Iterator[CallRecord]:
             raise reader.TraceFileError(
                 f"{where}: resource attribute {RANK_KEY} is {brief(rank)}, not a whole number"
             ) from None
-        for ss in _list(rs, _SCOPES, where):
-            for raw in _list(ss, ("spans",), where):
+        for ss in reader.list_at(rs, _SCOPES, where):
+            for raw in reader.list_at(ss, ("spans",), where):
                 if not isinstance(raw, dict):
                     raise reader.TraceFileError(f"{where}: a span is not a JSON object")
                 call = _span(raw, where)
@@ -181,8 +168,8 @@ def _span(raw: dict[str, Any], where: str) -> CallRecord | None:
     if type(name) is not str:
         name = str(name)
     at = f"{where}: span {brief(name) if len(name) > 60 else name!r}"
-    trace_id = _id(_get(raw, "traceId", "trace_id"), 16, "traceId", at)
-    span_id = _id(_get(raw, "spanId", "span_id"), 8, "spanId", at)
+    trace_id = reader.hex_id(_get(raw, "traceId", "trace_id"), 16, "traceId", at)
+    span_id = reader.hex_id(_get(raw, "spanId", "span_id"), 8, "spanId", at)
     if trace_id is None or span_id is None:
         raise reader.TraceFileError(f"{at}: no traceId or spanId (or an all-zero one)")
     attrs, inputs, outputs = _span_attributes(raw, at)
@@ -193,7 +180,7 @@ def _span(raw: dict[str, Any], where: str) -> CallRecord | None:
         name=name,
         trace_id=trace_id,
         span_id=span_id,
-        parent_id=_id(_get(raw, "parentSpanId", "parent_span_id"), 8, "parentSpanId", at),
+        parent_id=reader.hex_id(_get(raw, "parentSpanId", "parent_span_id"), 8, "parentSpanId", at),
         start=_time(_get(raw, "startTimeUnixNano", "start_time_unix_nano", 0), at),
         end=_time(_get(raw, "endTimeUnixNano", "end_time_unix_nano", 0), at),
         where=where,
@@ -207,32 +194,13 @@ def _span(raw: dict[str, Any], where: str) -> CallRecord | None:
     device = attrs.get(DEVICE_DURATION)
     if isinstance(device, (int, float)) and not isinstance(device, bool):
         call.device_s = float(device) if math.isfinite(device) and device >= 0 else None
-    for event in _list(raw, ("events",), at):
+    for event in reader.list_at(raw, ("events",), at):
         if isinstance(event, dict) and event.get("name") == EVENT_STATS:
             stat = _attributes(event, at)
             tensor = stat.pop(STATS_TENSOR, None)
             if isinstance(tensor, str):
                 call.stats[tensor] = stat
     return call
-
-
-def _id(raw: Any, size: int, key: str, where: str) -> str | None:
-    """Lower-case hex of a hex or base64 id; None when absent, empty or all zeros."""
-    if raw in (None, ""):
-        return None
-    data = None
-    if isinstance(raw, str):
-        try:
-            data = (
-                bytes.fromhex(raw) if len(raw) == 2 * size else base64.b64decode(raw, validate=True)
-            )
-        except (ValueError, binascii.Error):
-            data = None
-    if data is None or len(data) != size:
-        raise reader.TraceFileError(
-            f"{where}: {key} {brief(raw)} is neither {2 * size} hex digits nor base64 of {size} bytes"
-        )
-    return data.hex() if any(data) else None
 
 
 def _time(raw: Any, where: str) -> int:
@@ -272,7 +240,7 @@ def _span_attributes(
     attrs: dict[str, Any] = {}
     sides: tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]] = ({}, {})
     places = _PLACES
-    for kv in _list(node, ("attributes",), where):
+    for kv in reader.list_at(node, ("attributes",), where):
         if not isinstance(kv, dict):
             continue
         key = kv.get("key")
@@ -337,7 +305,7 @@ def _int(raw: Any, where: str) -> int:
 
 def _attributes(node: dict[str, Any], where: str) -> dict[str, Any]:
     out = {}
-    for kv in _list(node, ("attributes",), where):
+    for kv in reader.list_at(node, ("attributes",), where):
         if isinstance(kv, dict):
             out[str(kv.get("key"))] = _value(kv.get("value"), where, 0)
     return out

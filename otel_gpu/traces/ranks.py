@@ -149,7 +149,7 @@ def _line(payload: Any, where: str, position: int, ranks: dict[int, Rank]) -> No
         if "resourceMetrics" in payload or "resourceLogs" in payload:
             return
         raise reader.TraceFileError(f"{where}: not OTLP trace data (no resourceSpans)")
-    for rs in reader._list(payload, ("resourceSpans", "resource_spans"), where):
+    for rs in reader.list_at(payload, ("resourceSpans", "resource_spans"), where):
         resource = rs.get("resource") if isinstance(rs, dict) else None
         raw_rank = reader._attributes(resource, where, RANK_KEY.__eq__).get(RANK_KEY)
         try:
@@ -159,8 +159,8 @@ def _line(payload: Any, where: str, position: int, ranks: dict[int, Rank]) -> No
                 f"{where}: resource attribute {RANK_KEY} is {raw_rank!r}, not a whole number"
             ) from None
         rank = ranks.setdefault(number, Rank(number))
-        for ss in reader._list(rs, reader._SCOPE_KEYS, where):
-            for raw in reader._list(ss, ("spans",), where):
+        for ss in reader.list_at(rs, reader._SCOPE_KEYS, where):
+            for raw in reader.list_at(ss, ("spans",), where):
                 if not isinstance(raw, dict):
                     raise reader.TraceFileError(f"{where}: a span is not a JSON object")
                 _span(raw, where, rank)
@@ -229,7 +229,7 @@ def _hashable(value: Any) -> Any:
 
 
 def _events(raw: dict[str, Any], where: str) -> Iterable[dict[str, Any]]:
-    for event in reader._list(raw, ("events",), where):
+    for event in reader.list_at(raw, ("events",), where):
         if isinstance(event, dict) and event.get("name") == EVENT_THREAD_STACK:
             yield reader._attributes(event, where, lambda k: True)
 

@@ -55,6 +55,8 @@ __all__ = [
     "Span",
     "TraceFileError",
     "fill",
+    "hex_id",
+    "list_at",
     "load_json",
     "read_all",
     "read_lines",
@@ -278,7 +280,9 @@ def _get(node: dict[str, Any], camel: str, snake: str, default: Any = None) -> A
     return node.get(camel, node.get(snake, default))
 
 
-def _list(node: Any, keys: tuple[str, ...], where: str) -> list[Any]:
+def list_at(node: Any, keys: tuple[str, ...], where: str) -> list[Any]:
+    """``node[key]`` for the first of ``keys`` present (camelCase and snake_case spellings), []
+    when none is; a :class:`TraceFileError` naming ``where`` when it is not a list."""
     if not isinstance(node, dict):
         raise TraceFileError(f"{where}: expected a JSON object holding {keys[0]}")
     for key in keys:
@@ -299,11 +303,11 @@ def _line_spans(
         if "resourceMetrics" in payload or "resourceLogs" in payload:
             return  # a collector file may mix signals; metrics and logs have no spans to show
         raise TraceFileError(f"{where}: not OTLP trace data (no resourceSpans)")
-    for rs in _list(payload, ("resourceSpans", "resource_spans"), where):
+    for rs in list_at(payload, ("resourceSpans", "resource_spans"), where):
         resource = rs.get("resource") if isinstance(rs, dict) else None
         service = str(_attributes(resource, where, _SERVICE.__eq__).get(_SERVICE, ""))
-        for ss in _list(rs, _SCOPE_KEYS, where):
-            for raw in _list(ss, ("spans",), where):
+        for ss in list_at(rs, _SCOPE_KEYS, where):
+            for raw in list_at(ss, ("spans",), where):
                 if not isinstance(raw, dict):
                     raise TraceFileError(f"{where}: a span is not a JSON object")
                 span = _span(raw, where, service, attributes)
@@ -314,8 +318,8 @@ def _line_spans(
 def _span(raw: dict[str, Any], where: str, service: str, attributes: bool = True) -> Span:
     name = str(raw.get("name", ""))
     at = f"{where}: span {brief(name)}"
-    trace_id = _id(_get(raw, "traceId", "trace_id"), 16, "traceId", at)
-    span_id = _id(_get(raw, "spanId", "span_id"), 8, "spanId", at)
+    trace_id = hex_id(_get(raw, "traceId", "trace_id"), 16, "traceId", at)
+    span_id = hex_id(_get(raw, "spanId", "span_id"), 8, "spanId", at)
     if trace_id is None or span_id is None:
         raise TraceFileError(f"{at}: no traceId or spanId (or an all-zero one)")
     attrs, stats = _details(raw, at) if attributes else ({}, [])
@@ -323,7 +327,7 @@ def _span(raw: dict[str, Any], where: str, service: str, attributes: bool = True
     return Span(
         trace_id=trace_id,
         span_id=span_id,
-        parent_id=_id(_get(raw, "parentSpanId", "parent_span_id"), 8, "parentSpanId", at),
+        parent_id=hex_id(_get(raw, "parentSpanId", "parent_span_id"), 8, "parentSpanId", at),
         name=name,
         start=_time(
             _get(raw, "startTimeUnixNano", "start_time_unix_nano", 0), at, "startTimeUnixNano"
@@ -344,13 +348,13 @@ def _details(raw: dict[str, Any], at: str) -> tuple[dict[str, Any], list[dict[st
     attrs = _span_attributes(raw, at)
     stats = [
         _attributes(event, at, _STAT_KEYS.__contains__)
-        for event in _list(raw, ("events",), at)
+        for event in list_at(raw, ("events",), at)
         if isinstance(event, dict) and event.get("name") == EVENT_STATS
     ]
     return attrs, stats
 
 
-def _id(raw: Any, size: int, key: str, where: str) -> str | None:
+def hex_id(raw: Any, size: int, key: str, where: str) -> str | None:
     """Lower-case hex of a hex or base64 id; None when absent, empty or all zeros."""
     if raw in (None, ""):
         return None
@@ -393,7 +397,7 @@ def _attributes(node: Any, where: str, wanted: Callable[[str], bool]) -> dict[st
     """The attributes of ``node`` whose key is ``wanted`` (converting only those keeps large
     files fast)."""
     out = {}
-    for kv in _list(node, ("attributes",), where) if isinstance(node, dict) else ():
+    for kv in list_at(node, ("attributes",), where) if isinstance(node, dict) else ():
         if isinstance(kv, dict) and wanted(key := str(kv.get("key"))):
             out[sys.intern(key)] = _value(kv.get("value"), where)  # one copy per distinct key
     return out
@@ -409,7 +413,7 @@ def _span_attributes(node: dict[str, Any], where: str) -> dict[str, Any]:
     of every span of the file, and most attributes are not kept."""
     out = {}
     kept = _KEPT
-    for kv in _list(node, ("attributes",), where):
+    for kv in list_at(node, ("attributes",), where):
         if not isinstance(kv, dict):
             continue
         key = kv.get("key")
@@ -508,7 +512,7 @@ def fill(spans: Iterable[Span]) -> None:
             try:
                 payload = load_json(line.raw, line.where, line.torn)
                 for raw in _raw_spans(payload, line.where):
-                    span_id = _id(_get(raw, "spanId", "span_id"), 8, "spanId", line.where)
+                    span_id = hex_id(_get(raw, "spanId", "span_id"), 8, "spanId", line.where)
                     for span in found.pop(span_id or "", ()):
                         span.attrs, span.stats = _details(raw, line.where)
                         span.pending = False
@@ -523,8 +527,8 @@ def _ignore(_exc: TraceFileError) -> None:
 
 
 def _raw_spans(payload: Any, where: str) -> Iterator[dict[str, Any]]:
-    for rs in _list(payload, ("resourceSpans", "resource_spans"), where):
-        for ss in _list(rs, _SCOPE_KEYS, where):
-            for raw in _list(ss, ("spans",), where):
+    for rs in list_at(payload, ("resourceSpans", "resource_spans"), where):
+        for ss in list_at(rs, _SCOPE_KEYS, where):
+            for raw in list_at(ss, ("spans",), where):
                 if isinstance(raw, dict):
                     yield raw
