@@ -672,6 +672,16 @@ SETTINGS: tuple[Setting, ...] = (
         "complete; then it is exported with otel_gpu.device.unresolved = true and no duration.",
     ),
     Setting(
+        "device_memory",
+        "OTEL_GPU_DEVICE_MEMORY",
+        "true, false",
+        _bool,
+        "At level >= 3 where CUDA is available, read the CUDA caching allocator before and after "
+        "each call: otel_gpu.device.memory.allocated_delta and .peak on its span, the "
+        "allocator's summary on an out-of-memory error (docs/levels.md, Memory per call). "
+        "false saves the two reads (tens of microseconds a call on a GPU host).",
+    ),
+    Setting(
         "service_name",
         "OTEL_SERVICE_NAME",
         "any string",
@@ -955,6 +965,7 @@ class Settings:
     device_time: str = "auto"
     device_spans: str = "auto"
     device_time_wait: float = 5.0
+    device_memory: bool = True
     service_name: str | None = None
     dest_explicit: bool = False
     """True when OTEL_GPU_LOGDEST or configure(dest=...) set the destination (not the default)."""

@@ -378,3 +378,25 @@ def test_memory_attributes_follow_a_cached_layout_with_each_calls_own_values(all
     assert [s["attrs"]["otel_gpu.input.n.value"] for s in spans] == [4] * 3
     assert [s["attrs"][MEMORY_ALLOCATED_DELTA] for s in spans] == [MiB, 2 * MiB, 3 * MiB]
     assert [s["attrs"][MEMORY_PEAK] for s in spans] == [MiB, 3 * MiB, 6 * MiB]
+
+
+def test_device_memory_false_reads_nothing(alloc, otel_gpu_spans, monkeypatch):
+    """OTEL_GPU_DEVICE_MEMORY=false at level 3 with CUDA: no seam is called, no memory attribute
+    is set, and an out-of-memory error still passes through as the same object."""
+    monkeypatch.setenv("OTEL_GPU_DEVICE_MEMORY", "false")
+    for name in ("initialized", "current_device", "counters", "summary"):
+        monkeypatch.setattr(devices, name, lambda *a, _n=name: pytest.fail(f"{_n} called"))
+    spans = otel_gpu_spans(level=3)
+    boom = torch.OutOfMemoryError("out of memory")
+
+    @otel_gpu.api
+    def step(fail):
+        alloc.allocate(MiB)
+        if fail:
+            raise boom
+
+    step(False)
+    with pytest.raises(torch.OutOfMemoryError) as caught:
+        step(True)
+    assert caught.value is boom
+    assert [_memory(s) for s in spans.get()] == [{}, {}]

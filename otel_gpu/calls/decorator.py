@@ -94,7 +94,7 @@ def make_plan(
     if plan.level >= 5:
         plan.capture_stats = cuda.is_capturing if cuda.cuda_available() else None
     # Memory per call: only where CUDA exists, decided now (no per-call cost without it)
-    plan.memory = plan.level >= 3 and cuda.cuda_available()
+    plan.memory = plan.level >= 3 and settings.device_memory and cuda.cuda_available()
     return plan
 
 
