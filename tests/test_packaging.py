@@ -57,27 +57,31 @@ def test_entry_points_are_registered():
     assert console.load() is ConsoleSpanExporter
 
 
-@pytest.mark.slow
-def test_wheel_contains_otel_gpu_exporters_and_no_top_level_exporters(tmp_path):
-    """A built wheel places exporters/ under otel_gpu/ and declares the entry points."""
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--no-deps",
-            "--no-build-isolation",
-            "-w",
-            str(tmp_path),
-            str(ROOT),
-        ],
+def _wheel(tmp_path: pathlib.Path) -> pathlib.Path:
+    """A wheel built from a copy of the tree: a stale build/ folder in the tree would otherwise
+    lend the wheel its files."""
+    src = tmp_path / "src"
+    skip = shutil.ignore_patterns("__pycache__", "*.egg-info")
+    for name in ("otel_gpu", "exporters"):
+        shutil.copytree(ROOT / name, src / name, ignore=skip)
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src / name)
+    pip = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation"]
+    proc = subprocess.run(
+        [*pip, "--no-index", "-w", str(tmp_path), str(src)],
         capture_output=True,
         text=True,
         timeout=300,
     )
-    assert result.returncode == 0, result.stderr[-2000:]
+    assert proc.returncode == 0, proc.stderr[-2000:]
     (wheel,) = tmp_path.glob("otel_gpu-*.whl")
+    return wheel
+
+
+@pytest.mark.slow
+def test_wheel_contains_otel_gpu_exporters_and_no_top_level_exporters(tmp_path):
+    """A built wheel places exporters/ under otel_gpu/ and declares the entry points."""
+    wheel = _wheel(tmp_path)
     names = zipfile.ZipFile(wheel).namelist()
     assert "otel_gpu/exporters/console.py" in names
     assert "otel_gpu/exporters/destinations.py" in names
@@ -107,33 +111,7 @@ def test_every_package_of_the_tree_is_listed_in_pyproject():
 def test_the_wheel_holds_every_module_of_the_tree(tmp_path):
     """The wheel built from the tree holds every module of otel_gpu/ and exporters/ (the latter as
     otel_gpu/exporters/), and the bootstrap file of ``otel-gpu run``."""
-    # from a copy: a stale build/ folder in the tree would otherwise lend the wheel its files
-    src = tmp_path / "src"
-    skip = shutil.ignore_patterns("__pycache__", "*.egg-info")
-    for name in ("otel_gpu", "exporters"):
-        shutil.copytree(ROOT / name, src / name, ignore=skip)
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy(ROOT / name, src / name)
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "-q",
-            "--no-deps",
-            "--no-build-isolation",
-            "--no-index",
-            "-w",
-            str(tmp_path),
-            str(src),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    (wheel,) = tmp_path.glob("otel_gpu-*.whl")
+    wheel = _wheel(tmp_path)
     names = set(zipfile.ZipFile(wheel).namelist())
     expected = {
         str(p.relative_to(ROOT))
