@@ -252,6 +252,27 @@ def test_the_crash_journal_keeps_the_suspect_for_recovery(otel_gpu_spans, module
     attrs: dict = {}
     recover._fault_attributes(read.fault, "00000000000000aa", attrs)
     assert attrs[CUDA_FAULT] == "surfaced" and attrs[CUDA_FAULT_SUSPECT] == suspect
+    # and `otel-gpu recover` says it in its own line, naming the span and the function
+    line = recover.fault_text(read.fault)
+    assert line.startswith(f"a CUDA kernel fault, caused by span {suspect} (") and "step" in line
+
+
+def test_recover_names_the_candidates_when_no_call_was_singled_out():
+    """A verdict with candidates only: recover's line gives their count and the first names,
+    never a suspect; no verdict, no line; names from the journal are made printable."""
+    from otel_gpu.journal import recover
+
+    fault = {
+        "suspect": None,
+        "candidates": ["00000000000000a1", "00000000000000a2", "00000000000000a3", "a4" * 8],
+        "names": ["lib.one", "lib.two", "lib.three\x1b[2J", "lib.four"],
+        "error": "CUDA error: an illegal memory access was encountered",
+    }
+    line = recover.fault_text(fault)
+    assert line.startswith("a CUDA kernel fault, caused by one of 4 calls that could not be told")
+    assert "lib.one, lib.two" in line and "lib.four" not in line and "\x1b" not in line
+    assert "span" not in line
+    assert recover.fault_text(None) == "" and recover.fault_text({"candidates": []}) == ""
 
 
 @pytest.mark.parametrize("looked", [True, False], ids=["suspect", "candidates"])

@@ -107,6 +107,8 @@ def _main(args: argparse.Namespace) -> int:
     # Paths come from a directory listing, hosts and reasons from the journals: escaped.
     for o in outcomes:
         print(printable(f"{o.path}: {_line(o, args.dry_run)}"), file=sys.stderr)
+        if o.fault:
+            print(printable(f"{o.path}: {o.fault}"), file=sys.stderr)
     summary = _summary(outcomes, where, args.dry_run)
     print(printable(f"otel-gpu recover: {summary}"), file=sys.stderr)
     failures = ("unconfirmed", "failed", "unreadable")

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from otel_gpu._text import brief
+from otel_gpu._text import brief, printable
 from otel_gpu.attributes import (
     INPUT_PREFIX,
     RECOVERED,
@@ -79,6 +79,9 @@ class Outcome:
     """Where the spans were handed: the destinations, or this process's span processor."""
     kept: bool = False
     """For unconfirmed and shown: the journal is still there, for another run."""
+    fault: str = ""
+    """The call whose kernel faulted, in words, when the process saw a CUDA fault
+    (devices/cuda_fault.py wrote the verdict into the journal): the suspect, or the candidates."""
 
 
 # --------------------------------------------------------------------------- liveness
@@ -351,6 +354,25 @@ def _candidates(path: str) -> list[str]:
     )
 
 
+def fault_text(fault: dict[str, Any] | None) -> str:
+    """A journal's CUDA fault verdict in words ("" without one): the call whose kernel faulted,
+    or the calls that could not be told apart."""
+    if not fault:
+        return ""
+    names = [printable(n) for n in fault.get("names") or []]
+    if fault.get("suspect"):
+        name = f" ({names[0]})" if names else ""
+        return f"a CUDA kernel fault, caused by span {fault['suspect']}{name}"
+    candidates = fault.get("candidates") or []
+    if candidates:
+        shown = ", ".join(names[:3]) + (", …" if len(names) > 3 else "")
+        return (
+            f"a CUDA kernel fault, caused by one of {len(candidates)} calls that could not be "
+            f"told apart{f' ({shown})' if shown else ''}"
+        )
+    return ""
+
+
 def _recover_one(
     path: str,
     settings: Settings,
@@ -359,6 +381,23 @@ def _recover_one(
     dry_run: bool,
     processor_keeps: bool = True,
 ) -> Outcome:
+    seen: list[Any] = []
+    outcome = _recover_journal(path, settings, processor, timeout, dry_run, processor_keeps, seen)
+    if seen and outcome.spans:
+        outcome.fault = fault_text(seen[0])
+    return outcome
+
+
+def _recover_journal(
+    path: str,
+    settings: Settings,
+    processor: Any,
+    timeout: float,
+    dry_run: bool,
+    processor_keeps: bool,
+    seen: list[Any],
+) -> Outcome:
+    """One journal file; ``seen`` gets the journal's CUDA fault verdict once it is read."""
     base, claim, claimer = path.partition(_CLAIM)
     if claim:  # a recoverer claimed it; recover it only if that recoverer died
         owner = claimer.partition("-")[0]
@@ -372,6 +411,7 @@ def _recover_one(
         return Outcome(path, "taken", detail="gone before it could be read")
     except (OSError, ValueError) as exc:
         return Outcome(path, "invalid", detail=_why(exc, path))
+    seen.append(journal.fault)
     if journal.closed:  # closed normally, but the file could not be deleted then
         if not dry_run:
             try:
