@@ -19,7 +19,6 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ imports on use
-    from otel_gpu.calls.decorator import NonFiniteError, api, configure, flush
     from otel_gpu.config import ConfigError, Settings
     from otel_gpu.instrumentation.targets import (
         instrument,
@@ -27,6 +26,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ im
         uninstrument,
     )
     from otel_gpu.instrumentation.torch_modules import instrument_module, uninstrument_module
+    from otel_gpu.runtime import NonFiniteError, api, configure, flush
 
 __all__ = [
     "ConfigError",
@@ -47,10 +47,10 @@ __all__ = [
 # function ``instrument`` lives in the package ``instrumentation``): importing a submodule
 # binds it as an attribute of this package, which would hide a lazy name of the same spelling.
 _LAZY = {
-    "NonFiniteError": "otel_gpu.calls.decorator",
-    "api": "otel_gpu.calls.decorator",
-    "configure": "otel_gpu.calls.decorator",
-    "flush": "otel_gpu.calls.decorator",
+    "NonFiniteError": "otel_gpu.runtime",
+    "api": "otel_gpu.runtime",
+    "configure": "otel_gpu.runtime",
+    "flush": "otel_gpu.runtime",
     "ConfigError": "otel_gpu.config",
     "Settings": "otel_gpu.config",
     "instrument": "otel_gpu.instrumentation.targets",

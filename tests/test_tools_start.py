@@ -124,7 +124,7 @@ before = "torch" in sys.modules
 names = dir(otel_gpu)
 from otel_gpu import instrument, api
 import otel_gpu.instrumentation
-from otel_gpu.calls.decorator import api as real_api
+from otel_gpu.runtime import api as real_api
 from otel_gpu.instrumentation.targets import instrument as real_instrument
 try:
     otel_gpu.no_such_name

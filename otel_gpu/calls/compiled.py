@@ -39,9 +39,9 @@ import torch
 from otel_gpu import _guard
 from otel_gpu.attributes import COMPILED
 from otel_gpu.calls import lifecycle, metadata, stats
+from otel_gpu.core import sink
 from otel_gpu.core.record import Call
 from otel_gpu.devices import compiling
-from otel_gpu.export import pipeline
 
 __all__ = ["ATTRIBUTE", "SUPPORTED", "call", "is_compiling", "register"]
 
@@ -49,6 +49,7 @@ ATTRIBUTE = COMPILED
 
 # whether this thread traces (the compile seam, shared with the NVTX observer)
 _is_exporting = compiling.is_exporting
+_get_pipeline = sink.get  # the running pipeline, built on first use (core/sink.py)
 is_compiling = compiling.is_compiling
 SUPPORTED = compiling.SUPPORTED
 
@@ -180,7 +181,7 @@ if SUPPORTED:
 def _begin(plan_id: int, depth: int, names: str, tensors: list[torch.Tensor]) -> None:
     entries = _stack.entries
     del entries[depth:]  # calls a graph that raised left open are never parents
-    pipe = pipeline.get()
+    pipe = _get_pipeline()
     if pipe is None or (depth and entries[-1] is None):
         entries.append(None)
         return
@@ -230,7 +231,7 @@ def _end(depth: int, names: str, tensors: list[torch.Tensor]) -> None:
             pending = (pending or []) + [stats.compute("output." + k, t) for k, t in found]
     if pending:
         call.stats = stats.finish(pending)
-    pipeline_ = pipeline.get()
+    pipeline_ = _get_pipeline()
     if pipeline_ is not None:
         pipeline_.submit(call)
 

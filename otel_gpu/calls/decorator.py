@@ -1,19 +1,21 @@
-"""``@otel_gpu.api``: the decorator, and ``configure``/``flush``.
+"""The decorator's work: a decorated function's plan and the wrapper of its level.
 
 Everything that can be decided when a function is decorated is decided then: the
 level, the span name, the ``code.*`` attributes, the argument binder, which
 parameters are redacted. The wrapper returned for level N does only level N's
 work. At level 0 the decorator returns the function object itself.
+
+The public ``@otel_gpu.api``, ``configure`` and ``flush`` live at the top of the package
+(:mod:`otel_gpu.runtime`), which wires this layer to the running pipeline: the wrappers reach
+the pipeline through :mod:`otel_gpu.core.sink`, never by importing it.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
-import os
-import sys
 from collections.abc import Callable
-from typing import Any, TypeVar, overload
+from typing import Any
 
 from opentelemetry.trace.span import DEFAULT_TRACE_STATE
 
@@ -23,19 +25,14 @@ from otel_gpu.attributes import (
     CODE_FUNCTION_NAME,
     CODE_LINE_NUMBER,
 )
-from otel_gpu.calls import compiled, describe, lifecycle, metadata
+from otel_gpu.calls import compiled, lifecycle, metadata
 from otel_gpu.calls.lifecycle import NonFiniteError
-from otel_gpu.core import record
+from otel_gpu.core import record, sink
 from otel_gpu.core.plan import Plan, Shape, qualified_name, shape_of
 from otel_gpu.core.record import Call
 from otel_gpu.devices import cuda
-from otel_gpu.export import pipeline, spans
-from otel_gpu.instrumentation import targets as _targets
 
-__all__ = ["NonFiniteError", "api", "configure", "decorate", "flush", "make_plan"]
-
-
-F = TypeVar("F", bound=Callable[..., Any])
+__all__ = ["NonFiniteError", "decorate", "make_plan"]
 
 # the lifecycle's steps as module globals: one dict lookup each on the hot path
 _begin = lifecycle.begin
@@ -44,8 +41,6 @@ _detach = lifecycle.detach
 _time_ns = lifecycle.time_ns
 _traceback_of = lifecycle.traceback_of
 _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-# a call's exception is formatted on the export thread within a time bound (user __str__)
-spans.describe_exceptions_with(describe.exception_text)
 
 
 def make_plan(
@@ -106,7 +101,7 @@ def _make_wrapper(
     fn: Callable[..., Any], plan: Plan, settings: config.Settings
 ) -> Callable[..., Any]:
     level = plan.level
-    get_pipeline = pipeline.get
+    get_pipeline = sink.getter()  # the pipeline's own get(): one call per call, as before
     internal = _guard.internal_error
     # the lifecycle's start and finish (calls/lifecycle.py), bound once: as cheap as closures
     before, after, end = lifecycle.start, lifecycle.finish, lifecycle.end
@@ -264,7 +259,6 @@ def decorate(
     settings = config.current()
     if settings.level == 0:
         return fn  # level 0: the function itself, no wrapper, no per-call check
-    _targets.apply_settings(settings)  # OTEL_GPU_INSTRUMENT where no start-up hook applied it
     if settings.strict:
         _guard.set_strict(True)
     shape = shape_of(fn)
@@ -274,62 +268,3 @@ def decorate(
     wrapper = _make_wrapper(fn, plan, settings)
     wrapper.__otel_gpu_plan__ = plan  # type: ignore[attr-defined]
     return wrapper
-
-
-@overload
-def api(fn: F, /, *, name: str | None = None) -> F: ...
-@overload
-def api(*, name: str | None = None) -> Callable[[F], F]: ...
-
-
-def api(fn: Any = None, /, *, name: str | None = None) -> Any:
-    """Turn every call of ``fn`` into an OpenTelemetry span, at the level ``OTEL_GPU_LOGLEVEL`` sets.
-
-    Use bare (``@otel_gpu.api``) or with a span name (``@otel_gpu.api(name="BatchDecode.run")``).
-    The level is read when the function is decorated: call :func:`configure` before importing
-    the library whose functions are decorated.
-    """
-    if fn is None:
-        return lambda f: decorate(f, name)
-    if isinstance(fn, str):
-        raise TypeError(
-            "otel_gpu.api takes the span name as a keyword: @otel_gpu.api(name=...), "
-            f"not @otel_gpu.api({fn!r})"
-        )
-    return decorate(fn, name)
-
-
-def configure(
-    *,
-    level: int | str | None = None,
-    dest: str | list[str] | tuple[str, ...] | None = None,
-    tracer_provider: Any = None,
-    **settings: Any,
-) -> config.Settings:
-    """Set otel-gpu's settings from code; wins over the environment.
-
-    Call it before importing the libraries whose functions are decorated: the level is fixed
-    when a function is decorated. A new destination takes effect at the next call (queued spans
-    are flushed to the old one first). ``tracer_provider`` sends spans to that SDK
-    TracerProvider instead of the global or otel-gpu's own one. Other keyword arguments are the
-    field names of :class:`otel_gpu.config.Settings` (``max_items``, ``provider``, ``strict``…).
-    Raises :class:`otel_gpu.ConfigError` naming the invalid value and what is allowed.
-    """
-    new = config._set_overrides({"level": level, "dest": dest, **settings})
-    _guard.set_strict(new.strict)
-    pipeline.reset()
-    if tracer_provider is not None:
-        pipeline.set_tracer_provider(tracer_provider)
-    _targets.apply_settings(new)  # OTEL_GPU_INSTRUMENT where no start-up hook applied it
-    return new
-
-
-def flush(timeout: float | None = None) -> bool:
-    """Export every span recorded so far. True when all reached the exporters within ``timeout`` s."""
-    pipe = pipeline.current()
-    if pipe is None or pipe.pid != os.getpid():
-        return True
-    graphs = sys.modules.get("otel_gpu.devices.cuda_graphs")
-    if graphs is not None:  # CUDA-graph replays still being read become spans first
-        graphs.flush(pipe.settings.flush_timeout if timeout is None else timeout)
-    return pipe.flush(timeout)

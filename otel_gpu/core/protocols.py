@@ -122,6 +122,12 @@ class SpanSink(Protocol):
         """The call metrics (``OTEL_GPU_METRICS``), or None."""
         ...
 
+    @property
+    def device_time(self) -> Any:
+        """The device-time recorder (:mod:`otel_gpu.devices.device_time`), or None where calls
+        are not timed on the device."""
+        ...
+
     def submit(self, call: Call) -> None:
         """Queue a finished call (never blocks beyond the queue's back-pressure)."""
         ...

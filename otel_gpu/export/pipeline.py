@@ -47,6 +47,7 @@ from opentelemetry.sdk.trace import TracerProvider as SdkTracerProvider  # noqa:
 
 from otel_gpu.export import drops  # noqa: E402
 from otel_gpu.export import observers as _observers  # noqa: E402
+from otel_gpu.export import spans as _spans  # noqa: E402
 from otel_gpu.export import target as _target  # noqa: E402
 from otel_gpu.export.spans import SCOPE as SCOPE  # noqa: E402
 from otel_gpu.export.spans import SpanBuilder  # noqa: E402
@@ -505,6 +506,7 @@ def get() -> Pipeline | None:
             if _pipeline is None:
                 _building = threading.get_ident()
                 try:
+                    _describe_exceptions()
                     _pipeline = Pipeline(config.current(), _explicit_provider)
                 except config.ConfigError as exc:  # a standard variable the SDK would choke on
                     _pipeline = _FAILED
@@ -520,12 +522,22 @@ def get() -> Pipeline | None:
     return None if pipe is _FAILED else pipe
 
 
+def _describe_exceptions() -> None:
+    """Spans format a call's exception with the calls' describer, which bounds the time a user
+    ``__str__`` may take on the export thread. Only decorated calls reach a pipeline, so the
+    calls layer (and torch) is already imported when one is built."""
+    from otel_gpu.calls import describe
+
+    _spans.describe_exceptions_with(describe.exception_text)
+
+
 def current() -> Pipeline | None:
     """The process's pipeline if one is built (never builds one)."""
     return None if _pipeline is _FAILED else _pipeline
 
 
-sink.install(current)  # calls finished off a wrapper (CUDA graph replays) find the pipeline
+# the calls layer (wrappers, compiled calls, CUDA graph replays) finds the pipeline through the core
+sink.install(current, get)
 
 
 def set_tracer_provider(provider: Any) -> None:

@@ -32,6 +32,7 @@ from otel_gpu.instrumentation.refused import RefusedTarget, refusal, refused_mod
 __all__ = [
     "applied_how",
     "apply_settings",
+    "decorate",
     "instrument",
     "instrument_from_settings",
     "instrumented",
@@ -446,9 +447,26 @@ def _patch(owner: Any, attr: str, spec: str, name: str | None) -> list[str]:
     return [full]
 
 
-def _wrap(fn: Any, span_name: str, spec: str) -> Any:
-    from otel_gpu.calls.decorator import decorate
+def decorate(
+    fn: Any,
+    name: str | None,
+    attributes: dict[str, Any] | None = None,
+    instrumented: str | None = None,
+) -> Any:
+    """What ``@otel_gpu.api`` and every instrumentation path do to ``fn``: the calls layer's
+    :func:`otel_gpu.calls.decorator.decorate`, after applying ``OTEL_GPU_INSTRUMENT`` where no
+    start-up hook did (at the first function decorated at a level above 0), with the pipeline
+    module imported so that the wrapper binds its accessor."""
+    from otel_gpu.calls import decorator
+    from otel_gpu.export import pipeline  # noqa: F401  (installs the sink's accessors)
 
+    settings = config.current()
+    if settings.level != 0:
+        apply_settings(settings)
+    return decorator.decorate(fn, name, attributes, instrumented)
+
+
+def _wrap(fn: Any, span_name: str, spec: str) -> Any:
     make = _wrappers.get(spec)
     if make is not None:
         return make(fn)

@@ -99,7 +99,7 @@ def span_name(op: str) -> str:
 
 def wrap(original: Any, op: str) -> Any:
     """Our wrapper for ``distributed_c10d.<op>``, or ``original`` itself at level 0."""
-    from otel_gpu.calls.decorator import decorate
+    from otel_gpu.instrumentation.targets import decorate
 
     params = list(inspect.signature(original).parameters)
     position = {name: i for i, name in enumerate(params)}

@@ -100,7 +100,7 @@ def uninstrument_module(model: Any) -> int:
 
 
 def _wrap_module(module: Any, span_name: str, path: str, settings: config.Settings) -> None:
-    from otel_gpu.calls.decorator import decorate
+    from otel_gpu.instrumentation.targets import decorate
 
     cls = type(module)
     original = module.__dict__.get("forward")
