@@ -46,9 +46,11 @@ __all__ = [
     "otel_standard_variables",
     "otlp_protocol",
     "rank",
+    "reset_overrides",
     "resource_variables",
     "run_program_pid",
     "runtime_dir",
+    "set_overrides",
 ]
 
 LEVELS = (0, 1, 3, 5, 10)
@@ -1099,7 +1101,7 @@ def current() -> Settings:
     return settings
 
 
-def _set_overrides(overrides: Mapping[str, Any]) -> Settings:
+def set_overrides(overrides: Mapping[str, Any]) -> Settings:
     """Merge ``overrides`` into the ones from earlier :func:`otel_gpu.configure` calls and reload."""
     global _current
     with _lock:
@@ -1111,7 +1113,7 @@ def _set_overrides(overrides: Mapping[str, Any]) -> Settings:
         return settings
 
 
-def _reset() -> None:
+def reset_overrides() -> None:
     """Forget configure() overrides and the cached settings (tests)."""
     global _current
     with _lock:

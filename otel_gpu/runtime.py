@@ -65,7 +65,7 @@ def configure(
     field names of :class:`otel_gpu.config.Settings` (``max_items``, ``provider``, ``strict``…).
     Raises :class:`otel_gpu.ConfigError` naming the invalid value and what is allowed.
     """
-    new = config._set_overrides({"level": level, "dest": dest, **settings})
+    new = config.set_overrides({"level": level, "dest": dest, **settings})
     _guard.set_strict(new.strict)
     pipeline.reset()
     if tracer_provider is not None:

@@ -63,5 +63,5 @@ def otel_gpu_spans() -> Iterator[Callable[..., CapturedSpans]]:
     yield start
     pipeline.reset(timeout=2.0)
     pipeline.set_tracer_provider(None)
-    config._reset()
+    config.reset_overrides()
     _guard.set_strict(False)

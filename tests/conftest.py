@@ -41,7 +41,7 @@ def _clean_otel_gpu(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("OTEL_GPU_STRICT", "true")
     pipeline.reset(timeout=2.0)
     pipeline.set_tracer_provider(None)
-    config._reset()
+    config.reset_overrides()
     _guard._reset()
     _guard.set_strict(True)
     yield
@@ -56,7 +56,7 @@ def _clean_otel_gpu(monkeypatch: pytest.MonkeyPatch):
     if events is not None:  # a backend chosen while cuda_available() was faked: choose again
         events.use(None)
     pipeline.set_tracer_provider(None)
-    config._reset()
+    config.reset_overrides()
     _guard._reset()
     _guard.set_strict(False)
 

@@ -80,7 +80,7 @@ def test_a_bad_environment_fails_at_decoration_not_inside_calls(monkeypatch):
     """A bad OTEL_GPU_LOGLEVEL surfaces when the library is decorated (import time), as a
     ConfigError naming the variable, never later from inside a call."""
     monkeypatch.setenv("OTEL_GPU_LOGLEVEL", "2")
-    config._reset()
+    config.reset_overrides()
     with pytest.raises(config.ConfigError, match="OTEL_GPU_LOGLEVEL='2'"):
 
         @otel_gpu.api

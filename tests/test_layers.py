@@ -248,3 +248,66 @@ def test_no_cycle_between_modules_but_the_explained_pairs():
     assert not gone, f"no longer a cycle: remove {gone} from EXPLAINED_MODULE_CYCLES"
     for pair in EXPLAINED_MODULE_CYCLES:
         assert len({folder(m) for m in pair}) == 1, f"{sorted(pair)} crosses folders"
+
+
+def private_names_across_folders() -> list[str]:
+    """Each use of an underscore name of another folder's module: ``from m import _x`` and
+    ``m._x`` where ``m`` was imported as a module (top-level modules count as folders of their
+    own, as in the layers)."""
+    modules = _modules()
+    found = []
+    for module, path in modules.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        aliases: dict[str, str] = {}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("otel_gpu"):
+                for alias in node.names:
+                    full = f"{node.module}.{alias.name}"
+                    if full in modules:
+                        aliases[alias.asname or alias.name] = full
+                    elif _private(alias.name) and folder(node.module or "") != folder(module):
+                        found.append(f"{module} imports {full}")
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name in modules and alias.asname:
+                        aliases[alias.asname] = alias.name
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id in aliases
+                and _private(node.attr)
+                and folder(aliases[node.value.id]) != folder(module)
+            ):
+                found.append(f"{module} uses {aliases[node.value.id]}.{node.attr}")
+    return found
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def test_no_underscore_name_crosses_a_folder():
+    """What another folder needs is public in its module: no module reads an underscore name of
+    a module in another folder (imports inside functions count)."""
+    assert private_names_across_folders() == []
+
+
+def test_the_private_name_walk_finds_both_forms(tmp_path, monkeypatch):
+    """The walk sees ``from otel_gpu.x.y import _z`` and ``y._z`` through a module alias, and
+    leaves a same-folder use alone: the test above cannot pass by missing them."""
+    planted = {
+        "otel_gpu.calls.planted": "from otel_gpu.export.pipeline import _lock\n"
+        "from otel_gpu.export import pipeline\n"
+        "from otel_gpu.calls import metadata\n"
+        "x = pipeline._WAKE_AT\ny = metadata._private_same_folder\n",
+    }
+    path = tmp_path / "planted.py"
+    path.write_text(planted["otel_gpu.calls.planted"], encoding="utf-8")
+    real = _modules()
+    monkeypatch.setitem(globals(), "_modules", lambda: {**real, "otel_gpu.calls.planted": path})
+    found = private_names_across_folders()
+    assert found == [
+        "otel_gpu.calls.planted imports otel_gpu.export.pipeline._lock",
+        "otel_gpu.calls.planted uses otel_gpu.export.pipeline._WAKE_AT",
+    ]

@@ -759,4 +759,4 @@ def _use_env(monkeypatch: pytest.MonkeyPatch, env: dict[str, str]) -> None:
     for key, value in env.items():
         if key.startswith("OTEL_"):
             monkeypatch.setenv(key, value)
-    config._reset()
+    config.reset_overrides()

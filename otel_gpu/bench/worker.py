@@ -120,8 +120,7 @@ class Ours(Config):
             except Exception as exc:
                 raise Unavailable(f"import otel_gpu.recorder.recorder failed: {exc!r}") from exc
         # Defer export for the whole loop (the flush does it): caller-visible cost only.
-        pipeline._WAKE_EVERY = _NEVER
-        pipeline._WAKE_AT = -1
+        pipeline.defer_export()
         self.spans_file = os.path.join(spec["dir"], f"ours{level}.jsonl")
         self.dump_dir = os.path.join(spec["dir"], "dumps", f"ours{level}")
         otel_gpu.configure(

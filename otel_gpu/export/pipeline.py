@@ -57,9 +57,11 @@ if TYPE_CHECKING:
     from otel_gpu.export.observers import Observer
     from otel_gpu.exporters.console import ConsoleSpanExporter
 
-__all__ = ["Pipeline", "get", "reset", "shutdown"]
+__all__ = ["Pipeline", "defer_export", "get", "reset", "shutdown"]
 
-_WAKE_EVERY = 0.1  # seconds; batching amortises the export thread's wake-ups and GIL grabs
+_WAKE_EVERY: float | None = (
+    0.1  # seconds (None: only when flushed); batching amortises the export thread's wake-ups and GIL grabs
+)
 _WAKE_AT = 1024  # queued calls that wake the export thread early, to bound memory
 _EXPORT_CHUNK = 64  # spans per export; bounds how long drain() keeps the collector paused
 _STALL_AFTER = 1.0  # seconds without progress before a full queue drops (block mode): above
@@ -529,6 +531,15 @@ def _describe_exceptions() -> None:
     from otel_gpu.calls import describe
 
     _spans.describe_exceptions_with(describe.exception_text)
+
+
+def defer_export() -> None:
+    """Let the export thread wake only when flushed, not on its timer or a full batch: for
+    ``otel-gpu bench``'s workers, which measure what the caller pays alone and flush after the
+    loop. Never for a program: its queue would fill."""
+    global _WAKE_EVERY, _WAKE_AT
+    _WAKE_EVERY = None
+    _WAKE_AT = -1
 
 
 def current() -> Pipeline | None:
