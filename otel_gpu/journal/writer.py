@@ -33,7 +33,6 @@ import tempfile
 import threading
 import time
 import weakref
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry.trace import SpanContext, TraceFlags
@@ -220,7 +219,6 @@ class Journal:
         # Free slots as file offsets, last first: pop() hands out the lowest, and a process
         # that is not concurrent keeps reusing the same page.
         self._free = [self.base + i * self.stride for i in range(self.count - 1, -1, -1)]
-        self._pipeline = pipeline
         name = f"{PREFIX}{self.pid}-{os.urandom(4).hex()}{SUFFIX}"
         self.path = os.path.join(directory, name)
         flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
@@ -253,27 +251,17 @@ class Journal:
             0,
         )
         _open_journals.add(self)
-        # The first call writes the resource (the pipeline has none until it is built);
-        # after that, calls go straight to the fast method.
-        self.start: Callable[[Call], None] = self._first_start
+        # The host is complete (its resource detected) before any observer is built: the
+        # resource is written now, so the calls take the fast method from the first.
+        if pipeline is not None:
+            try:
+                self._write_meta(pipeline)
+            except Exception as exc:  # recovery then lacks the resource, not the calls
+                _guard.internal_error("journal", exc)
 
     # ------------------------------------------------------------------ caller's thread
 
-    def _first_start(self, call: Call) -> None:
-        failure = None
-        with self._lock:
-            if self._pipeline is not None:
-                try:
-                    self._write_meta(self._pipeline)
-                except Exception as exc:  # recovery then lacks the resource, not the calls
-                    failure = exc
-                self._pipeline = None
-            self.start = self._start
-        self._start(call)
-        if failure is not None:
-            _guard.internal_error("journal", failure)
-
-    def _start(self, call: Call) -> None:
+    def start(self, call: Call) -> None:
         mm = self._mm
         if mm is None:
             return
@@ -458,7 +446,6 @@ class Journal:
             return  # a fork child must not delete its parent's journal
         with self._lock:
             mm, self._mm = self._mm, None
-            self._pipeline = None
         if mm is None:
             return
         U32.pack_into(mm, STATE_AT, CLOSED)  # in case the unlink below fails
