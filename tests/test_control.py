@@ -243,8 +243,10 @@ def test_ring_size_needs_a_ring_and_changes_it(controlled):
         return x
 
     eta(1)  # builds the pipeline: no ring
+    before = state.effective()
     with pytest.raises(document.ControlError, match="ring_size"):
-        _apply({"ring_size": 4})
+        _apply({"level": 5, "ring_size": 4})
+    assert state.effective() == before  # the level was not applied either
     state.reset("test")
     from otel_gpu.export import pipeline
 
