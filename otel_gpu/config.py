@@ -684,6 +684,16 @@ SETTINGS: tuple[Setting, ...] = (
         "false saves the two reads (tens of microseconds a call on a GPU host).",
     ),
     Setting(
+        "control",
+        "OTEL_GPU_CONTROL",
+        "on, off",
+        _str_choice(("on", "off")),
+        "on: every decorated function, level 0 included, is a trampoline whose path live control "
+        "(otel-gpu control) can swap for another level's, per function by glob, for a time "
+        "window; level 0 costs one extra call (docs/control.md). off: level 0 is the function "
+        "itself and the level is fixed at decoration.",
+    ),
+    Setting(
         "service_name",
         "OTEL_SERVICE_NAME",
         "any string",
@@ -968,6 +978,7 @@ class Settings:
     device_spans: str = "auto"
     device_time_wait: float = 5.0
     device_memory: bool = True
+    control: str = "off"
     service_name: str | None = None
     dest_explicit: bool = False
     """True when OTEL_GPU_LOGDEST or configure(dest=...) set the destination (not the default)."""
