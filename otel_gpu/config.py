@@ -21,6 +21,8 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
+from otel_gpu import trigger_rules
+
 __all__ = [
     "LEVELS",
     "SAMPLERS",
@@ -694,6 +696,17 @@ SETTINGS: tuple[Setting, ...] = (
         "itself and the level is fixed at decoration.",
     ),
     Setting(
+        "triggers",
+        "OTEL_GPU_TRIGGERS",
+        "a JSON list of trigger objects (docs/control.md, Triggers), or none",
+        trigger_rules.parse_text,
+        "Rules that raise detail when something happens: on a non-finite result, an exception "
+        "of a given type or a call slower than a threshold, the next calls of that function (or "
+        "all functions) take a higher level, bounded by a count and a time, and/or the ring is "
+        "dumped. Arms the decorated functions as OTEL_GPU_CONTROL=on does. Example: "
+        '[{"on": "nonfinite", "level": 10, "calls": 20}].',
+    ),
+    Setting(
         "service_name",
         "OTEL_SERVICE_NAME",
         "any string",
@@ -979,12 +992,19 @@ class Settings:
     device_time_wait: float = 5.0
     device_memory: bool = True
     control: str = "off"
+    triggers: tuple[trigger_rules.Trigger, ...] = ()
     service_name: str | None = None
     dest_explicit: bool = False
     """True when OTEL_GPU_LOGDEST or configure(dest=...) set the destination (not the default)."""
     flush_timeout_explicit: bool = False
     """True when OTEL_GPU_FLUSH_TIMEOUT or configure(flush_timeout=...) set the bound: only then
     may exit leave queued spans unbuilt (dropping data is the user's choice, never a default)."""
+
+    @property
+    def controllable(self) -> bool:
+        """Whether decorated functions are armed (calls/armed.py): ``OTEL_GPU_CONTROL=on``, or
+        triggers set, which raise functions' levels as control does."""
+        return self.control == "on" or bool(self.triggers)
 
     def __post_init__(self) -> None:
         # Tempo cuts attribute values at 2048 bytes by default: never produce longer ones.
@@ -1013,6 +1033,11 @@ def _parse(setting: Setting, raw: object, source: str) -> Any:
         raw = str(raw)
     if isinstance(raw, (list, tuple)) and setting.parse is _patterns:
         raw = ",".join(str(r) for r in raw)
+    if setting.field == "triggers" and isinstance(raw, (list, tuple, dict)):
+        try:  # configure(triggers=[{...}]): the objects themselves, not their str()
+            return trigger_rules.parse(list(raw) if isinstance(raw, tuple) else raw)
+        except ValueError as exc:
+            raise _error(setting, "the triggers given", str(exc), source) from None
     try:
         value = setting.parse(raw if isinstance(raw, str) else str(raw))
     except ValueError as exc:

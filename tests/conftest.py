@@ -48,6 +48,10 @@ def _clean_otel_gpu(monkeypatch: pytest.MonkeyPatch):
     from otel_gpu.instrumentation import targets
 
     targets._reset_for_tests()
+    for name in ("otel_gpu.calls.armed", "otel_gpu.anomalies.triggers"):
+        module = sys.modules.get(name)
+        if module is not None:  # armed functions and triggers are process-wide
+            module._reset_for_tests()
     graphs = sys.modules.get("otel_gpu.devices.cuda_graphs")
     if graphs is not None:  # a faked capture patched CUDAGraph: put it back
         graphs.uninstall()

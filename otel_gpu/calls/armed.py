@@ -28,7 +28,7 @@ from typing import Any
 from otel_gpu import _guard, config
 from otel_gpu.core.plan import Plan, qualified_name, shape_of
 
-__all__ = ["Armed", "Rule", "arm", "entries", "set_rule"]
+__all__ = ["Armed", "Rule", "arm", "entries", "refollow", "set_rule"]
 
 Builder = Callable[[config.Settings], Any]
 """Builds the wrapper of a function for the given settings (their ``level``, > 0)."""
@@ -94,6 +94,44 @@ class Armed:
         self._set(path)
         self.level = level
 
+    def boost(self, level: int, calls: int, done: Callable[[], None]) -> bool:
+        """Take ``level``'s path for the next ``calls`` calls (a trigger fired), then call
+        ``done``, which puts back the path the rule gives. False, changing nothing, when the
+        function already records at ``level`` or above. The countdown is on the boosted path
+        only: the other paths stay as they are."""
+        if level <= self.level:
+            return False
+        path = self._paths.get(level)
+        if path is None:
+            path = self._build(config.with_changes(self._settings, level=level))
+            self._paths[level] = path
+        left = [calls]
+
+        def count() -> None:
+            left[0] -= 1
+            if left[0] == 0:  # the last boosted call: later calls take the rule's path
+                try:
+                    done()
+                except Exception as exc:
+                    _guard.internal_error("control", exc)
+
+        if inspect.iscoroutinefunction(self.fn):
+
+            async def boosted_async(*args: Any, **kwargs: Any) -> Any:
+                count()
+                return await path(*args, **kwargs)
+
+            self._set(boosted_async)
+        else:
+
+            def boosted(*args: Any, **kwargs: Any) -> Any:
+                count()
+                return path(*args, **kwargs)
+
+            self._set(boosted)
+        self.level = level
+        return True
+
 
 _registry: weakref.WeakSet[Armed] = weakref.WeakSet()
 _lock = threading.RLock()
@@ -119,6 +157,12 @@ def set_rule(rule: Rule | None) -> list[Armed]:
             if entry.level != before:
                 changed.append(entry)
     return changed
+
+
+def refollow(entry: Armed) -> None:
+    """Put ``entry`` back on the path the rule in force gives it (after a trigger's boost)."""
+    with _lock:
+        _follow(entry, _rule)
 
 
 def _follow(entry: Armed, rule: Rule | None) -> None:
@@ -189,3 +233,11 @@ def _sampled(path: Any, fn: Any, ratio: float) -> Any:
         return fn(*args, **kwargs)
 
     return sampled
+
+
+def _reset_for_tests() -> None:
+    """Forget every armed function and the rule (a test's functions outlive it until the GC)."""
+    global _rule
+    with _lock:
+        _registry.clear()
+        _rule = None

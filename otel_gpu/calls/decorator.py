@@ -257,7 +257,7 @@ def decorate(
     if isinstance(fn, (staticmethod, classmethod)):
         return type(fn)(decorate(fn.__func__, name, attributes, instrumented))
     settings = config.current()
-    if settings.control == "on":  # OTEL_GPU_CONTROL: a path live control can swap (calls/armed.py)
+    if settings.controllable:  # OTEL_GPU_CONTROL or triggers: a path to swap (calls/armed.py)
         return armed.arm(fn, name, settings, lambda s: _wrap(fn, name, attributes, instrumented, s))
     if settings.level == 0:
         return fn  # level 0: the function itself, no wrapper, no per-call check

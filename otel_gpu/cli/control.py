@@ -21,6 +21,17 @@ EXIT_REFUSED = 1
 EXIT_USAGE = 2
 
 
+def _json_list(text: str) -> Any:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            "not JSON: write a JSON list of trigger objects, such as "
+            '\'[{"on": "nonfinite", "level": 10}]\''
+        ) from None
+    return value
+
+
 def _document(args: argparse.Namespace) -> dict[str, Any] | None:
     """The control document the flags describe; None for --show."""
     if args.show:
@@ -38,6 +49,8 @@ def _document(args: argparse.Namespace) -> dict[str, Any] | None:
         doc["sample"] = args.sample
     if args.ring_size is not None:
         doc["ring_size"] = args.ring_size
+    if args.triggers is not None:
+        doc["triggers"] = args.triggers
     if args.until_changed:
         doc["for"] = None
     elif args.window is not None:
@@ -60,11 +73,12 @@ def _main(args: argparse.Namespace) -> int:
         bool(args.include or args.exclude),
         args.sample is not None,
         args.ring_size is not None,
+        args.triggers is not None,
     ]
     if (args.show or args.reset) and (any(changes) or args.window or args.until_changed):
         say(
             "--show and --reset take no other change (--level, --include, --exclude, --sample, "
-            "--ring-size, --for)"
+            "--ring-size, --triggers, --for)"
         )
         return EXIT_USAGE
     if args.show and args.reset:
@@ -260,6 +274,13 @@ def register(sub: Any) -> None:
     )
     p.add_argument(
         "--ring-size", type=_count, metavar="N", help="the anomaly ring's size, in calls"
+    )
+    p.add_argument(
+        "--triggers",
+        type=_json_list,
+        metavar="JSON",
+        help="the triggers in force while the change lasts, a JSON list such as "
+        '\'[{"on": "nonfinite", "level": 10, "calls": 20}]\' ([] for none; docs/control.md)',
     )
     p.add_argument(
         "--for",

@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from otel_gpu import trigger_rules
 from otel_gpu.config import LEVELS
 
 __all__ = [
@@ -43,7 +44,7 @@ MAX_PATTERNS = 64
 """Globs per list (``include``, ``exclude``)."""
 MAX_PATTERN_LENGTH = 256
 MAX_RING_SIZE = 1_000_000
-FIELDS = ("level", "include", "exclude", "sample", "for", "ring_size", "reset")
+FIELDS = ("level", "include", "exclude", "sample", "for", "ring_size", "triggers", "reset")
 """The fields a document may hold."""
 
 
@@ -63,6 +64,8 @@ class Change:
     """Seconds until the process goes back to its configured state; None: until changed."""
     ring_size: int | None = None
     reset: bool = False
+    triggers: tuple[trigger_rules.Trigger, ...] | None = None
+    """The triggers in force while the change lasts (``[]``: none); None: unchanged."""
 
     def fields(self) -> dict[str, Any]:
         """The fields this change sets, JSON-able (for the control span and the reply)."""
@@ -71,6 +74,8 @@ class Change:
             value = getattr(self, name)
             if value is not None:
                 out[name] = list(value) if isinstance(value, tuple) else value
+        if self.triggers is not None:
+            out["triggers"] = [t.as_dict() for t in self.triggers]
         if self.reset:
             out["reset"] = True
         return out
@@ -97,10 +102,12 @@ def parse(doc: Mapping[str, Any]) -> Change:
                 f"(found {', '.join(others)})"
             )
         return Change(window=None, reset=True)
-    if not any(k in doc for k in ("level", "include", "exclude", "sample", "ring_size")):
+    if not any(
+        k in doc for k in ("level", "include", "exclude", "sample", "ring_size", "triggers")
+    ):
         raise ControlError(
             "a control document changes something: level, include, exclude, sample, "
-            "ring_size, or reset=true"
+            "ring_size, triggers, or reset=true"
         )
     level = doc.get("level")
     if level is not None and (isinstance(level, bool) or level not in LEVELS):
@@ -126,8 +133,14 @@ def parse(doc: Mapping[str, Any]) -> Change:
         raise ControlError(
             f"ring_size must be a whole number of calls from 0 to {MAX_RING_SIZE}, not {_show(ring)}"
         )
+    triggers = None
+    if "triggers" in doc:
+        try:
+            triggers = trigger_rules.parse(doc["triggers"])
+        except ValueError as exc:
+            raise ControlError(f"triggers: {exc}") from None
     window = parse_window(doc["for"], "for") if "for" in doc else DEFAULT_WINDOW
-    return Change(level, include, exclude, sample, window, ring, False)
+    return Change(level, include, exclude, sample, window, ring, False, triggers)
 
 
 def parse_window(raw: Any, name: str = "for") -> float | None:

@@ -17,32 +17,19 @@ thread, or the application's own.
 
 from __future__ import annotations
 
-import fnmatch
-import json
 import os
-import random
 import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from opentelemetry.trace import SpanContext, TraceFlags
-
 from otel_gpu import _guard, config
-from otel_gpu.attributes import (
-    CONTROL_CHANGE,
-    CONTROL_EFFECTIVE,
-    CONTROL_FUNCTIONS,
-    CONTROL_SOURCE,
-    CONTROL_SPAN_NAME,
-    CONTROL_UNTIL,
-)
+from otel_gpu.anomalies import triggers
 from otel_gpu.calls import armed
 from otel_gpu.control.document import Change, ControlError
-from otel_gpu.core.plan import Plan
-from otel_gpu.core.record import Call, CallSpan
 from otel_gpu.export import pipeline
+from otel_gpu.trigger_rules import Trigger
 
 __all__ = ["ControlError", "apply", "effective", "reset"]
 
@@ -58,6 +45,8 @@ class _Override:
     exclude: tuple[str, ...] = ()
     sample: float | None = None
     ring_size: int | None = None
+    triggers: tuple[Trigger, ...] | None = None
+    """The triggers control set (None: OTEL_GPU_TRIGGERS)."""
     until: float | None = None
     """Epoch seconds when it lapses; None: until changed."""
     source: str | None = None
@@ -69,6 +58,7 @@ class _Override:
             or bool(self.include or self.exclude)
             or self.sample is not None
             or self.ring_size is not None
+            or self.triggers is not None
         )
 
 
@@ -99,6 +89,7 @@ def apply(change: Change, source: str) -> dict[str, Any]:
             exclude=change.exclude if change.exclude is not None else old.exclude,
             sample=change.sample if change.sample is not None else old.sample,
             ring_size=change.ring_size if change.ring_size is not None else old.ring_size,
+            triggers=change.triggers if change.triggers is not None else old.triggers,
             until=None if change.window is None else time.time() + change.window,
             source=source,
         )
@@ -142,6 +133,8 @@ def effective() -> dict[str, Any]:
             "sample": o.sample,
             "until": None if o.until is None else round(o.until, 3),
             "ring_size": None if ring is None else int(getattr(ring, "size", 0)),
+            "triggers": [t.as_dict() for t in triggers.current()],
+            "functions_boosted": triggers.boosted_count(),
             "source": o.source,
             "functions": len(entries),
             "functions_changed": sum(1 for e in entries if e.level != e.configured_level),
@@ -155,6 +148,7 @@ def _install(new: _Override, ring: Any) -> list[armed.Armed]:
     """Make ``new`` the state in force: the armed functions' rule and the ring's size."""
     global _override
     _override = new
+    triggers.set_triggers(new.triggers)
     if ring is not None:
         # the ring's configured size is its own settings' (a reconfigured process has a new ring)
         configured = getattr(getattr(ring, "settings", None), "ring", None)
@@ -178,16 +172,7 @@ def _rule_of(o: _Override) -> armed.Rule:
     return rule
 
 
-def selected(qualified: str, name: str, include: tuple[str, ...], exclude: tuple[str, ...]) -> bool:
-    """Whether a function (``module.qualname``, span name) is one a change applies to: it
-    matches an include glob (or there is none) and no exclude glob."""
-
-    def hit(patterns: tuple[str, ...]) -> bool:
-        return any(
-            fnmatch.fnmatchcase(qualified, p) or fnmatch.fnmatchcase(name, p) for p in patterns
-        )
-
-    return (not include or hit(include)) and not hit(exclude)
+selected = triggers.selected  # the same glob rule as the triggers' ``functions``
 
 
 def _schedule(window: float | None) -> None:
@@ -230,32 +215,7 @@ def _source(source: str) -> str:
 
 def _emit(source: str, fields: Mapping[str, Any], result: Mapping[str, Any], changed: int) -> None:
     """The change's span, exported with the process's other spans (its own trace)."""
-    try:
-        pipe = pipeline.get()
-        if pipe is None:
-            return
-        now = time.time_ns()
-        plan = Plan(CONTROL_SPAN_NAME, 1)
-        ctx = SpanContext(
-            random.getrandbits(128) or 1,
-            random.getrandbits(64) or 1,
-            False,
-            TraceFlags(TraceFlags.SAMPLED),
-        )
-        record = Call(plan, CallSpan(ctx, plan.name), None, now)
-        record.end_ns = now
-        attrs: dict[str, Any] = {
-            CONTROL_SOURCE: source,
-            CONTROL_CHANGE: json.dumps(dict(fields), sort_keys=True),
-            CONTROL_EFFECTIVE: json.dumps(dict(result), sort_keys=True),
-            CONTROL_FUNCTIONS: changed,
-        }
-        if result.get("until") is not None:
-            attrs[CONTROL_UNTIL] = float(result["until"])
-        record.span.set_attributes(attrs)
-        pipe.submit(record)
-    except Exception as exc:
-        _guard.internal_error("control", exc)
+    triggers.emit_control_span(source, fields, result, changed)
 
 
 def _after_fork_in_child() -> None:

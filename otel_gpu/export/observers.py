@@ -104,6 +104,12 @@ def _recorder(settings: Settings, pipeline: Wired) -> Observer | None:
     return _load("otel_gpu.recorder.recorder:make_observer")(settings, pipeline)
 
 
+def _triggers(settings: Settings, pipeline: Wired) -> Observer | None:
+    if not settings.controllable:
+        return None
+    return _load("otel_gpu.anomalies.triggers:make_observer")(settings, pipeline)
+
+
 def _nvtx(settings: Settings, pipeline: Wired) -> Observer | None:
     if not settings.nvtx:
         return None
@@ -127,6 +133,8 @@ REGISTRY: tuple[Entry, ...] = (
     Entry("snapshot", 1, _snapshot),  # answers otel-gpu snapshot; never on the caller's path
     Entry("ring", 3, _ring),  # the bound arguments exist from level 3
     Entry("dump", 10, _recorder),  # the flight recorder
+    # after the ring (which keeps the call a trigger may dump) and the recorder
+    Entry("triggers", 1, _triggers),
     Entry("nvtx", 1, _nvtx),  # its range opens after the others' start work
     # last: its start event is recorded right before the call runs (its end event right after
     # it returns: calls/lifecycle.py records it before any statistics kernel)
@@ -150,9 +158,9 @@ def build(settings: Settings, pipeline: Wired) -> Built:
     """The observers ``settings`` ask for, in the registry's order. One that fails to build is an
     internal error under its entry's name; the others are built all the same."""
     built: dict[str, Observer] = {}
-    # OTEL_GPU_CONTROL=on: live control may switch any function to any level, so the observers
-    # of every level are built; each still runs only for the functions at its levels
-    top = LEVELS[-1] if settings.control == "on" else settings.level
+    # Live control (or a trigger) may raise any function to any level: every level's observers
+    # are built, and each call still meets only its own level's (observers_at).
+    top = LEVELS[-1] if settings.controllable else settings.level
     for entry in REGISTRY:
         if top < entry.min_level:
             continue
