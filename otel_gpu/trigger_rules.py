@@ -9,8 +9,9 @@ document's ``triggers`` field (``otel-gpu control --triggers``) or in a remote c
 
 - ``on``: ``nonfinite`` (a call whose level-5 statistics saw NaN or Inf), ``exception`` (a call
   that raised; ``types`` narrows it to exception classes by name, bare or dotted, matched along
-  the class's bases), ``slow`` (a call that took at least ``threshold`` of host time: a number
-  of seconds, or a string ending in ``us``, ``ms``, ``s`` or ``m``).
+  the class's bases), ``slow`` (a call that took at least ``threshold``: a number of seconds,
+  or a string ending in ``us``, ``ms``, ``s`` or ``m``; of host time, or of device time with
+  ``"clock": "device"``, judged when the call's device time is resolved on the export thread).
 - ``level`` (1, 3, 5, 10): the level the next ``calls`` calls take (default 10 calls), for at
   most ``for`` (default 60 s) — both bounds hold, whichever comes first; ``scope``: ``function``
   (default, the function whose call fired) or ``all`` (every controllable function).
@@ -39,7 +40,18 @@ ON = ("nonfinite", "exception", "slow")
 MAX_TRIGGERS = 16
 """Triggers in one list."""
 _LEVELS = (1, 3, 5, 10)
-_FIELDS = ("on", "types", "threshold", "level", "calls", "for", "scope", "dump", "functions")
+_FIELDS = (
+    "on",
+    "types",
+    "threshold",
+    "clock",
+    "level",
+    "calls",
+    "for",
+    "scope",
+    "dump",
+    "functions",
+)
 _MAX_CALLS = 1_000_000
 _MAX_WINDOW = 7 * 24 * 3600.0
 _MAX_NAMES = 32
@@ -55,7 +67,9 @@ class Trigger:
     on: str
     types: tuple[str, ...] = ()
     threshold: float | None = None
-    """Seconds of host time (``on: slow``)."""
+    """Seconds (``on: slow``), of ``clock`` time."""
+    clock: str = "host"
+    """``host`` (the call's span) or ``device`` (its kernels, where device time is measured)."""
     level: int | None = None
     calls: int = 10
     window: float = 60.0
@@ -69,7 +83,7 @@ class Trigger:
         if self.types:
             out["types"] = list(self.types)
         if self.threshold is not None:
-            out["threshold"] = self.threshold
+            out.update(threshold=self.threshold, clock=self.clock)
         if self.level is not None:
             out.update(level=self.level, calls=self.calls, scope=self.scope)
         out["for"] = self.window
@@ -136,6 +150,11 @@ def _one(i: int, item: Any) -> Trigger:
             raise ValueError(f"{where}: threshold must be above 0")
     elif "threshold" in item:
         raise ValueError(f"{where}: threshold goes with on: slow only")
+    clock = item.get("clock", "host")
+    if clock not in ("host", "device"):
+        raise ValueError(f"{where}: clock must be host or device, not {_show(clock)}")
+    if "clock" in item and on != "slow":
+        raise ValueError(f"{where}: clock goes with on: slow only")
     level = item.get("level")
     if level is not None and (isinstance(level, bool) or level not in _LEVELS):
         raise ValueError(f"{where}: level must be one of 1, 3, 5, 10, not {_show(level)}")
@@ -159,6 +178,7 @@ def _one(i: int, item: Any) -> Trigger:
         on=on,
         types=types,
         threshold=threshold,
+        clock=clock,
         level=level,
         calls=calls,
         window=window,

@@ -223,6 +223,11 @@ def test_control_sets_triggers_for_a_window_and_reset_removes_them(triggered):
             '[{"on": "exception", "types": "ValueError", "threshold": 1, "level": 5}]',
             "threshold goes with on: slow only",
         ),
+        ('[{"on": "nonfinite", "clock": "device", "level": 5}]', "clock goes with on: slow only"),
+        (
+            '[{"on": "slow", "threshold": 1, "clock": "gpu", "level": 5}]',
+            "clock must be host or device",
+        ),
         ("{not json", "not JSON"),
         ("[" + ",".join(['{"on": "nonfinite", "level": 5}'] * 17) + "]", "at most 16 triggers"),
     ],
@@ -266,3 +271,43 @@ def test_durations_take_units_and_bare_seconds():
     assert trigger_rules.parse_duration(3, "x", 10) == 3
     with pytest.raises(ValueError, match="a duration such as"):
         trigger_rules.parse_duration("5 hours", "x", 10)
+
+
+def test_a_slow_trigger_on_the_device_clock_fires_when_device_time_is_resolved(
+    triggered, module_factory
+):
+    """{"on": "slow", "clock": "device", "threshold": "2ms", "level": 3, "calls": 1} with fake
+    CUDA events: a call whose kernels took 1 ms fires nothing, one that took 5 ms (its host time
+    far shorter) fires when its device time is resolved on the export thread; the next call
+    records at level 3, the one after at level 1 again."""
+    from otel_gpu.devices import events
+    from otel_gpu.export import pipeline
+
+    fake = events.FakeEvents()
+    events.use(fake)
+    spans = triggered(
+        1, [{"on": "slow", "clock": "device", "threshold": "2ms", "level": 3, "calls": 1}]
+    )
+    lib = module_factory("import otel_gpu\n\n@otel_gpu.api\ndef kernel(x):\n    return x + 1\n")
+
+    def run_and_resolve(device_ms: float) -> None:
+        before = len(fake.recorded)
+        lib.kernel(torch.ones(1))
+        start, end = fake.recorded[before:]
+        now = time.time_ns()
+        fake.complete(start, now, 0.0)
+        fake.complete(end, now, device_ms)
+        pipe = pipeline.current()
+        assert pipe is not None
+        pipe.drain()
+
+    run_and_resolve(1.0)
+    run_and_resolve(5.0)
+    lib.kernel(torch.ones(1))  # boosted: level 3
+    lib.kernel(torch.ones(1))  # back to level 1
+    otel_gpu.flush()
+    calls = sorted(_calls(spans, "kernel"), key=lambda s: s.start_time)
+    has_inputs = [any(k.startswith("otel_gpu.input.") for k in s.attributes or {}) for s in calls]
+    assert has_inputs == [False, False, True, False]
+    (control,) = _control(spans)
+    assert json.loads(control.attributes[CONTROL_CHANGE])["trigger"]["clock"] == "device"

@@ -51,6 +51,7 @@ from otel_gpu.calls import armed
 from otel_gpu.core import sink
 from otel_gpu.core.plan import Plan
 from otel_gpu.core.record import Call, CallSpan
+from otel_gpu.devices import device_time
 from otel_gpu.trigger_rules import Trigger
 
 if TYPE_CHECKING:
@@ -94,6 +95,7 @@ class Watch:
         global _host
         _host = host  # its ring is set once every observer is built
         self._host = host
+        device_time.on_resolved(_device_resolved)  # slow on the device clock
 
     def start(self, call: Call) -> None:
         return None
@@ -128,19 +130,37 @@ def _fired(rule: Trigger, call: Call) -> bool:
         if exc is None or not rule.matches_type(exc):
             return False
     elif rule.on == "slow":
-        if call.end_ns is None or rule.threshold is None:
-            return False
+        if rule.clock != "host" or call.end_ns is None or rule.threshold is None:
+            return False  # the device clock is judged when device time is resolved
         if call.end_ns - call.start_ns < rule.threshold * 1e9:
             return False
     else:  # nonfinite: the level-5 statistics of this call
         results = call.stats
         if not results or not any(getattr(r, "nonfinite", 0) for r in results):
             return False
+    return _wanted(rule, call)
+
+
+def _device_resolved(call: Call, seconds: float) -> None:
+    """A call's device duration, resolved on the export thread: the ``slow`` rules on the
+    device clock. A rule fired here raises the function's next calls, as on the host clock."""
+    rules = current()
+    for rule in rules:
+        if (
+            rule.on == "slow"
+            and rule.clock == "device"
+            and rule.threshold is not None
+            and seconds >= rule.threshold
+            and _wanted(rule, call)
+        ):
+            _fire(rule, call)
+
+
+def _wanted(rule: Trigger, call: Call) -> bool:
+    if not rule.functions:
+        return True
     plan = call.plan
-    if rule.functions:
-        qualified = f"{plan.module}.{plan.qualname}"
-        return selected(qualified, plan.name, rule.functions, ())
-    return True
+    return selected(f"{plan.module}.{plan.qualname}", plan.name, rule.functions, ())
 
 
 def _fire(rule: Trigger, call: Call) -> None:

@@ -49,7 +49,7 @@ Pipeline = Any
 """The export pipeline (its queue, drain and ``device_time``), handed over by the observer
 registry; typed loosely so that devices never import export."""
 
-__all__ = ["POOL", "DeviceTime", "Pair", "make_observer", "stop"]
+__all__ = ["POOL", "DeviceTime", "Pair", "make_observer", "on_resolved", "stop"]
 
 POOL = 1024
 """Event pairs per process: the most calls whose device time can be pending at once."""
@@ -330,6 +330,11 @@ class DeviceTime:
         span = call.span
         span.set_attribute(DEVICE_DURATION, duration)
         span.set_attribute(DEVICE_STREAM, pair.stream_id)
+        for hook in _resolved_hooks:  # the triggers' device clock (anomalies/triggers.py)
+            try:
+                hook(call, duration)
+            except Exception as exc:
+                _guard.internal_error("device_time", exc)
         if self.unmeasured != self._noted:
             span.set_attribute(DEVICE_UNMEASURED, self.unmeasured - self._noted)
             self._noted = self.unmeasured
@@ -420,6 +425,16 @@ def _text(exc: BaseException | None) -> str:
         return f"{type(exc).__name__}: {exc}"[:512]
     except BaseException:
         return type(exc).__name__
+
+
+_resolved_hooks: list[Callable[[Call, float], None]] = []
+
+
+def on_resolved(hook: Callable[[Call, float], None]) -> None:
+    """Call ``hook(call, seconds)`` on the export thread each time a call's device duration is
+    resolved (once per hook, however often it is added)."""
+    if hook not in _resolved_hooks:
+        _resolved_hooks.append(hook)
 
 
 def stop(call: Call) -> None:
