@@ -12,6 +12,11 @@ __all__ = ["register"]
 _HIDDEN = "<redacted>"  # OTLP headers carry credentials (an Authorization header, an API key)
 
 
+def _shown(field: str, value: Any) -> Any:
+    """A setting's value as shown: OTEL_GPU_OPAMP_HEADERS' carry credentials, like OTLP's."""
+    return _HIDDEN if field == "opamp_headers" and value else value
+
+
 def _standard(settings: Any) -> tuple[dict[str, str], list[str]]:
     """The standard variables set (not otel-gpu's own rows, such as OTEL_SERVICE_NAME), headers
     hidden, and a note for each one otel-gpu would refuse but does not use with these settings.
@@ -103,7 +108,7 @@ def _main(args: argparse.Namespace) -> int:
             json.dumps(
                 {
                     "version": version_line(),
-                    "settings": {k: v for k, v in vars(settings).items()},
+                    "settings": {k: _shown(k, v) for k, v in vars(settings).items()},
                     "standard": standard,
                     "resource": dict(resource.attributes),
                     "instrument": _instrument(settings),
@@ -117,7 +122,7 @@ def _main(args: argparse.Namespace) -> int:
     print(version_line())
     print("settings:")
     for row in config.SETTINGS:
-        value = getattr(settings, row.field)
+        value = _shown(row.field, getattr(settings, row.field))
         if isinstance(value, tuple):
             value = ",".join(value)
         print(f"  {row.env:28} = {value}")
