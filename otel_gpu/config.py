@@ -729,6 +729,16 @@ SETTINGS: tuple[Setting, ...] = (
         "false saves the two reads (tens of microseconds a call on a GPU host).",
     ),
     Setting(
+        "control",
+        "OTEL_GPU_CONTROL",
+        "on, off",
+        _str_choice(("on", "off")),
+        "on: every decorated function, level 0 included, is a trampoline whose path live control "
+        "(otel-gpu control) can swap for another level's, per function by glob, for a time "
+        "window; level 0 costs one extra call (docs/control.md). off: level 0 is the function "
+        "itself and the level is fixed at decoration.",
+    ),
+    Setting(
         "opamp_endpoint",
         "OTEL_GPU_OPAMP_ENDPOINT",
         "an http:// or https:// URL with a host, such as https://opamp.example:4320/v1/opamp "
@@ -1041,6 +1051,7 @@ class Settings:
     device_spans: str = "auto"
     device_time_wait: float = 5.0
     device_memory: bool = True
+    control: str = "off"
     opamp_endpoint: str | None = None
     opamp_headers: tuple[tuple[str, str], ...] = ()
     opamp_interval: float = 30.0

@@ -23,7 +23,7 @@ from otel_gpu.attributes import (
     CODE_FUNCTION_NAME,
     CODE_LINE_NUMBER,
 )
-from otel_gpu.calls import compiled, describe, lifecycle, metadata
+from otel_gpu.calls import armed, compiled, describe, lifecycle, metadata
 from otel_gpu.calls.lifecycle import NonFiniteError
 from otel_gpu.core import record
 from otel_gpu.core.plan import Plan, Shape, qualified_name, shape_of
@@ -262,9 +262,22 @@ def decorate(
     if isinstance(fn, (staticmethod, classmethod)):
         return type(fn)(decorate(fn.__func__, name, attributes, instrumented))
     settings = config.current()
+    if settings.control == "on":  # OTEL_GPU_CONTROL: a path live control can swap (calls/armed.py)
+        _targets.apply_settings(settings)  # also starts the control listener
+        return armed.arm(fn, name, settings, lambda s: _wrap(fn, name, attributes, instrumented, s))
     if settings.level == 0:
         return fn  # level 0: the function itself, no wrapper, no per-call check
     _targets.apply_settings(settings)  # OTEL_GPU_INSTRUMENT where no start-up hook applied it
+    return _wrap(fn, name, attributes, instrumented, settings)
+
+
+def _wrap(
+    fn: Any,
+    name: str | None,
+    attributes: dict[str, Any] | None,
+    instrumented: str | None,
+    settings: config.Settings,
+) -> Any:
     if settings.strict:
         _guard.set_strict(True)
     shape = shape_of(fn)

@@ -76,6 +76,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "otel_gpu.cli.snapshot",
         "make a live otel-gpu process export its threads' stacks and calls in flight now",
     ),
+    "control": (
+        "otel_gpu.cli.control",
+        "turn a live otel-gpu process's recording up or down, per function, for a while",
+    ),
     "bench": (
         "otel_gpu.bench",
         "measure each level's cost per call, side by side with FlashInfer and plain OTel",

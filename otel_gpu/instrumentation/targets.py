@@ -196,6 +196,8 @@ def apply_settings(settings: config.Settings) -> None:
     ``opentelemetry-instrument`` started: its targets are applied when otel-gpu is first
     configured (the first ``@otel_gpu.api`` decoration, ``configure()``, ``instrument()``).
 
+    With ``OTEL_GPU_CONTROL=on`` it also starts live control's listener (docs/control.md).
+
     Decided once per settings object: later decorations cost one identity test."""
     global _applied_how, _seen_settings
     if settings is _seen_settings:
@@ -204,6 +206,10 @@ def apply_settings(settings: config.Settings) -> None:
         if settings is _seen_settings:
             return
         _seen_settings = settings
+        if settings.control == "on":  # live control listens from the first decorated function
+            from otel_gpu.control import channel  # imported only where control is on
+
+            channel.start(settings)
         if settings.level == 0:
             return
         specs = [s for s in settings.instrument if s not in _applied]

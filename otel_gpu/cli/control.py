@@ -1,0 +1,283 @@
+"""``otel-gpu control PID`` / ``--all``: turn a live process's recording up or down for a while.
+
+Exit codes: 0 every process applied the change (or answered ``--show``); 1 a process refused
+it, did not answer, or is not an otel-gpu process listening for control (``--all``: none
+found); 2 usage errors (a bad flag or value, checked here before anything is sent).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any
+
+__all__ = ["EXIT_APPLIED", "EXIT_REFUSED", "EXIT_USAGE", "register"]
+
+EXIT_APPLIED = 0
+EXIT_REFUSED = 1
+EXIT_USAGE = 2
+
+
+def _document(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The control document the flags describe; None for --show."""
+    if args.show:
+        return None
+    if args.reset:
+        return {"reset": True}
+    doc: dict[str, Any] = {}
+    if args.level is not None:
+        doc["level"] = args.level
+    if args.include:
+        doc["include"] = args.include
+    if args.exclude:
+        doc["exclude"] = args.exclude
+    if args.sample is not None:
+        doc["sample"] = args.sample
+    if args.ring_size is not None:
+        doc["ring_size"] = args.ring_size
+    if args.until_changed:
+        doc["for"] = None
+    elif args.window is not None:
+        doc["for"] = args.window
+    return doc
+
+
+def _main(args: argparse.Namespace) -> int:
+    from otel_gpu import config
+    from otel_gpu._text import printable
+    from otel_gpu.anomalies.snapshot import same_user
+    from otel_gpu.control import channel, document
+    from otel_gpu.journal.writer import journal_dir
+
+    def say(line: str) -> None:
+        print(printable(f"otel-gpu control: {line}"), file=sys.stderr)
+
+    changes = [
+        args.level is not None,
+        bool(args.include or args.exclude),
+        args.sample is not None,
+        args.ring_size is not None,
+    ]
+    if (args.show or args.reset) and (any(changes) or args.window or args.until_changed):
+        say(
+            "--show and --reset take no other change (--level, --include, --exclude, --sample, "
+            "--ring-size, --for)"
+        )
+        return EXIT_USAGE
+    if args.show and args.reset:
+        say("--show or --reset, not both")
+        return EXIT_USAGE
+    if args.window is not None and args.until_changed:
+        say("--for or --until-changed, not both")
+        return EXIT_USAGE
+    doc = _document(args)
+    if doc is not None:
+        try:
+            document.parse(doc)  # the same check the process makes: a usage error here
+        except document.ControlError as exc:
+            say(str(exc).replace("for must", "--for must", 1))
+            return EXIT_USAGE
+    settings = config.current()
+    directory = journal_dir(settings)
+    if args.all:
+        pids = channel.listening(directory)
+        if not pids:
+            say(
+                f"no live otel-gpu process of this user listens for control in {directory} "
+                "(it needs OTEL_GPU_CONTROL=on and one decorated function)"
+            )
+            return EXIT_REFUSED
+    else:
+        pid = args.pid
+        if pid == os.getpid() or not same_user(pid):
+            say(f"pid {pid} is not a running process of this user (only the same user may ask)")
+            return EXIT_REFUSED
+        if not channel.is_listening(directory, pid):
+            say(
+                f"pid {pid} is not an otel-gpu process listening for control in {directory}: "
+                "it needs OTEL_GPU_CONTROL=on and one decorated function, and the same "
+                "OTEL_GPU_JOURNAL_DIR"
+            )
+            return EXIT_REFUSED
+        pids = [pid]
+    request: dict[str, Any] = {"from": os.getpid()}
+    if doc is None:
+        request["show"] = True
+    else:
+        request["document"] = doc
+    try:
+        replies = channel.ask(
+            directory, pids, request, args.timeout, chosen=bool(settings.journal_dir)
+        )
+    except OSError as exc:
+        say(f"cannot write the request in {directory}: {exc.strerror or exc}")
+        return EXIT_REFUSED
+    code = EXIT_APPLIED
+    for pid, reply in replies:
+        if reply is None:
+            code = EXIT_REFUSED
+            say(
+                f"pid {pid} did not answer within {args.timeout:g} s (the process is stopped, "
+                "or exited)"
+            )
+            continue
+        if not reply.get("applied"):
+            code = EXIT_REFUSED
+            say(f"pid {pid} refused: {reply.get('refused')}")
+            continue
+        effective = reply.get("effective")
+        if args.json:
+            print(json.dumps({"pid": pid, "effective": effective}, sort_keys=True))
+        else:
+            verb = "in force" if doc is None else "applied"
+            print(printable(f"pid {pid}: {verb}: {_summary(effective)}"))
+    return code
+
+
+def _summary(effective: Any) -> str:
+    if not isinstance(effective, dict):
+        return "(no configuration in the reply)"
+    if not effective.get("changed"):
+        return (
+            f"configured state (level {effective.get('configured_level')}), "
+            f"{effective.get('functions')} controllable function(s)"
+        )
+    level = effective.get("level")
+    parts = [f"level {level if level is not None else 'as configured'}"]
+    if effective.get("include"):
+        parts.append("include " + ",".join(map(str, effective["include"])))
+    if effective.get("exclude"):
+        parts.append("exclude " + ",".join(map(str, effective["exclude"])))
+    if effective.get("sample") is not None:
+        parts.append(f"sample {effective['sample']:g}")
+    if effective.get("ring_size") is not None:
+        parts.append(f"ring {effective['ring_size']}")
+    until = effective.get("until")
+    if isinstance(until, (int, float)):
+        left = max(0.0, until - time.time())
+        parts.append(
+            f"for {left:.0f} s more (until {time.strftime('%H:%M:%S', time.localtime(until))})"
+        )
+    else:
+        parts.append("until changed")
+    parts.append(
+        f"{effective.get('functions_changed')} of {effective.get('functions')} function(s) changed"
+    )
+    return ", ".join(parts)
+
+
+def _pid(raw: str) -> int:
+    if not raw.isdigit() or int(raw) <= 0:
+        raise argparse.ArgumentTypeError(f"must be a process id (a whole number > 0), not {raw!r}")
+    return int(raw)
+
+
+def _level(raw: str) -> int:
+    from otel_gpu.config import LEVELS
+
+    if not raw.isdigit() or int(raw) not in LEVELS:
+        raise argparse.ArgumentTypeError(
+            f"must be one of {', '.join(map(str, LEVELS))}, not {raw!r}"
+        )
+    return int(raw)
+
+
+def _ratio(raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"must be a ratio from 0 to 1, not {raw!r}")
+    return value
+
+
+def _count(raw: str) -> int:
+    if not raw.isdigit():
+        raise argparse.ArgumentTypeError(f"must be a whole number of calls >= 0, not {raw!r}")
+    return int(raw)
+
+
+def _window(raw: str) -> str | float:
+    from otel_gpu.control import document
+
+    try:
+        document.parse_window(raw, "--for")
+    except document.ControlError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--for must be ")) from None
+    return raw
+
+
+def _seconds(raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 < value <= 3600:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds in (0, 3600], not {raw!r}")
+    return value
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "control",
+        help="turn a live otel-gpu process's recording up or down, per function, for a while",
+        description="Change what a running otel-gpu process of this user records, without a "
+        "restart: its level, globally or for the functions whose module.qualname or span name "
+        "matches --include and not --exclude, head sampling for the spans it turns on, the "
+        "ring's size; for --for (default 60 s), then the process goes back to its configured "
+        "state. The process needs OTEL_GPU_CONTROL=on (docs/control.md). Every change is a span "
+        "'otel_gpu.control' in the process's trace. The request is a file in the crash "
+        "journal's directory (OTEL_GPU_JOURNAL_DIR), as for otel-gpu snapshot. "
+        "Exit codes: 0 applied (or shown) everywhere; 1 refused (the reason is printed), not "
+        "answered, or not an otel-gpu process listening for control; 2 usage errors.",
+    )
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("pid", nargs="?", type=_pid, help="the process id")
+    which.add_argument(
+        "--all",
+        action="store_true",
+        help="every live otel-gpu process of this user on this host that listens for control",
+    )
+    p.add_argument("--level", type=_level, help="the level to record at: 0, 1, 3, 5 or 10")
+    p.add_argument(
+        "--include",
+        action="append",
+        metavar="GLOB",
+        help="only functions whose module.qualname or span name matches (repeatable)",
+    )
+    p.add_argument(
+        "--exclude",
+        action="append",
+        metavar="GLOB",
+        help="not the functions whose module.qualname or span name matches (repeatable)",
+    )
+    p.add_argument(
+        "--sample", type=_ratio, metavar="RATIO", help="record this share of the calls (0 to 1)"
+    )
+    p.add_argument(
+        "--ring-size", type=_count, metavar="N", help="the anomaly ring's size, in calls"
+    )
+    p.add_argument(
+        "--for",
+        dest="window",
+        type=_window,
+        metavar="DURATION",
+        help="how long the change lasts: 120s, 2m, or a bare number of seconds (default 60 s)",
+    )
+    p.add_argument(
+        "--until-changed", action="store_true", help="the change lasts until changed or reset"
+    )
+    p.add_argument("--reset", action="store_true", help="back to the configured state now")
+    p.add_argument("--show", action="store_true", help="print the configuration in force")
+    p.add_argument("--json", action="store_true", help="print each answer as one JSON line")
+    p.add_argument(
+        "--timeout",
+        type=_seconds,
+        default=5.0,
+        help="seconds to wait for the answers (default 5)",
+    )
+    p.set_defaults(func=_main)

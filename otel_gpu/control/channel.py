@@ -1,0 +1,366 @@
+"""The control channel: ``otel-gpu control PID`` asks a live process through files, as
+``otel-gpu snapshot`` does (docs/control.md, Security).
+
+In a process with ``OTEL_GPU_CONTROL=on``, the first decorated function starts one daemon
+thread, ``otel-gpu-control``, which every 100 ms ``lstat``s ``otel-gpu-<pid>.control`` in the
+crash journal's directory (``OTEL_GPU_JOURNAL_DIR``, private to the user, 0700). It does not
+wait for the export thread: a process at armed level 0 has none. On start it leaves a marker,
+``otel-gpu-<pid>.controllable``, by which ``otel-gpu control --all`` finds the processes that
+listen, and removes it at exit.
+
+A request is a small JSON object written whole (under a temporary name, then renamed)::
+
+    {"from": 4242, "show": true}
+    {"from": 4242, "document": {"level": 5, "include": ["mylib.*"], "for": "2m"}}
+
+The process removes it, answers in ``otel-gpu-<pid>.control-done`` (written under a fresh name,
+then renamed)::
+
+    {"pid": 17, "applied": true, "effective": {...}}
+    {"pid": 17, "applied": false, "refused": "level must be one of 0, 1, 3, 5, 10, not 7"}
+
+The rules are the snapshot's: only a regular file of this user's, at most 64 KiB, opened
+without following a link or blocking on a FIFO, is read; anything else is removed unread. The
+document goes through :func:`otel_gpu.control.document.parse`: it sets levels, globs, a ratio
+and sizes, and nothing in it names a path or runs code. A request that is not such an object is
+refused with the reason.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import stat
+import threading
+import time
+from typing import Any
+
+from otel_gpu import _files, _guard
+from otel_gpu.config import Settings
+from otel_gpu.control import document, state
+
+__all__ = [
+    "MARKER_SUFFIX",
+    "REPLY_SUFFIX",
+    "REQUEST_LIMIT",
+    "REQUEST_SUFFIX",
+    "Listener",
+    "answer",
+    "ask",
+    "is_listening",
+    "listening",
+    "marker_path",
+    "reply_path",
+    "request_path",
+    "running",
+    "start",
+]
+
+REQUEST_SUFFIX = ".control"
+REPLY_SUFFIX = ".control-done"
+MARKER_SUFFIX = ".controllable"
+REQUEST_LIMIT = 64 * 1024
+"""The largest request read, in bytes (a document is a few hundred)."""
+_PREFIX = "otel-gpu-"
+_POLL = 0.1  # seconds between lstat()s: one failed system call per poll when nothing is asked
+
+
+def request_path(directory: str, pid: int) -> str:
+    return os.path.join(directory, f"{_PREFIX}{pid}{REQUEST_SUFFIX}")
+
+
+def reply_path(directory: str, pid: int) -> str:
+    return os.path.join(directory, f"{_PREFIX}{pid}{REPLY_SUFFIX}")
+
+
+def marker_path(directory: str, pid: int) -> str:
+    return os.path.join(directory, f"{_PREFIX}{pid}{MARKER_SUFFIX}")
+
+
+class Listener:
+    """The thread that answers control requests for this process."""
+
+    def __init__(self, directory: str) -> None:
+        self.pid = os.getpid()
+        self.directory = directory
+        self.request = request_path(directory, self.pid)
+        self.answered = 0
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="otel-gpu-control", daemon=True)
+
+    def start(self) -> None:
+        _mark(self.directory, self.pid)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        while not self._stop.wait(_POLL):
+            if os.getpid() != self.pid:
+                return
+            try:
+                self.check()
+            except Exception as exc:  # never let the thread die on one bad request
+                _guard.internal_error("control", exc)
+
+    def check(self) -> bool:
+        """Answer the request waiting, if there is one; True when one was answered."""
+        try:
+            info = os.lstat(self.request)
+        except OSError:
+            return False  # the usual case
+        raw = _read_request(self.request, info)
+        try:
+            os.unlink(self.request)
+        except OSError:
+            return False
+        if raw is None:
+            return False  # not a small regular file of this user's: removed unread
+        reply = answer(raw)
+        reply["pid"] = self.pid
+        _files.write_atomic_bytes(
+            self.directory,
+            os.path.basename(reply_path(self.directory, self.pid)),
+            json.dumps(reply).encode(),
+        )
+        self.answered += 1
+        return True
+
+
+def answer(raw: bytes) -> dict[str, Any]:
+    """The reply to one request's bytes: applied (with the configuration in force) or refused
+    (with the reason). Nothing is applied unless the whole document is valid."""
+    try:
+        request = json.loads(raw)
+    except (ValueError, RecursionError):
+        return _refused("the request is not JSON")
+    if not isinstance(request, dict):
+        return _refused("the request is not a JSON object")
+    unknown = sorted(str(k) for k in request if k not in ("from", "show", "document"))
+    if unknown:
+        return _refused(
+            f"unknown request field {document._show(unknown[0])}: a request has from, show, document"
+        )
+    sender = request.get("from")
+    if sender is not None and (isinstance(sender, bool) or not isinstance(sender, int)):
+        return _refused(f"from must be the asking process's pid, not {document._show(sender)}")
+    source = "otel-gpu control" + (f" (pid {sender})" if sender is not None else "")
+    if request.get("show") is True and "document" not in request:
+        return {"applied": True, "effective": state.effective()}
+    if "document" not in request:
+        return _refused("a request holds show=true or a document")
+    try:
+        change = document.parse(request["document"])
+        effective = state.apply(change, source)
+    except document.ControlError as exc:
+        return _refused(str(exc))
+    return {"applied": True, "effective": effective}
+
+
+def _refused(reason: str) -> dict[str, Any]:
+    return {"applied": False, "refused": reason}
+
+
+def _read_request(path: str, info: os.stat_result) -> bytes | None:
+    if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid() or info.st_size > REQUEST_LIMIT:
+        return None
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)  # what was opened, not what was lstat'ed
+        if (
+            not stat.S_ISREG(info.st_mode)
+            or info.st_uid != os.getuid()
+            or info.st_size > REQUEST_LIMIT
+        ):
+            return None
+        return os.read(fd, REQUEST_LIMIT + 1)[:REQUEST_LIMIT]
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _mark(directory: str, pid: int) -> None:
+    """Leave the marker ``--all`` finds (best effort: without it, the pid must be named)."""
+    try:
+        _files.write_atomic_bytes(
+            directory, os.path.basename(marker_path(directory, pid)), str(pid).encode()
+        )
+    except OSError:
+        return
+    atexit.register(_unmark, directory, pid)
+
+
+def _unmark(directory: str, pid: int) -> None:
+    if os.getpid() != pid:
+        return
+    try:
+        os.unlink(marker_path(directory, pid))
+    except OSError:
+        pass
+
+
+_lock = threading.Lock()
+_listener: Listener | None = None
+
+
+def running() -> Listener | None:
+    """This process's listener, if one runs."""
+    listener = _listener
+    return listener if listener is not None and listener.pid == os.getpid() else None
+
+
+def start(settings: Settings) -> Listener | None:
+    """Start this process's listener once (``OTEL_GPU_CONTROL=on``); None when the directory
+    cannot be used (a warning says why: control then cannot reach this process)."""
+    global _listener
+    from otel_gpu.journal.writer import journal_dir, private_dir
+
+    with _lock:
+        if running() is not None:
+            return _listener
+        directory = journal_dir(settings)
+        try:
+            private_dir(directory, shared_parent=not settings.journal_dir)
+        except OSError as exc:
+            _guard.logger.warning(
+                "otel-gpu: OTEL_GPU_CONTROL=on, but live control cannot listen in %s: %s",
+                directory,
+                exc,
+            )
+            return None
+        listener = Listener(directory)
+        listener.start()
+        _listener = listener
+        return listener
+
+
+def _after_fork_in_child() -> None:
+    # The parent's thread stays with the parent: a child that inherited a listener gets its own.
+    global _lock, _listener
+    _lock = threading.Lock()
+    parent, _listener = _listener, None
+    if parent is not None:
+        try:
+            child = Listener(parent.directory)
+            child.start()
+            _listener = child
+        except Exception as exc:
+            _guard.internal_error("control", exc)
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+# --------------------------------------------------------------------------- the asking side
+
+
+def listening(directory: str) -> list[int]:
+    """Pids of this user's live processes on this host that listen for control in
+    ``directory`` (their marker is there; this command excluded)."""
+    import glob
+
+    from otel_gpu.anomalies.snapshot import same_user
+    from otel_gpu.journal.recover import pid_state
+
+    pids = set()
+    for path in glob.glob(os.path.join(glob.escape(directory), f"{_PREFIX}*{MARKER_SUFFIX}")):
+        head = os.path.basename(path)[len(_PREFIX) : -len(MARKER_SUFFIX)]
+        if not head.isdigit() or int(head) == os.getpid():
+            continue
+        try:  # in a shared directory, other users' markers (and their pids) are not ours
+            if os.lstat(path).st_uid != os.getuid():
+                continue
+        except OSError:
+            continue
+        if pid_state(int(head)) == "alive" and same_user(int(head)):
+            pids.add(int(head))
+    return sorted(pids)
+
+
+def is_listening(directory: str, pid: int) -> bool:
+    """Whether ``pid`` left its marker in ``directory`` (a regular file of this user's)."""
+    try:
+        info = os.lstat(marker_path(directory, pid))
+    except OSError:
+        return False
+    return stat.S_ISREG(info.st_mode) and info.st_uid == os.getuid()
+
+
+def ask(
+    directory: str,
+    pids: list[int],
+    request: dict[str, Any],
+    timeout: float,
+    *,
+    chosen: bool = True,
+) -> list[tuple[int, dict[str, Any] | None]]:
+    """Send ``request`` to every pid and wait up to ``timeout`` seconds for the replies (None:
+    no reply in time; the request is then withdrawn, so a late process does not apply it).
+
+    ``chosen``: the directory was set (``OTEL_GPU_JOURNAL_DIR``), not the default one, whose
+    parent is shared: checked as the journal checks it."""
+    from otel_gpu.journal.writer import private_dir
+
+    private_dir(directory, shared_parent=not chosen)
+    data = json.dumps(request).encode()
+    for pid in pids:
+        try:
+            os.unlink(reply_path(directory, pid))
+        except FileNotFoundError:
+            pass
+        # written whole under a fresh name, then renamed: the process never reads half of it
+        _files.write_atomic_bytes(directory, os.path.basename(request_path(directory, pid)), data)
+    answers: dict[int, dict[str, Any]] = {}
+    deadline = time.monotonic() + timeout
+    while len(answers) < len(pids) and time.monotonic() < deadline:
+        for pid in pids:
+            if pid not in answers:
+                got = _read_reply(reply_path(directory, pid))
+                if got is not None:
+                    answers[pid] = got
+        time.sleep(0.05)
+    for pid in pids:
+        if pid not in answers:
+            try:
+                os.unlink(request_path(directory, pid))
+            except FileNotFoundError:
+                pass
+    return [(pid, answers.get(pid)) for pid in pids]
+
+
+_REPLY_LIMIT = 256 * 1024
+
+
+def _read_reply(path: str) -> dict[str, Any] | None:
+    """The reply at ``path`` once it is there; None until then, and for anything but a small
+    regular file of this user's (a FIFO planted there must not block the wait in open())."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+        if (
+            not stat.S_ISREG(info.st_mode)
+            or info.st_uid != os.getuid()
+            or info.st_size > _REPLY_LIMIT
+        ):
+            return None
+        got = json.loads(os.read(fd, _REPLY_LIMIT + 1))
+    except (OSError, ValueError, RecursionError):
+        return None
+    finally:
+        os.close(fd)
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+    return got if isinstance(got, dict) else None

@@ -1,0 +1,196 @@
+"""The control document: what one request may change, validated whole before anything applies.
+
+A document is a JSON-able mapping (from ``otel-gpu control``, or a remote configuration)::
+
+    {"level": 5, "include": ["flashinfer.*attention*"], "exclude": [], "sample": 0.1,
+     "for": "120s", "ring_size": 64}
+
+    {"reset": true}
+
+Every field is optional; a field left out keeps what the process has. Unknown fields are
+refused, so a typo never passes for a change. :func:`parse` returns a :class:`Change` or raises
+:class:`ControlError` whose one-line message names the field and what is allowed: a document
+is applied whole or not at all. Nothing in a document names a path or runs code: globs are
+matched with :func:`fnmatch.fnmatchcase`, and every value is a number, a boolean or a short
+string.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from otel_gpu.config import LEVELS
+
+__all__ = [
+    "DEFAULT_WINDOW",
+    "FIELDS",
+    "MAX_PATTERNS",
+    "MAX_WINDOW",
+    "Change",
+    "ControlError",
+    "parse",
+    "parse_window",
+]
+
+DEFAULT_WINDOW = 60.0
+"""Seconds a change lasts when the document names no ``for``."""
+MAX_WINDOW = 7 * 24 * 3600.0
+"""The longest window, in seconds (a week); ``"for": null`` lasts until changed instead."""
+MAX_PATTERNS = 64
+"""Globs per list (``include``, ``exclude``)."""
+MAX_PATTERN_LENGTH = 256
+MAX_RING_SIZE = 1_000_000
+FIELDS = ("level", "include", "exclude", "sample", "for", "ring_size", "reset")
+"""The fields a document may hold."""
+
+
+class ControlError(ValueError):
+    """A control document that cannot be applied; the message names the field and what is allowed."""
+
+
+@dataclass(frozen=True)
+class Change:
+    """A validated control document. ``None`` fields are not changed by it."""
+
+    level: int | None = None
+    include: tuple[str, ...] | None = None
+    exclude: tuple[str, ...] | None = None
+    sample: float | None = None
+    window: float | None = DEFAULT_WINDOW
+    """Seconds until the process goes back to its configured state; None: until changed."""
+    ring_size: int | None = None
+    reset: bool = False
+
+    def fields(self) -> dict[str, Any]:
+        """The fields this change sets, JSON-able (for the control span and the reply)."""
+        out: dict[str, Any] = {}
+        for name in ("level", "include", "exclude", "sample", "ring_size"):
+            value = getattr(self, name)
+            if value is not None:
+                out[name] = list(value) if isinstance(value, tuple) else value
+        if self.reset:
+            out["reset"] = True
+        return out
+
+
+def parse(doc: Mapping[str, Any]) -> Change:
+    """Validate ``doc`` whole: a :class:`Change`, or :class:`ControlError` naming the first bad
+    field and what is allowed."""
+    if not isinstance(doc, Mapping):
+        raise ControlError(f"a control document is a JSON object, not {_kind(doc)}")
+    unknown = sorted(str(k) for k in doc if k not in FIELDS)
+    if unknown:
+        raise ControlError(
+            f"unknown field {_show(unknown[0])}: a control document has only {', '.join(FIELDS)}"
+        )
+    reset = doc.get("reset", False)
+    if not isinstance(reset, bool):
+        raise ControlError(f"reset must be true or false, not {_show(reset)}")
+    if reset:
+        others = sorted(k for k in doc if k != "reset")
+        if others:
+            raise ControlError(
+                f"reset goes alone: a document with reset=true has no other field "
+                f"(found {', '.join(others)})"
+            )
+        return Change(window=None, reset=True)
+    if not any(k in doc for k in ("level", "include", "exclude", "sample", "ring_size")):
+        raise ControlError(
+            "a control document changes something: level, include, exclude, sample, "
+            "ring_size, or reset=true"
+        )
+    level = doc.get("level")
+    if level is not None and (isinstance(level, bool) or level not in LEVELS):
+        raise ControlError(
+            f"level must be one of {', '.join(map(str, LEVELS))}, not {_show(level)}"
+        )
+    include = _globs(doc, "include")
+    exclude = _globs(doc, "exclude")
+    sample = doc.get("sample")
+    if sample is not None:
+        if (
+            isinstance(sample, bool)
+            or not isinstance(sample, (int, float))
+            or not 0 <= sample <= 1
+            or math.isnan(sample)
+        ):
+            raise ControlError(f"sample must be a ratio from 0 to 1, not {_show(sample)}")
+        sample = float(sample)
+    ring = doc.get("ring_size")
+    if ring is not None and (
+        isinstance(ring, bool) or not isinstance(ring, int) or not 0 <= ring <= MAX_RING_SIZE
+    ):
+        raise ControlError(
+            f"ring_size must be a whole number of calls from 0 to {MAX_RING_SIZE}, not {_show(ring)}"
+        )
+    window = parse_window(doc["for"], "for") if "for" in doc else DEFAULT_WINDOW
+    return Change(level, include, exclude, sample, window, ring, False)
+
+
+def parse_window(raw: Any, name: str = "for") -> float | None:
+    """``120``, ``"120s"``, ``"2m"`` -> seconds (in (0, a week]); ``None`` -> until changed."""
+    if raw is None:
+        return None
+    allowed = (
+        f"{name} must be seconds (a number, '120s') or minutes ('2m'), more than 0 and "
+        f"at most {MAX_WINDOW / 86400:g} days, or null (until changed)"
+    )
+    if isinstance(raw, bool):
+        raise ControlError(f"{allowed}, not {_show(raw)}")
+    if isinstance(raw, (int, float)):
+        value = float(raw)
+    elif isinstance(raw, str) and 0 < len(raw) <= 32 and raw.isascii():
+        text = raw.strip().lower()
+        scale = 1.0
+        if text.endswith("s"):
+            text = text[:-1]
+        elif text.endswith("m"):
+            text, scale = text[:-1], 60.0
+        try:
+            value = float(text) * scale if text and text[0] in "0123456789." else -1.0
+        except ValueError:
+            value = -1.0
+    else:
+        raise ControlError(f"{allowed}, not {_show(raw)}")
+    if not (0 < value <= MAX_WINDOW) or math.isnan(value):
+        raise ControlError(f"{allowed}, not {_show(raw)}")
+    return value
+
+
+def _globs(doc: Mapping[str, Any], name: str) -> tuple[str, ...] | None:
+    raw = doc.get(name)
+    if raw is None:
+        return None
+    if isinstance(raw, str):
+        raw = [raw]
+    allowed = (
+        f"{name} must be a list of at most {MAX_PATTERNS} glob patterns (strings of 1 to "
+        f"{MAX_PATTERN_LENGTH} printable characters) matched on 'module.qualname' and the span name"
+    )
+    if not isinstance(raw, (list, tuple)) or len(raw) > MAX_PATTERNS:
+        raise ControlError(f"{allowed}, not {_show(raw)}")
+    for item in raw:
+        if (
+            not isinstance(item, str)
+            or not 0 < len(item) <= MAX_PATTERN_LENGTH
+            or not item.isprintable()
+        ):
+            raise ControlError(f"{allowed}, not {_show(item)}")
+    return tuple(raw)
+
+
+def _kind(value: Any) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+def _show(value: Any) -> str:
+    """A short, printable rendering of a refused value (a request is untrusted text)."""
+    try:
+        text = repr(value)
+    except Exception:
+        text = f"a {type(value).__name__}"
+    text = text.encode("ascii", "backslashreplace").decode("ascii")
+    return text if len(text) <= 60 else text[:57] + "..."
