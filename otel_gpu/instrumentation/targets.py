@@ -191,12 +191,16 @@ def instrument_from_settings(
     return _apply_targets(specs, refusals_said=via == "otel-gpu run")
 
 
+_OPAMP = "otel_gpu.control.opamp"
+
+
 def apply_settings(settings: config.Settings) -> None:
     """``OTEL_GPU_INSTRUMENT`` in a process that neither ``otel-gpu run`` nor
     ``opentelemetry-instrument`` started: its targets are applied when otel-gpu is first
     configured (the first ``@otel_gpu.api`` decoration, ``configure()``, ``instrument()``).
 
-    With ``OTEL_GPU_CONTROL=on`` it also starts live control's listener (docs/control.md).
+    With ``OTEL_GPU_CONTROL=on`` it also starts live control's listener, and with
+    ``OTEL_GPU_OPAMP_ENDPOINT`` the OpAMP agent (docs/control.md).
 
     Decided once per settings object: later decorations cost one identity test."""
     global _applied_how, _seen_settings
@@ -210,6 +214,10 @@ def apply_settings(settings: config.Settings) -> None:
             from otel_gpu.control import channel  # imported only where control is on
 
             channel.start(settings)
+        if settings.opamp_endpoint or _OPAMP in sys.modules:  # start, or stop (configure())
+            from otel_gpu.control import opamp  # imported only where an endpoint is set
+
+            opamp.start_soon(settings)  # the fleet's server, from the first decorated function
         if settings.level == 0:
             return
         specs = [s for s in settings.instrument if s not in _applied]
