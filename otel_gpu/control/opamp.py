@@ -213,13 +213,13 @@ def _json_able(value: Any) -> Any:
 
 
 def _public(endpoint: str) -> str:
-    """The endpoint without credentials or query, to name who asked in the control span."""
+    """The endpoint without credentials or query, to name the server in messages and spans."""
     parts = urlsplit(endpoint)
     host = parts.hostname or ""
     if ":" in host:
         host = f"[{host}]"
     port = f":{parts.port}" if parts.port else ""
-    return f"opamp {parts.scheme}://{host}{port}{parts.path}"
+    return f"{parts.scheme}://{host}{port}{parts.path}"
 
 
 class Agent:
@@ -241,7 +241,9 @@ class Agent:
 
         assert settings.opamp_endpoint
         self.endpoint = settings.opamp_endpoint
-        self.source = _public(self.endpoint)
+        self.public = _public(self.endpoint)
+        self.source = f"opamp {self.public}"
+        """Who asked, in the control span of a change this agent applies."""
         self._parse, self._apply, self._effective = parse, apply, effective
         self._statuses = opamp_pb2.RemoteConfigStatuses
         self._seen: bytes | None = None  # the last remote configuration handled (its hash)
@@ -284,7 +286,7 @@ class Agent:
     def on_connect(self, agent: Any, client: Any) -> None:
         if self._down:
             self._down = False
-            _log.info("otel-gpu: the OpAMP server at %s answers again", self.source)
+            _log.info("otel-gpu: the OpAMP server at %s answers again", self.public)
         try:
             if self._note_effective():  # changed since the last report: a window ran out...
                 agent.send(client.build_full_state_message())
@@ -297,14 +299,14 @@ class Agent:
             _log.warning(
                 "otel-gpu: the OpAMP server at %s does not answer (%s); this process keeps its "
                 "configuration, and polls again in the background",
-                self.source,
+                self.public,
                 str(error)[:200],
             )
 
     def on_error(self, agent: Any, client: Any, error_response: Any) -> None:
         _log.warning(
             "otel-gpu: the OpAMP server at %s answered with an error: %s",
-            self.source,
+            self.public,
             str(getattr(error_response, "error_message", ""))[:200],
         )
 
