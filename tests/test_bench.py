@@ -270,6 +270,26 @@ def test_worker_ring_row_runs_level_5_with_the_ring_and_writes_every_span(
     assert cfg.count_dumps() is None
 
 
+def test_worker_armed_rows_are_a_trampoline_and_a_switched_level_1(
+    tensors, tmp_path, deferred_export
+):
+    """armed0 is an armed function (not the function itself) that records nothing; armed1 is
+    the same switched to level 1 by live control: every call's span reaches the file, and the
+    control span is not counted as a call."""
+    from otel_gpu.control import state
+
+    q, k = tensors
+    try:
+        armed0 = worker.Ours({"level": 0, "dir": str(tmp_path), "control": True}, q, k)
+        assert not armed0.identity and armed0.count() is None
+        worker._timed_round(armed0, 10, "cpu")
+        armed1 = worker.Ours({"level": 0, "dir": str(tmp_path), "control": True, "switch": 1}, q, k)
+        worker._timed_round(armed1, 10, "cpu")
+        assert armed1.count() == 10 == armed1.calls
+    finally:
+        state.reset("test teardown")
+
+
 def test_worker_gpt2_unavailable_without_transformers(tensors, tmp_path, monkeypatch):
     """Without transformers the gpt2 rows are unavailable, with the reason, as FlashInfer's are."""
     _without_module(monkeypatch, "transformers")

@@ -257,6 +257,28 @@ def test_ring_size_needs_a_ring_and_changes_it(controlled):
     assert state.reset("test")["ring_size"] == 8
 
 
+def test_raised_to_10_from_armed_level_0_the_flight_recorder_writes_dumps(controlled, tmp_path):
+    """With control on, the pipeline builds the observers of every level: a process started at
+    level 0 and raised to 10 writes a flight-recorder dump of the call."""
+    controlled(level=0, dump_dir=str(tmp_path / "dumps"))
+
+    @otel_gpu.api
+    def mul(x):
+        return x * 3
+
+    mul(torch.ones(2))
+    _apply({"level": 10, "for": None})
+    mul(torch.ones(2))
+    otel_gpu.flush()
+    from otel_gpu.export import pipeline
+
+    pipe = pipeline.current()
+    assert pipe is not None
+    for observer in pipe.observers:
+        assert observer.flush(120)
+    assert len(list((tmp_path / "dumps").iterdir())) == 1
+
+
 def test_a_level_change_after_torch_compile_recompiles_without_a_graph_break(controlled):
     """Under torch.compile (fullgraph=True: a graph break would raise), raising the level of a
     compiled function's armed callee makes Dynamo's guard on the trampoline recompile: the

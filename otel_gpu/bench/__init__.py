@@ -22,6 +22,11 @@ The ``mixtral_*`` rows are the same workload for a tiny Mixtral (mixture of expe
 ``ours1m`` is level 1 with ``OTEL_GPU_METRICS`` on: against ``ours1`` it gives what the call
 metrics cost per call, on the caller's thread and in total.
 
+``armed0`` is level 0 with ``OTEL_GPU_CONTROL=on``: the trampoline live control can swap,
+against the bare call (and ``ours0``, the function itself). ``armed1`` is the same armed
+function switched to level 1 by live control before the rounds: against ``ours1``, a function
+decorated at level 1, it gives what a switched path costs over a decided one.
+
 ``ours5ring`` is level 5 with the in-memory ring on (``ring=8``): compared with level 5 it
 gives the ring's own cost per call, and with level 10 (the recorder it stands in for) the
 ratio of the two.
@@ -62,6 +67,8 @@ class ConfigSpec:
     ring: int = 0  # OTEL_GPU_RING: the in-memory ring's size (0: off)
     include: tuple[str, ...] | None = None  # gpt2: instrument_module's include patterns
     metrics: bool = False  # OTEL_GPU_METRICS: call metrics on (recorded on the export thread)
+    control: bool = False  # OTEL_GPU_CONTROL=on: the function is armed (calls/armed.py)
+    switch: int | None = None  # a level live control switches the armed function to, untimed
 
 
 CONFIGS: tuple[ConfigSpec, ...] = (
@@ -74,6 +81,8 @@ CONFIGS: tuple[ConfigSpec, ...] = (
     ConfigSpec("ours5", "otel-gpu level 5", "ours", 5),
     ConfigSpec("ours10", "otel-gpu level 10", "ours", 10),
     ConfigSpec("ours5ring", "otel-gpu level 5, ring of 8", "ours", 5, ring=8),
+    ConfigSpec("armed0", "otel-gpu level 0, armed (CONTROL=on)", "ours", 0, control=True),
+    ConfigSpec("armed1", "armed level 0 switched to 1", "ours", 0, control=True, switch=1),
     ConfigSpec("otel", "OTel SDK span", "otel"),
     ConfigSpec("fi1", "FlashInfer level 1", "flashinfer", 1),
     ConfigSpec("fi3", "FlashInfer level 3", "flashinfer", 3),
@@ -185,6 +194,8 @@ class _Worker:
             "journal": journal,
             "ring": spec.ring,
             "metrics": spec.metrics,
+            "control": spec.control,
+            "switch": spec.switch,
             "include": list(spec.include) if spec.include is not None else None,
         }
         self.stderr = open(os.path.join(workdir, "stderr.txt"), "w+b")

@@ -39,6 +39,8 @@ _PEER = {
     "ours5ring": "ours5",  # the ring's own cost: level 5 with it on, against level 5
     "gloo1": "gloo0",  # an instrumented all_reduce against the bare one
     "gloo3": "gloo0",
+    "armed0": "bare",  # the trampoline of an armed function at level 0, against the bare call
+    "armed1": "ours1",  # a path live control switched to, against a level decided at decoration
 }
 _FLOORED = ("ours5", "ours10", "fi5")
 _SPAN_WRITERS = (
@@ -48,6 +50,7 @@ _SPAN_WRITERS = (
     "ours5",
     "ours10",
     "ours5ring",
+    "armed1",
     "otel",
     "gpt2_1",
     "gpt2_3",
@@ -77,6 +80,21 @@ class Budget:
 BUDGETS: tuple[Budget, ...] = (
     Budget(
         "level 0 is the function itself (zero cost)", "ours0", "bare", "caller", 1.0, "identity"
+    ),
+    Budget(
+        "armed level 0 ≤ 0.1 µs caller-visible per call over the bare call",
+        "armed0",
+        "bare",
+        "caller",
+        0.1,
+        "difference",
+    ),
+    Budget(
+        "level 1 switched by live control ≤ 1.1× level 1 decided at decoration (caller-visible)",
+        "armed1",
+        "ours1",
+        "caller",
+        1.1,
     ),
     Budget("level 1 caller-visible ≤ 0.5× FlashInfer level 1", "ours1", "fi1", "caller", 0.5),
     Budget("level 1 total ≤ 1.0× FlashInfer level 1", "ours1", "fi1", "total", 1.0),

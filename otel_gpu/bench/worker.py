@@ -122,7 +122,8 @@ class Ours(Config):
         # Defer export for the whole loop (the flush does it): caller-visible cost only.
         pipeline._WAKE_EVERY = _NEVER
         pipeline._WAKE_AT = -1
-        self.spans_file = os.path.join(spec["dir"], f"ours{level}.jsonl")
+        switched = "" if spec.get("switch") is None else f"-to{spec['switch']}"
+        self.spans_file = os.path.join(spec["dir"], f"ours{level}{switched}.jsonl")
         self.dump_dir = os.path.join(spec["dir"], "dumps", f"ours{level}")
         otel_gpu.configure(
             level=level,
@@ -137,13 +138,21 @@ class Ours(Config):
             journal=spec.get("journal", True),
             ring=spec.get("ring") or 0,
             metrics=bool(spec.get("metrics")),
+            control="on" if spec.get("control") else "off",
         )
         raw = self.fn
         self.fn = otel_gpu.api(raw)
         self.identity = self.fn is raw
         self._flush = otel_gpu.flush
         self.dumped = 0
-        if level == 0:
+        self.controls = 0  # otel_gpu.control spans in the file, not calls
+        switch = spec.get("switch")
+        if switch is not None:  # live control swaps the armed path, as otel-gpu control would
+            from otel_gpu.control import document, state
+
+            state.apply(document.parse({"level": switch, "for": None}), "otel-gpu bench")
+            self.controls = 1
+        elif level == 0:
             self.spans_file = None
 
     def flush(self) -> None:
@@ -164,6 +173,10 @@ class Ours(Config):
             if entry.is_dir():
                 self.dumped += 1
                 shutil.rmtree(entry.path, ignore_errors=True)
+
+    def count(self) -> int | None:
+        counted = super().count()
+        return None if counted is None else counted - self.controls
 
     def count_dumps(self) -> int | None:
         return self.dumped if self.spec["level"] >= 10 else None

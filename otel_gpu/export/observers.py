@@ -150,8 +150,11 @@ def build(settings: Settings, pipeline: Wired) -> Built:
     """The observers ``settings`` ask for, in the registry's order. One that fails to build is an
     internal error under its entry's name; the others are built all the same."""
     built: dict[str, Observer] = {}
+    # OTEL_GPU_CONTROL=on: live control may switch any function to any level, so the observers
+    # of every level are built; each still runs only for the functions at its levels
+    top = LEVELS[-1] if settings.control == "on" else settings.level
     for entry in REGISTRY:
-        if settings.level < entry.min_level:
+        if top < entry.min_level:
             continue
         try:
             observer = entry.factory(settings, pipeline)
