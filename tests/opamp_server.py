@@ -9,8 +9,8 @@ state.
 
 ``behaviour`` selects how it answers, for fault tests: ``"ok"``; ``"hang"`` (the request is
 read and never answered until :meth:`release` or exit); ``"garbage"`` (``raw`` is sent as the
-body, e.g. bytes that are no protobuf, or a huge body); ``"error"`` (HTTP 500). Requests are
-recorded whatever the behaviour.
+body, e.g. bytes that are no protobuf, or a huge body); ``"error"`` (HTTP 500, and nothing of
+the request kept, as a server that is down). Requests are counted whatever the behaviour.
 """
 
 from __future__ import annotations
@@ -75,14 +75,16 @@ class OpAMPServer:
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 with server.lock:
                     server.headers = {k.lower(): v for k, v in self.headers.items()}
-                answer = server._handle(body)
-                if server.behaviour == "hang":
-                    server._released.wait(120)
-                    return
-                if server.behaviour == "error":
+                if server.behaviour == "error":  # as a server that is down: nothing kept
+                    with server.lock:
+                        server.requests += 1
                     self.send_response(500)
                     self.send_header("Content-Length", "0")
                     self.end_headers()
+                    return
+                answer = server._handle(body)
+                if server.behaviour == "hang":
+                    server._released.wait(120)
                     return
                 self.send_response(200)
                 self.send_header("Content-Type", "application/x-protobuf")

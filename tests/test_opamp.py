@@ -91,6 +91,23 @@ def test_a_change_of_the_effective_configuration_is_reported_at_the_next_poll():
         )
 
 
+def test_a_server_that_comes_back_after_the_first_report_was_given_up_is_found():
+    """The server fails every request until the agent has given up its first report (5 tries):
+    the heartbeats find it when it is back, it asks for the full state, and its configuration
+    is applied."""
+    state = FakeState()
+    with OpAMPServer("error") as server, agent_of(server, state):
+        server.wait(lambda: server.requests >= 7, "the first report given up, then heartbeats")
+        server.behaviour = "ok"
+        digest = server.push({"level": 5})
+        server.wait(lambda: server.with_status(digest), "the status once the server is back")
+        (agent,) = server.with_status(digest)
+        assert agent.status.status == APPLIED
+        server.wait(lambda: agent.description, "the full state")
+    assert agent.description["service.name"] == "test-service"
+    assert [change.level for change, _ in state.applied] == [5]
+
+
 def test_requests_carry_the_configured_headers():
     """OTEL_GPU_OPAMP_HEADERS (URL-encoded, as the OTLP headers) is sent with every request."""
     with (

@@ -67,6 +67,10 @@ REQUEST_TIMEOUT = 5.0
 EXIT_WAIT = 1.0
 """Seconds interpreter exit waits for the agent to say goodbye to the server."""
 _MAX_REASON = 512  # characters of a FAILED status's reason
+# Tries of a report after the first, 1 s apart doubling (~15 s): the client's 10 would leave a
+# server that came back unheard for up to 512 s; after them the heartbeats, every interval,
+# find it again (and an OpAMP server asks an agent it does not know for its full state).
+_RETRIES = 4
 
 _log = _guard.logger
 
@@ -196,6 +200,9 @@ class _QuietRetries(logging.Filter):
         return not str(record.msg).startswith("Job ")
 
 
+_QUIET = _QuietRetries()
+
+
 def _scalar(value: Any) -> bool:
     return isinstance(value, (str, bool, int, float))
 
@@ -262,11 +269,14 @@ class Agent:
         )
         self._note_effective()
         self.agent = OpAMPAgent(
-            interval=settings.opamp_interval, callbacks=self, client=self.client
+            interval=settings.opamp_interval,
+            callbacks=self,
+            client=self.client,
+            max_retries=_RETRIES,
         )
 
     def start(self) -> None:
-        logging.getLogger("opentelemetry._opamp.agent").addFilter(_QuietRetries())
+        logging.getLogger("opentelemetry._opamp.agent").addFilter(_QUIET)  # once: same object
         self.agent.start()
         # its own exit hook says goodbye with no bound and joins the threads with none
         atexit.unregister(self.agent.stop)
