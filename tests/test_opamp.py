@@ -317,6 +317,44 @@ def test_the_agent_describes_its_process(tmp_path):
     assert "otel_gpu.gpu.count" in agent.description
 
 
+def test_a_program_under_otel_gpu_run_with_targets_is_an_agent_too(tmp_path):
+    """Under ``otel-gpu run`` with targets at level 1 (otel-gpu's first configuration is then
+    the start-up hook's, not a decorated function's), the program is an agent all the same."""
+    library = tmp_path / "lib"
+    library.mkdir()
+    (library / "mylib.py").write_text("def work(x):\n    return x + 1\n")
+    program = tmp_path / "program.py"
+    program.write_text(
+        "import time, mylib\nfor i in range(600):\n    mylib.work(i); time.sleep(0.1)\n"
+    )
+    env = _child_env(tmp_path, "", PYTHONPATH=str(library))
+    with OpAMPServer() as server:
+        env["OTEL_GPU_OPAMP_ENDPOINT"] = server.endpoint
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "otel_gpu",
+                "run",
+                "--instrument",
+                "mylib",
+                "--",
+                sys.executable,
+                str(program),
+            ],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        try:
+            server.wait(lambda: any(a.description for a in server.seen()), "an agent", limit=120)
+        finally:
+            proc.kill()
+            proc.wait(timeout=60)
+        (agent,) = [a for a in server.seen() if a.description]
+    assert agent.effective_json()["control"] == "on"
+
+
 def test_stopping_the_agent_does_not_wait_for_a_hung_server():
     """Stopping says goodbye to the server for at most EXIT_WAIT seconds, whatever the server."""
     with OpAMPServer("hang") as server, agent_of(server, FakeState()) as agent:

@@ -182,6 +182,8 @@ def instrument_from_settings(
     if settings.level == 0:
         return []
     with _lock:
+        if settings is not _seen_settings:
+            _start_live(settings)
         _seen_settings = settings  # apply_settings() has nothing left to do for these
         specs = [s for s in settings.instrument if s not in _applied]
         _applied.update(specs)
@@ -192,6 +194,20 @@ def instrument_from_settings(
 
 
 _OPAMP = "otel_gpu.control.opamp"
+
+
+def _start_live(settings: config.Settings) -> None:
+    """At otel-gpu's first configuration with ``settings``, however it comes (a decorated
+    function, ``configure()``, ``otel-gpu run``, ``opentelemetry-instrument``): live control's
+    listener where ``OTEL_GPU_CONTROL=on``, and the OpAMP agent where an endpoint is set."""
+    if settings.control == "on":  # live control listens from the first decorated function
+        from otel_gpu.control import channel  # imported only where control is on
+
+        channel.start(settings)
+    if settings.opamp_endpoint or _OPAMP in sys.modules:  # start, or stop (configure())
+        from otel_gpu.control import opamp  # imported only where an endpoint is set
+
+        opamp.start_soon(settings)  # the fleet's server, on a thread of its own
 
 
 def apply_settings(settings: config.Settings) -> None:
@@ -210,14 +226,7 @@ def apply_settings(settings: config.Settings) -> None:
         if settings is _seen_settings:
             return
         _seen_settings = settings
-        if settings.control == "on":  # live control listens from the first decorated function
-            from otel_gpu.control import channel  # imported only where control is on
-
-            channel.start(settings)
-        if settings.opamp_endpoint or _OPAMP in sys.modules:  # start, or stop (configure())
-            from otel_gpu.control import opamp  # imported only where an endpoint is set
-
-            opamp.start_soon(settings)  # the fleet's server, from the first decorated function
+        _start_live(settings)
         if settings.level == 0:
             return
         specs = [s for s in settings.instrument if s not in _applied]
