@@ -63,6 +63,7 @@ class OpAMPServer:
         self.requests = 0
         self.headers: dict[str, str] = {}  # of the last request, names lower-cased
         self.config: opamp_pb2.AgentRemoteConfig | None = None
+        self.error_message: str | None = None  # set: every answer is a ServerErrorResponse
         self.lock = threading.Lock()
         self._released = threading.Event()
         server = self
@@ -140,6 +141,9 @@ class OpAMPServer:
             if self.behaviour == "garbage":
                 return self.raw
             answer = opamp_pb2.ServerToAgent(instance_uid=message.instance_uid)
+            if self.error_message is not None:
+                answer.error_response.error_message = self.error_message
+                return bytes(answer.SerializeToString())
             if not agent.description:
                 answer.flags = opamp_pb2.ServerToAgentFlags_ReportFullState
             config = self.config

@@ -36,6 +36,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from otel_gpu import _guard
+from otel_gpu._text import printable
 from otel_gpu.config import Settings
 from otel_gpu.control import document, state
 from otel_gpu.resource import build_resource
@@ -256,8 +257,7 @@ class Agent:
         self._seen: bytes | None = None  # the last remote configuration handled (its hash)
         self._reported: Any = None  # the effective configuration last reported
         self._down = False  # the server did not answer the last attempt
-        self.applied = 0
-        self.refused = 0
+        self._error = ""  # the server's last error message, said once
         identifying, others = _identity(attributes)
         self.client = OpAMPClient(
             endpoint=self.endpoint,
@@ -310,15 +310,16 @@ class Agent:
                 "otel-gpu: the OpAMP server at %s does not answer (%s); this process keeps its "
                 "configuration, and polls again in the background",
                 self.public,
-                str(error)[:200],
+                printable(str(error))[:200],
             )
 
     def on_error(self, agent: Any, client: Any, error_response: Any) -> None:
-        _log.warning(
-            "otel-gpu: the OpAMP server at %s answered with an error: %s",
-            self.public,
-            str(getattr(error_response, "error_message", ""))[:200],
-        )
+        error = printable(str(getattr(error_response, "error_message", "")))[:200]
+        if error != self._error:  # once per message, not at every poll
+            self._error = error
+            _log.warning(
+                "otel-gpu: the OpAMP server at %s answered with an error: %s", self.public, error
+            )
 
     def on_message(self, agent: Any, client: Any, message: Any) -> None:
         remote = message.remote_config
@@ -345,16 +346,13 @@ class Agent:
             change = self._parse(read_document(remote))
             self._apply(change, self.source)
         except document.ControlError as exc:
-            self.refused += 1
-            reason = " ".join(str(exc).split())[:_MAX_REASON]
+            reason = printable(" ".join(str(exc).split()))[:_MAX_REASON]
             _log.warning("otel-gpu: refused the OpAMP remote configuration: %s", reason)
             return self._statuses.RemoteConfigStatuses_FAILED, reason
         except Exception as exc:
-            self.refused += 1
             _guard_quietly(exc)
             reason = f"otel-gpu could not apply it: {type(exc).__name__}: {exc}"
             return self._statuses.RemoteConfigStatuses_FAILED, reason[:_MAX_REASON]
-        self.applied += 1
         return self._statuses.RemoteConfigStatuses_APPLIED, ""
 
     def _note_effective(self) -> bool:

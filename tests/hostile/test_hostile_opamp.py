@@ -44,6 +44,12 @@ DOCUMENTS = [
         b'{"__class__": "os.system"}', "application/json", "unknown field", id="unknown-field"
     ),
     pytest.param(b"{}", "application/json", "changes something", id="empty"),
+    pytest.param(
+        b'{"level": 5}',
+        "text/plain\r\nX-Forged: 1\u202e",
+        "content type 'text/plain\\r\\nX-Forged: 1\\u202e'",
+        id="content-type-with-crlf-and-bidi",
+    ),
 ]
 
 
@@ -120,3 +126,17 @@ def test_a_huge_answer_is_not_read_into_memory():
         f"\n{server.requests} answers of 64 MiB: peak of Python allocations {peak / 2**20:.1f} MiB"
     )
     assert peak < 32 * 2**20
+
+
+def test_a_server_error_at_every_poll_is_one_escaped_warning(caplog):
+    """A server answering every poll with an error response whose message carries a CR LF and a
+    bidi override: one warning line in all, the message escaped (it cannot forge a log line)."""
+    caplog.set_level(logging.WARNING)
+    with OpAMPServer() as server, agent_of(server, FakeState()):
+        server.error_message = "overloaded\r\nERROR forged line\u202e"
+        mark = server.requests
+        server.wait(lambda: server.requests > mark + 10, "ten polls answered with an error")
+    errors = [r.getMessage() for r in caplog.records if "answered with an error" in r.getMessage()]
+    assert len(errors) == 1
+    assert "\n" not in errors[0] and "\u202e" not in errors[0]
+    assert "overloaded" in errors[0]
