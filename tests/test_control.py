@@ -234,8 +234,8 @@ def test_each_change_is_a_control_span_saying_who_what_and_until_when(controlled
 
 
 def test_ring_size_needs_a_ring_and_changes_it(controlled):
-    """ring_size is refused, naming it, where the process keeps no ring; with a ring, it
-    resizes it for the window and the reset puts the configured size back."""
+    """ring_size is refused, naming it, where the process keeps no ring; with a ring (even at
+    armed level 0 before any call), it resizes it and the reset puts the configured size back."""
     controlled(level=3)
 
     @otel_gpu.api
@@ -251,8 +251,7 @@ def test_ring_size_needs_a_ring_and_changes_it(controlled):
     from otel_gpu.export import pipeline
 
     pipeline.reset()
-    otel_gpu.configure(level=3, control="on", ring=8)
-    eta(1)
+    otel_gpu.configure(level=0, control="on", ring=8)  # no call yet: no pipeline, no ring
     assert _apply({"ring_size": 2})["ring_size"] == 2
     assert state.reset("test")["ring_size"] == 8
 

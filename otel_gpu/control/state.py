@@ -76,7 +76,6 @@ _lock = threading.RLock()
 _override = _Override()
 _timer: threading.Timer | None = None
 _generation = 0
-_configured_ring: int | None = None  # the ring's size before control changed it
 
 
 def apply(change: Change, source: str) -> dict[str, Any]:
@@ -87,7 +86,7 @@ def apply(change: Change, source: str) -> dict[str, Any]:
         return reset(source)
     source = _source(source)
     with _lock:
-        ring = _ring()
+        ring = _ring(build=change.ring_size is not None)
         if change.ring_size is not None and ring is None:
             raise ControlError(
                 "ring_size: this process keeps no ring (it needs OTEL_GPU_RING > 0, or "
@@ -154,12 +153,15 @@ def effective() -> dict[str, Any]:
 
 def _install(new: _Override, ring: Any) -> list[armed.Armed]:
     """Make ``new`` the state in force: the armed functions' rule and the ring's size."""
-    global _override, _configured_ring
+    global _override
     _override = new
     if ring is not None:
-        if _configured_ring is None:
-            _configured_ring = int(ring.size)
-        ring.size = _configured_ring if new.ring_size is None else new.ring_size
+        # the ring's configured size is its own settings' (a reconfigured process has a new ring)
+        configured = getattr(getattr(ring, "settings", None), "ring", None)
+        if new.ring_size is not None:
+            ring.size = new.ring_size
+        elif isinstance(configured, int):
+            ring.size = configured
     if not new.active:
         return armed.set_rule(None)
     return armed.set_rule(_rule_of(new))
@@ -214,9 +216,10 @@ def _lapse(generation: int) -> None:
         _guard.internal_error("control", exc)
 
 
-def _ring() -> Any:
-    """The running pipeline's ring (never builds a pipeline), or None."""
-    pipe = pipeline.current()
+def _ring(build: bool = False) -> Any:
+    """The pipeline's ring, or None; ``build``: build the pipeline if no call has yet (a
+    process at armed level 0 has none, and its ring comes with it)."""
+    pipe = pipeline.get() if build else pipeline.current()
     return None if pipe is None else pipe.ring
 
 
