@@ -136,6 +136,25 @@ def test_bad_headers_are_refused_without_showing_them(raw):
     assert "sk-12345" not in message
 
 
+def test_otel_gpu_info_says_when_opamp_would_change_no_level():
+    """``otel-gpu info`` with an endpoint but without OTEL_GPU_CONTROL=on says that a remote
+    configuration would change no function's level; with it, nothing."""
+    for control, expected in (("off", True), ("on", False)):
+        env = without_otel(
+            OTEL_GPU_OPAMP_ENDPOINT="http://127.0.0.1:9/v1/opamp", OTEL_GPU_CONTROL=control
+        )
+        out = subprocess.run(
+            [sys.executable, "-m", "otel_gpu", "info"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert out.returncode == 0, out.stderr
+        said = "note: OTEL_GPU_OPAMP_ENDPOINT: without OTEL_GPU_CONTROL=on" in out.stdout
+        assert said is expected, out.stdout
+
+
 def test_otel_gpu_info_hides_the_opamp_headers():
     """``otel-gpu info`` shows that OpAMP headers are set, never their value."""
     env = without_otel(OTEL_GPU_OPAMP_HEADERS="authorization=Bearer%20sk-12345")

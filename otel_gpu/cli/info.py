@@ -81,6 +81,23 @@ def _instrument(settings: Any) -> dict[str, Any]:
     }
 
 
+def _opamp(settings: Any) -> str | None:
+    """One line saying why a program with these settings would not be an OpAMP agent whose
+    remote configuration changes levels, or None (no endpoint, or nothing in the way)."""
+    import importlib.util
+
+    if not settings.opamp_endpoint:
+        return None
+    if importlib.util.find_spec("opentelemetry._opamp") is None:
+        return (
+            "opentelemetry-opamp-client is not installed (pip install 'otel-gpu[opamp]'): "
+            "a program is no OpAMP agent"
+        )
+    if settings.control != "on":
+        return "without OTEL_GPU_CONTROL=on a remote configuration changes no function's level"
+    return None
+
+
 def _device_time(settings: Any) -> str | None:
     """One line saying why calls carry no device time in a program with these settings, or
     None when they may (with ``auto``, once the program initialises CUDA)."""
@@ -113,6 +130,7 @@ def _main(args: argparse.Namespace) -> int:
                     "resource": dict(resource.attributes),
                     "instrument": _instrument(settings),
                     "device_time": _device_time(settings),
+                    "opamp": _opamp(settings),
                 },
                 indent=2,
                 default=str,
@@ -129,6 +147,9 @@ def _main(args: argparse.Namespace) -> int:
     device = _device_time(settings)
     if device:  # why calls carry no device time (devices/device_time.py)
         print(f"  note: OTEL_GPU_DEVICE_TIME: {device}")
+    opamp = _opamp(settings)
+    if opamp:  # why a program would not be an agent, or not one that changes levels
+        print(f"  note: OTEL_GPU_OPAMP_ENDPOINT: {opamp}")
     instrument = _instrument(settings)
     if instrument:
         print(
