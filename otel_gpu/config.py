@@ -241,7 +241,7 @@ class Bounded:
         return value
 
 
-_OPAMP_INTERVAL = Bounded(0.1, 86_400, integer=False, unit="seconds, a day")
+_OPAMP_INTERVAL = Bounded(1, 86_400, integer=False, unit="seconds, a day")
 _HTTP_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 
 
@@ -763,8 +763,8 @@ SETTINGS: tuple[Setting, ...] = (
         _OPAMP_INTERVAL.text,
         _OPAMP_INTERVAL,
         "Seconds between two polls of the OpAMP server (heartbeats): a remote configuration "
-        "is taken at the next poll, so this is how late it may come. A server that does not "
-        "answer is retried with exponential backoff on the same thread.",
+        "is taken at the next poll, so this is how late it may come. Each request may take half "
+        "of it (at most 5 s), so that polls never queue up behind a server that hangs.",
     ),
     Setting(
         "service_name",

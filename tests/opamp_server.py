@@ -210,9 +210,9 @@ class FakeState:
 
 @contextlib.contextmanager
 def agent_of(server: OpAMPServer, state: FakeState, **env: str) -> Iterator[opamp.Agent]:
-    """An agent of ``server`` in this process, applying to ``state``, polling every 0.1 s."""
+    """An agent of ``server`` in this process, applying to ``state``, polling every second."""
     settings = config.load(
-        env={"OTEL_GPU_OPAMP_ENDPOINT": server.endpoint, "OTEL_GPU_OPAMP_INTERVAL": "0.1", **env}
+        env={"OTEL_GPU_OPAMP_ENDPOINT": server.endpoint, "OTEL_GPU_OPAMP_INTERVAL": "1", **env}
     )
     agent = opamp.Agent(
         settings,

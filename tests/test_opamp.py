@@ -204,7 +204,7 @@ def _child_env(tmp_path, endpoint: str, **extra: str) -> dict[str, str]:
             "OTEL_GPU_JOURNAL": "false",
             "OTEL_GPU_CONTROL": "on",
             "OTEL_GPU_JOURNAL_DIR": str(tmp_path / "journal"),
-            "OTEL_GPU_OPAMP_INTERVAL": "0.2",
+            "OTEL_GPU_OPAMP_INTERVAL": "1",
             **extra,
         }
     )
@@ -391,7 +391,7 @@ def test_fork_children_do_not_share_the_parents_agent():
         pytest.skip("no fork")
     with OpAMPServer() as server:
         settings = config.load(
-            env={"OTEL_GPU_OPAMP_ENDPOINT": server.endpoint, "OTEL_GPU_OPAMP_INTERVAL": "0.2"}
+            env={"OTEL_GPU_OPAMP_ENDPOINT": server.endpoint, "OTEL_GPU_OPAMP_INTERVAL": "1"}
         )
         parent = opamp.start(settings, {"service.name": "p"})
         try:

@@ -64,7 +64,9 @@ MAX_DOCUMENT_BYTES = 64 * 1024
 MAX_RESPONSE_BYTES = 4 * 1024 * 1024
 """One answer of the server, read at most this far (protobuf, every entry of its config map)."""
 REQUEST_TIMEOUT = 5.0
-"""Seconds one poll may wait for the server to connect, then for each read, and in all."""
+"""Seconds one poll may wait for the server to connect, then for each read, and in all; at
+most half the interval, so that a heartbeat is done before the next is queued (the client's
+queue of them has no bound: behind a server that hangs it grew by ~2 a second at 0.5 s)."""
 EXIT_WAIT = 1.0
 """Seconds interpreter exit waits for the agent to say goodbye to the server."""
 _MAX_REASON = 512  # characters of a FAILED status's reason
@@ -262,7 +264,7 @@ class Agent:
         self.client = OpAMPClient(
             endpoint=self.endpoint,
             headers=dict(settings.opamp_headers),
-            timeout_millis=int(REQUEST_TIMEOUT * 1000),
+            timeout_millis=int(min(REQUEST_TIMEOUT, settings.opamp_interval / 2) * 1000),
             agent_identifying_attributes=identifying,
             agent_non_identifying_attributes=others,
             transport=_Transport(),
@@ -273,6 +275,7 @@ class Agent:
             callbacks=self,
             client=self.client,
             max_retries=_RETRIES,
+            heartbeat_max_retries=0,  # one try: the next heartbeat is the retry
         )
 
     def start(self) -> None:
