@@ -140,3 +140,16 @@ def test_a_server_error_at_every_poll_is_one_escaped_warning(caplog):
     assert len(errors) == 1
     assert "\n" not in errors[0] and "\u202e" not in errors[0]
     assert "overloaded" in errors[0]
+
+
+def test_heartbeats_do_not_queue_up_behind_a_server_that_hangs():
+    """A server that takes every request and never answers, for long after the first report
+    was given up: the client's queue of heartbeats (unbounded) stays near empty, since each
+    request takes at most half the interval and a heartbeat one try (with 5 s requests tried
+    twice it grew by about one heartbeat a second at a 1 s interval)."""
+    with OpAMPServer("hang") as server, agent_of(server, FakeState()) as agent:
+        queue = getattr(agent.agent, "_queue", None)  # the client's own (0.5b0), for this check
+        if queue is None:
+            pytest.skip("this version of the client keeps its queue elsewhere")
+        server.wait(lambda: server.requests >= 10, "heartbeats after the first report was given up")
+        assert queue.qsize() <= 3
