@@ -122,6 +122,13 @@ def test_requests_carry_the_configured_headers():
         assert server.headers["content-type"] == "application/x-protobuf"
 
 
+def test_configure_takes_the_headers_as_a_dict_with_any_value():
+    """``configure(opamp_headers={...})``: values with commas, '=' and spaces arrive as given
+    (they are URL-encoded on the way, as the variable expects)."""
+    settings = config.load({"opamp_headers": {"Authorization": "Bearer a,b=c", "X-Team": "gpu"}})
+    assert settings.opamp_headers == (("authorization", "Bearer a,b=c"), ("x-team", "gpu"))
+
+
 @pytest.mark.parametrize(
     "raw",
     ["Authorization=Bearer sk-12345%0D%0AX-Evil: 1", "Authorization Bearer sk-12345"],
