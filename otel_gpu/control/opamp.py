@@ -47,6 +47,7 @@ __all__ = [
     "JSON_CONTENT_TYPES",
     "MAX_DOCUMENT_BYTES",
     "MAX_RESPONSE_BYTES",
+    "REQUEST_TIMEOUT",
     "Agent",
     "read_document",
     "running",
