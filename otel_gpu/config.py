@@ -245,6 +245,53 @@ class Bounded:
         return value
 
 
+_OPAMP_INTERVAL = Bounded(1, 86_400, integer=False, unit="seconds, a day")
+_HTTP_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+
+
+def _opamp_endpoint(raw: str) -> str:
+    """An OpAMP server's URL: HTTP only (the client polls; it has no WebSocket transport)."""
+    from urllib.parse import urlsplit
+
+    text = str(raw)
+    if _CONTROL.search(text) or text != text.strip() or " " in text:
+        raise ValueError("it contains spaces or control characters")
+    try:
+        parts = urlsplit(text)
+        _ = parts.port
+    except ValueError as exc:
+        raise ValueError(f"not a URL ({exc})") from None
+    if parts.scheme.lower() not in ("http", "https"):
+        raise ValueError(f"scheme {parts.scheme or '(none)'!r} is not http or https")
+    if not parts.hostname:
+        raise ValueError("it names no host")
+    return text
+
+
+def _opamp_headers(raw: str) -> tuple[tuple[str, str], ...]:
+    """``name=value,...`` as the OTLP exporters read their headers (URL-encoded), strictly: a
+    pair that is not one is refused, not skipped with a warning, and a CR or LF, even encoded,
+    would forge a header line. Errors name the pair's position, never its text (credentials)."""
+    from urllib.parse import unquote
+
+    pairs: list[tuple[str, str]] = []
+    for position, item in enumerate(str(raw).split(","), start=1):
+        if not item.strip():
+            continue
+        name, equals, value = item.partition("=")
+        name, value = unquote(name).strip().lower(), unquote(value).strip()
+        if not equals or not _HTTP_TOKEN.fullmatch(name):
+            raise ValueError(f"pair {position} is not name=value with a header name")
+        if _CONTROL.search(value):
+            raise ValueError(f"the value of pair {position} has a control character")
+        pairs.append((name, value))
+    return tuple(pairs)
+
+
+_SECRET_FIELDS = frozenset({"opamp_headers"})
+"""Settings whose values carry credentials: an error names the variable, never the value."""
+
+
 def _number_text(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else repr(x)
 
@@ -707,6 +754,34 @@ SETTINGS: tuple[Setting, ...] = (
         '[{"on": "nonfinite", "level": 10, "calls": 20}].',
     ),
     Setting(
+        "opamp_endpoint",
+        "OTEL_GPU_OPAMP_ENDPOINT",
+        "an http:// or https:// URL with a host, such as https://opamp.example:4320/v1/opamp "
+        "(no spaces or control characters); unset: no OpAMP",
+        _opamp_endpoint,
+        "The OpAMP server this process reports to and takes its remote configuration "
+        "`otel-gpu` from (docs/control.md, OpAMP). Needs the `opamp` extra "
+        "(opentelemetry-opamp-client). Polled over HTTP on a thread of its own.",
+    ),
+    Setting(
+        "opamp_headers",
+        "OTEL_GPU_OPAMP_HEADERS",
+        "name=value pairs separated by commas, URL-encoded as in OTEL_EXPORTER_OTLP_HEADERS "
+        "(names are HTTP tokens; no control characters, encoded or not)",
+        _opamp_headers,
+        "Headers of every OpAMP request, such as an Authorization header (credentials: never "
+        "shown, in errors or by `otel-gpu info` either).",
+    ),
+    Setting(
+        "opamp_interval",
+        "OTEL_GPU_OPAMP_INTERVAL",
+        _OPAMP_INTERVAL.text,
+        _OPAMP_INTERVAL,
+        "Seconds between two polls of the OpAMP server (heartbeats): a remote configuration "
+        "is taken at the next poll, so this is how late it may come. Each request may take half "
+        "of it (at most 5 s), so that polls never queue up behind a server that hangs.",
+    ),
+    Setting(
         "service_name",
         "OTEL_SERVICE_NAME",
         "any string",
@@ -993,6 +1068,9 @@ class Settings:
     device_memory: bool = True
     control: str = "off"
     triggers: tuple[trigger_rules.Trigger, ...] = ()
+    opamp_endpoint: str | None = None
+    opamp_headers: tuple[tuple[str, str], ...] = ()
+    opamp_interval: float = 30.0
     service_name: str | None = None
     dest_explicit: bool = False
     """True when OTEL_GPU_LOGDEST or configure(dest=...) set the destination (not the default)."""
@@ -1017,8 +1095,9 @@ _DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(Settings)}
 
 
 def _error(setting: Setting, raw: object, why: str, source: str) -> ConfigError:
+    shown = "<redacted>" if setting.field in _SECRET_FIELDS else repr(raw)
     return ConfigError(
-        f"{setting.env}={raw!r} ({source}) is invalid: {why}. Allowed: {setting.allowed}."
+        f"{setting.env}={shown} ({source}) is invalid: {why}. Allowed: {setting.allowed}."
     )
 
 
@@ -1038,6 +1117,10 @@ def _parse(setting: Setting, raw: object, source: str) -> Any:
             return trigger_rules.parse(list(raw) if isinstance(raw, tuple) else raw)
         except ValueError as exc:
             raise _error(setting, "the triggers given", str(exc), source) from None
+    if isinstance(raw, Mapping) and setting.parse is _opamp_headers:  # configure(opamp_headers={})
+        from urllib.parse import quote
+
+        raw = ",".join(f"{quote(str(k))}={quote(str(v))}" for k, v in raw.items())
     try:
         value = setting.parse(raw if isinstance(raw, str) else str(raw))
     except ValueError as exc:

@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import time
+import weakref
 
 import pytest
 import torch
@@ -202,7 +203,7 @@ def test_the_window_lapses_back_to_the_configured_state(controlled):
     def eps(x):
         return x
 
-    result = _apply({"level": 1, "for": "0.3s"})
+    result = _apply({"level": 1, "include": ["*.eps"], "for": "0.3s"})
     assert result["until"] is not None and result["functions_changed"] == 1
     wait_for(lambda: not state.effective()["changed"], "the window's end")
     assert eps.__otel_gpu_armed__.level == 0
@@ -281,7 +282,8 @@ def test_raised_to_10_from_armed_level_0_the_flight_recorder_writes_dumps(contro
 def test_a_level_change_after_torch_compile_recompiles_without_a_graph_break(controlled):
     """Under torch.compile (fullgraph=True: a graph break would raise), raising the level of a
     compiled function's armed callee makes Dynamo's guard on the trampoline recompile: the
-    compiled call is then recorded, and the result is right before and after."""
+    compiled call is then recorded, and the result is right before and after, and after the
+    switch back (the trampoline's own parameters change with its path)."""
     import torch._dynamo.testing
 
     spans = controlled(level=0)
@@ -302,6 +304,11 @@ def test_a_level_change_after_torch_compile_recompiles_without_a_graph_break(con
     assert counter.frame_count == 2
     otel_gpu.flush()
     assert [n for n in _names(spans) if n.endswith("scale")]
+    # compiled while switched, then switched back: the trampoline's parameters change again
+    late = torch.compile(lambda x: scale(x) - 1, fullgraph=True, backend=counter)
+    assert torch.equal(late(x), x)
+    state.reset("test")
+    assert torch.equal(late(x), x) and torch.equal(compiled(x), x * 3)
     torch._dynamo.reset()
 
 
@@ -319,10 +326,11 @@ def test_the_armed_registry_is_weak(controlled):
         return theta
 
     fn = make()
-    count = len(armed.entries())
+    entry = weakref.ref(fn.__otel_gpu_armed__)
+    assert entry() in armed.entries()
     del fn
     gc.collect()
-    assert len(armed.entries()) == count - 1
+    assert entry() is None
 
 
 # --------------------------------------------------------------------------- the command
@@ -497,3 +505,86 @@ def test_a_process_that_does_not_listen_says_so_and_exits_1(tmp_path):
     assert "is not an otel-gpu process listening for control" in result.stderr
     none = otel_gpu_command(["control", "--all", "--show"], env)
     assert none.returncode == 1 and "no live otel-gpu process" in none.stderr
+
+
+def _shapes():
+    """Functions of every parameter shape, and calls of each."""
+
+    def positional_only(a, b=2, /, c=3):
+        return (a, b, c)
+
+    def keyword_only(a, *, scale=1.0, bias=None):
+        return (a, scale, bias)
+
+    def star_args(a, *rest, flag=False, **extra):
+        return (a, rest, flag, extra)
+
+    def named_like_the_cell(__otel_gpu_path, path=1):
+        return (__otel_gpu_path, path)
+
+    def generator(n):
+        yield from range(n)
+
+    return [
+        (positional_only, [((1,), {}), ((1, 5), {"c": 7})]),
+        (keyword_only, [((1,), {}), ((1,), {"scale": 0.5, "bias": 2})]),
+        (star_args, [((1, 2, 3), {"flag": True, "z": 4}), ((1,), {})]),
+        (named_like_the_cell, [((1,), {"path": 2})]),
+        (generator, [((3,), {})]),
+    ]
+
+
+@pytest.mark.parametrize("index", range(5))
+def test_an_armed_function_of_any_shape_answers_as_the_function_at_every_level(controlled, index):
+    """Whatever its parameters (positional-only, keyword-only, *args/**kwargs, defaults, a
+    generator, a parameter named like the trampoline's variable), the armed function returns
+    what the function returns, at level 0, raised to 3 and back; at 3 it records the same
+    input attributes as the function decorated at level 3 (defaults are still defaults)."""
+    spans = controlled(level=0)
+    fn, calls = _shapes()[index]
+
+    def outcome(f, args, kwargs):
+        got = f(*args, **kwargs)
+        return list(got) if index == 4 else got
+
+    armed_fn = otel_gpu.api(fn)
+    for args, kwargs in calls:
+        assert outcome(armed_fn, args, kwargs) == outcome(fn, args, kwargs)
+    _apply({"level": 3, "for": None})
+    for args, kwargs in calls:
+        assert outcome(armed_fn, args, kwargs) == outcome(fn, args, kwargs)
+    otel_gpu.flush()
+    switched = [dict(s.attributes) for s in spans.get() if s.name != "otel_gpu.control"]
+    state.reset("test")
+    for args, kwargs in calls:
+        assert outcome(armed_fn, args, kwargs) == outcome(fn, args, kwargs)
+    otel_gpu.configure(level=3, control="off")
+    decided = otel_gpu.api(fn)
+    for args, kwargs in calls:
+        decided(*args, **kwargs)
+    otel_gpu.flush()
+    direct = [dict(s.attributes) for s in spans.get() if s.name != "otel_gpu.control"]
+    direct = direct[len(switched) :]
+
+    def inputs(attrs):
+        return {k: v for k, v in attrs.items() if k.startswith("otel_gpu.input.")}
+
+    assert [inputs(a) for a in switched] == [inputs(a) for a in direct]
+
+
+def test_a_method_armed_in_a_class_body_binds_self(controlled):
+    """Decorated in a class body, the trampoline is a function: it binds as a method, at level 0
+    and after a switch."""
+    spans = controlled(level=0)
+
+    class Model:
+        @otel_gpu.api
+        def forward(self, x, *, scale=2):
+            return (self, x * scale)
+
+    m = Model()
+    assert m.forward(3) == (m, 6)
+    _apply({"level": 1, "for": None})
+    assert m.forward(3, scale=1) == (m, 3)
+    otel_gpu.flush()
+    assert [n for n in _names(spans) if n.endswith("Model.forward")]

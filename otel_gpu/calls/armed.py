@@ -5,7 +5,10 @@ function's *current path*: the function itself at level 0, the level-N wrapper o
 path is one closure variable, read once per call; a level change builds the new level's plan and
 wrapper (as decoration would have) and swaps it in. No path checks a level per call: deciding at
 decoration stays deciding at decoration, the decision can only be redone. The trampoline is the
-whole cost of being controllable (``otel-gpu bench``: the armed level-0 row).
+whole cost of being controllable (``otel-gpu bench``: the armed level-0 row). At level 0 a plain
+function's trampoline has the function's own parameters and passes them on one by one (no
+``*args``/``**kwargs`` packing); with another level's wrapper in place it passes the call on as
+made, so the wrapper binds it as it would have (see :func:`_trampoline`).
 
 Each armed function registers here, weakly: a function that is dropped leaves the registry.
 Control (:mod:`otel_gpu.control.state`) sets the :data:`Rule` that decides each function's
@@ -19,8 +22,11 @@ from __future__ import annotations
 
 import functools
 import inspect
+import keyword
 import random
+import sys
 import threading
+import types
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -179,13 +185,15 @@ def arm(fn: Any, name: str | None, settings: config.Settings, build: Builder) ->
     qualified = qualified_name(target)
     name = name or qualified
     configured = build(settings) if settings.level > 0 else fn
-    path = configured
-
-    def set_path(new: Any) -> None:
-        nonlocal path
-        path = new
-
+    set_path: Callable[[Any], None]
     if inspect.iscoroutinefunction(fn):
+        path = configured
+
+        def set_async_path(new: Any) -> None:
+            nonlocal path
+            path = new
+
+        set_path = set_async_path
 
         @functools.wraps(fn)
         async def armed_async(*args: Any, **kwargs: Any) -> Any:
@@ -193,12 +201,8 @@ def arm(fn: Any, name: str | None, settings: config.Settings, build: Builder) ->
 
         trampoline: Any = armed_async
     else:
-
-        @functools.wraps(fn)
-        def armed(*args: Any, **kwargs: Any) -> Any:
-            return path(*args, **kwargs)  # one closure read: the path is swapped, never checked
-
-        trampoline = armed
+        trampoline, set_path = _trampoline(fn)
+        set_path(configured)
     entry = Armed(fn, name, qualified, settings, build, set_path, configured)
     plan = getattr(configured, "__otel_gpu_plan__", None)
     if plan is None:
@@ -212,6 +216,109 @@ def arm(fn: Any, name: str | None, settings: config.Settings, build: Builder) ->
         if _rule is not None:
             _follow(entry, _rule)
     return trampoline
+
+
+_CELL = "__otel_gpu_path"  # the trampolines' closure variable: no parameter may take its name
+_SOURCE = """
+def make({cell}):
+    def exact({params}):
+        return {cell}({forward})
+
+    def generic(*args, **kwargs):
+        return {cell}(*args, **kwargs)
+
+    def set_cell(new):
+        nonlocal {cell}
+        {cell} = new
+
+    return exact, generic, set_cell
+"""
+
+
+def _trampoline(fn: Any) -> tuple[Any, Callable[[Any], None]]:
+    """The trampoline of a synchronous ``fn`` and the function that swaps its path.
+
+    Two bodies share one closure variable, the path: ``generic`` passes ``*args, **kwargs``
+    through, as a level's wrapper expects its calls (it binds them itself); ``exact`` has
+    ``fn``'s own parameters (no defaults written: they are ``fn``'s own ``__defaults__``) and
+    passes them on one by one, without packing a tuple and a dict. Where the path is ``fn``
+    itself (level 0) the trampoline runs ``exact``'s code, otherwise ``generic``'s: the code
+    object is swapped with the path, so neither body checks anything per call. A callable that
+    is not a plain Python function gets ``generic`` only.
+
+    The source is built from the names in ``fn.__code__`` alone (parameter names, each checked
+    to be an identifier), never from a value.
+    """
+    params, forward = _signature_text(fn)
+    text = _SOURCE.format(cell=_CELL, params=params or "", forward=forward or "")
+    namespace: dict[str, Any] = {"__builtins__": {}}
+    exec(compile(text, "<otel-gpu armed trampoline>", "exec"), namespace)
+    exact, generic, set_cell = namespace["make"](fn)
+    if params is None:
+        return functools.wraps(fn)(generic), set_cell
+    trampoline: Any = functools.wraps(fn)(exact)
+    trampoline.__defaults__ = fn.__defaults__
+    trampoline.__kwdefaults__ = dict(fn.__kwdefaults__) if fn.__kwdefaults__ else None
+    fast, slow = exact.__code__, generic.__code__
+
+    def set_path(new: Any) -> None:
+        # in this order, a call between the two steps runs with a body that accepts its path
+        if new is fn:
+            set_cell(new)
+            trampoline.__code__ = fast
+        else:
+            trampoline.__code__ = slow
+            set_cell(new)
+        _forget_signature(trampoline)
+
+    return trampoline, set_path
+
+
+def _forget_signature(fn: Any) -> None:
+    """Drop what Dynamo remembers of ``fn``'s parameters: it keeps them per function object
+    (``torch._dynamo.variables.functions._spec_cache``), and the trampoline's code, so its
+    parameters, just changed. Without it, the next trace binds the call to the old parameters."""
+    functions = sys.modules.get("torch._dynamo.variables.functions")
+    cache = getattr(functions, "_spec_cache", None)
+    if cache is not None:
+        try:
+            cache.pop(fn, None)
+        except Exception as exc:  # a torch whose cache is something else
+            _guard.internal_error("control", exc)
+
+
+def _signature_text(fn: Any) -> tuple[str | None, str | None]:
+    """``(parameters, forwarded arguments)`` as source text for a plain function, from its code
+    object; ``(None, None)`` for anything else."""
+    code = getattr(fn, "__code__", None)
+    if not isinstance(fn, types.FunctionType) or not isinstance(code, types.CodeType):
+        return None, None
+    n, n_posonly, n_kwonly = code.co_argcount, code.co_posonlyargcount, code.co_kwonlyargcount
+    names = code.co_varnames
+    positional, kwonly = list(names[:n]), list(names[n : n + n_kwonly])
+    at = n + n_kwonly
+    star = names[at] if code.co_flags & inspect.CO_VARARGS else None
+    at += 1 if star else 0
+    dstar = names[at] if code.co_flags & inspect.CO_VARKEYWORDS else None
+    every = [*positional, *kwonly, *(x for x in (star, dstar) if x)]
+    if any(not _plain_name(x) for x in every):
+        return None, None
+    params = positional[:n_posonly] + (["/"] if n_posonly else []) + positional[n_posonly:]
+    params += [f"*{star}"] if star else (["*"] if kwonly else [])
+    params += kwonly + ([f"**{dstar}"] if dstar else [])
+    forward = positional + ([f"*{star}"] if star else [])
+    forward += [f"{k}={k}" for k in kwonly] + ([f"**{dstar}"] if dstar else [])
+    return ", ".join(params), ", ".join(forward)
+
+
+def _plain_name(name: Any) -> bool:
+    return (
+        isinstance(name, str)
+        and name.isidentifier()
+        and name.isascii()
+        and not keyword.iskeyword(name)
+        and name != _CELL
+    )
 
 
 def _sampled(path: Any, fn: Any, ratio: float) -> Any:

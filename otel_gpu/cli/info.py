@@ -12,6 +12,11 @@ __all__ = ["register"]
 _HIDDEN = "<redacted>"  # OTLP headers carry credentials (an Authorization header, an API key)
 
 
+def _shown(field: str, value: Any) -> Any:
+    """A setting's value as shown: OTEL_GPU_OPAMP_HEADERS' carry credentials, like OTLP's."""
+    return _HIDDEN if field == "opamp_headers" and value else value
+
+
 def _standard(settings: Any) -> tuple[dict[str, str], list[str]]:
     """The standard variables set (not otel-gpu's own rows, such as OTEL_SERVICE_NAME), headers
     hidden, and a note for each one otel-gpu would refuse but does not use with these settings.
@@ -76,6 +81,23 @@ def _instrument(settings: Any) -> dict[str, Any]:
     }
 
 
+def _opamp(settings: Any) -> str | None:
+    """One line saying why a program with these settings would not be an OpAMP agent whose
+    remote configuration changes levels, or None (no endpoint, or nothing in the way)."""
+    import importlib.util
+
+    if not settings.opamp_endpoint:
+        return None
+    if importlib.util.find_spec("opentelemetry._opamp") is None:
+        return (
+            "opentelemetry-opamp-client is not installed (pip install 'otel-gpu[opamp]'): "
+            "a program is no OpAMP agent"
+        )
+    if settings.control != "on":
+        return "without OTEL_GPU_CONTROL=on a remote configuration changes no function's level"
+    return None
+
+
 def _device_time(settings: Any) -> str | None:
     """One line saying why calls carry no device time in a program with these settings, or
     None when they may (with ``auto``, once the program initialises CUDA)."""
@@ -103,11 +125,12 @@ def _main(args: argparse.Namespace) -> int:
             json.dumps(
                 {
                     "version": version_line(),
-                    "settings": {k: v for k, v in vars(settings).items()},
+                    "settings": {k: _shown(k, v) for k, v in vars(settings).items()},
                     "standard": standard,
                     "resource": dict(resource.attributes),
                     "instrument": _instrument(settings),
                     "device_time": _device_time(settings),
+                    "opamp": _opamp(settings),
                 },
                 indent=2,
                 default=str,
@@ -117,13 +140,16 @@ def _main(args: argparse.Namespace) -> int:
     print(version_line())
     print("settings:")
     for row in config.SETTINGS:
-        value = getattr(settings, row.field)
+        value = _shown(row.field, getattr(settings, row.field))
         if isinstance(value, tuple):
             value = ",".join(value)
         print(f"  {row.env:28} = {value}")
     device = _device_time(settings)
     if device:  # why calls carry no device time (devices/device_time.py)
         print(f"  note: OTEL_GPU_DEVICE_TIME: {device}")
+    opamp = _opamp(settings)
+    if opamp:  # why a program would not be an agent, or not one that changes levels
+        print(f"  note: OTEL_GPU_OPAMP_ENDPOINT: {opamp}")
     instrument = _instrument(settings)
     if instrument:
         print(

@@ -183,6 +183,8 @@ def instrument_from_settings(
     if settings.level == 0:
         return []
     with _lock:
+        if settings is not _seen_settings:
+            _start_live(settings)
         _seen_settings = settings  # apply_settings() has nothing left to do for these
         specs = [s for s in settings.instrument if s not in _applied]
         _applied.update(specs)
@@ -192,12 +194,30 @@ def instrument_from_settings(
     return _apply_targets(specs, refusals_said=via == "otel-gpu run")
 
 
+_OPAMP = "otel_gpu.control.opamp"
+
+
+def _start_live(settings: config.Settings) -> None:
+    """At otel-gpu's first configuration with ``settings``, however it comes (a decorated
+    function, ``configure()``, ``otel-gpu run``, ``opentelemetry-instrument``): live control's
+    listener where ``OTEL_GPU_CONTROL=on``, and the OpAMP agent where an endpoint is set."""
+    if settings.control == "on":  # live control listens from the first decorated function
+        from otel_gpu.control import channel  # imported only where control is on
+
+        channel.start(settings)
+    if settings.opamp_endpoint or _OPAMP in sys.modules:  # start, or stop (configure())
+        from otel_gpu.control import opamp  # imported only where an endpoint is set
+
+        opamp.start_soon(settings)  # the fleet's server, on a thread of its own
+
+
 def apply_settings(settings: config.Settings) -> None:
     """``OTEL_GPU_INSTRUMENT`` in a process that neither ``otel-gpu run`` nor
     ``opentelemetry-instrument`` started: its targets are applied when otel-gpu is first
     configured (the first ``@otel_gpu.api`` decoration, ``configure()``, ``instrument()``).
 
-    With ``OTEL_GPU_CONTROL=on`` it also starts live control's listener (docs/control.md).
+    With ``OTEL_GPU_CONTROL=on`` it also starts live control's listener, and with
+    ``OTEL_GPU_OPAMP_ENDPOINT`` the OpAMP agent (docs/control.md).
 
     Decided once per settings object: later decorations cost one identity test."""
     global _applied_how, _seen_settings
@@ -207,10 +227,7 @@ def apply_settings(settings: config.Settings) -> None:
         if settings is _seen_settings:
             return
         _seen_settings = settings
-        if settings.control == "on":  # live control listens from the first decorated function
-            from otel_gpu.control import channel  # imported only where control is on
-
-            channel.start(settings)
+        _start_live(settings)
         if settings.level == 0:
             return
         specs = [s for s in settings.instrument if s not in _applied]
