@@ -138,6 +138,7 @@ STATS_MEAN = "mean"  # mean over finite values
 STATS_STD = "std"  # sample standard deviation over finite values
 STATS_NAN_COUNT = "nan_count"  # NaN count (floating and complex tensors)
 STATS_INF_COUNT = "inf_count"  # Inf count (floating and complex tensors)
+STATS_FINGERPRINT = "fingerprint"  # 16 hex digits: a 64-bit hash of the tensor's bytes
 STATS_NOTE = "otel_gpu.stats.note"  # why a statistic is missing or what it means
 
 # --- Attributes of the exception event ---

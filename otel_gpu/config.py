@@ -520,6 +520,15 @@ SETTINGS: tuple[Setting, ...] = (
         "At level >= 5, instrument_module() adds statistics of each module's own parameters "
         "to its first call's span (event otel_gpu.param_stats), so a weight that turned NaN shows.",
     ),
+    Setting(
+        "fingerprint",
+        "OTEL_GPU_FINGERPRINT",
+        "true, false",
+        _bool,
+        "At level >= 5, each statistics event also carries fingerprint: a 64-bit hash of the "
+        "tensor's bytes (16 hex digits), computed on its device with the other statistics, no "
+        "extra host read. Equal bytes, equal fingerprint: otel-gpu diff compares runs by it.",
+    ),
     # ---- flight recorder (level 10)
     Setting(
         "graph_stats_every",
@@ -947,6 +956,7 @@ class Settings:
     dump_modules: bool = False
     dump_modules_max_mb: float = 1024.0
     module_param_stats: bool = False
+    fingerprint: bool = True
     graph_stats_every: int = 100
     graph_dump_every: int = 100
     dump_dir: str = "otel_gpu_dumps"

@@ -137,6 +137,7 @@ class Ours(Config):
             journal=spec.get("journal", True),
             ring=spec.get("ring") or 0,
             metrics=bool(spec.get("metrics")),
+            fingerprint=spec.get("fingerprint", True),
         )
         raw = self.fn
         self.fn = otel_gpu.api(raw)
@@ -484,6 +485,7 @@ def _info(cfg: Config) -> dict[str, Any]:
         if settings.ring:
             info["ring"] = settings.ring
         info["metrics"] = settings.metrics
+        info["fingerprint"] = settings.fingerprint
     if isinstance(cfg, Gpt2):
         info["transformers"] = cfg.transformers.__version__
         info["spans_per_call"] = cfg.spans_per_call

@@ -6,7 +6,10 @@ or ``not compared`` (with ``why``). A verdict built from these claims only what 
 * ``tensors`` (level 10, both calls dumped): element by element, ``|a - b| <= atol + rtol * |b|``
   with NaN equal to NaN and infinities equal only to themselves; reports the largest absolute
   and relative error, the mismatched fraction and the cosine similarity.
-* ``fingerprint`` (level 5, when both statistics events carry :data:`FINGERPRINT`): equal or not.
+* ``fingerprint`` (level 5, when both statistics events carry :data:`FINGERPRINT`): equal or not;
+  where they differ, ``statistics`` says whether the statistics agree within tolerance all the
+  same (bytes changed by rounding, as eager against ``torch.compile``). ``fingerprints=False``
+  compares such tensors by their statistics alone.
 * ``statistics`` (level 5): numel and NaN/Inf counts exactly; min, max, mean and std within
   ``atol + rtol * M``, where ``M`` is the tensor's largest magnitude in either run (an
   element-wise error of ``rtol`` moves the mean or std by at most about that much).
@@ -29,8 +32,8 @@ __all__ = [
 ]
 
 FINGERPRINT = "fingerprint"
-"""The ``otel_gpu.stats`` event attribute read as a hash of the tensor's bytes (produced by a
-later release; a statistics event without it is compared by its statistics)."""
+"""The ``otel_gpu.stats`` event attribute holding a hash of the tensor's bytes (level 5 with
+``OTEL_GPU_FINGERPRINT`` on; a statistics event without it is compared by its statistics)."""
 
 TOLERANCES: dict[str, tuple[float, float]] = {
     "float64": (1e-7, 1e-7),
@@ -89,11 +92,25 @@ def compare_stats(
     dtype: Any,
     rtol: float | None = None,
     atol: float | None = None,
+    fingerprints: bool = True,
 ) -> dict[str, Any]:
     """Two ``otel_gpu.stats`` events of one tensor (their attributes, the tensor name left out)."""
-    if FINGERPRINT in a and FINGERPRINT in b:
-        same = a[FINGERPRINT] == b[FINGERPRINT]
-        return _result(tensor, "same" if same else "differ", "fingerprint")
+    if fingerprints and FINGERPRINT in a and FINGERPRINT in b:
+        if a[FINGERPRINT] == b[FINGERPRINT]:
+            return _result(tensor, "same", "fingerprint")
+        by_stats = _by_statistics(tensor, a, b, dtype, rtol, atol)
+        return _result(tensor, "differ", "fingerprint", statistics=by_stats["status"])
+    return _by_statistics(tensor, a, b, dtype, rtol, atol)
+
+
+def _by_statistics(
+    tensor: str,
+    a: dict[str, Any],
+    b: dict[str, Any],
+    dtype: Any,
+    rtol: float | None,
+    atol: float | None,
+) -> dict[str, Any]:
     for key in ("numel", "nan_count", "inf_count"):
         if key in a and key in b and a[key] != b[key]:
             return _result(tensor, "differ", "statistics", field=key, a=a[key], b=b[key])
