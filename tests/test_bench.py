@@ -274,7 +274,7 @@ def test_worker_ring_row_runs_level_5_with_the_ring_and_writes_every_span(
 def test_worker_fingerprint_rows_differ_only_by_the_fingerprint(
     tensors, tmp_path, deferred_export, on
 ):
-    """ours5 and ours5nofp are level 5 with and without fingerprints: every span reaches the
+    """ours5fp and ours5 are level 5 with and without fingerprints: every span reaches the
     file, and its statistics events carry a fingerprint exactly when the row asks for one."""
     q, k = tensors
     cfg = worker.Ours({"level": 5, "dir": str(tmp_path), "fingerprint": on}, q, k)
@@ -286,18 +286,18 @@ def test_worker_fingerprint_rows_differ_only_by_the_fingerprint(
     assert ('"fingerprint"' in text) is on
 
 
-def test_fingerprint_cost_is_level_5_minus_level_5_without_fingerprints():
-    """The fingerprint's cost per call is ours5 − ours5nofp, with the ratio of the two; absent
-    when the row without fingerprints did not run."""
+def test_fingerprint_cost_is_level_5_with_fingerprints_minus_level_5():
+    """The fingerprint's cost per call is ours5fp − ours5, with the ratio of the two; absent
+    when the row with fingerprints did not run."""
     configs = _configs()
     assert _report.fingerprint_cost(configs) is None
-    configs["ours5nofp"] = _row(200.0, 300.0)
+    configs["ours5fp"] = _row(300.0, 500.0)
     fp = _report.fingerprint_cost(configs)
     assert fp is not None and fp["caller_us"] == 50.0 and fp["total_us"] == 100.0
-    assert math.isclose(fp["total_ratio"], 400.0 / 300.0)
+    assert math.isclose(fp["total_ratio"], 500.0 / 400.0)
     report = _report.build({}, device="cpu", rounds=1, target_s=0.1)
     report["fingerprint_cost"] = fp
-    assert "fingerprints at level 5 (ours5 − ours5nofp): 50 µs" in _report.render(report)
+    assert "fingerprints at level 5 (ours5fp − ours5): 50 µs" in _report.render(report)
 
 
 def test_worker_gpt2_unavailable_without_transformers(tensors, tmp_path, monkeypatch):

@@ -49,7 +49,7 @@ def runs(tmp_path_factory) -> dict[str, Path]:
 @pytest.mark.slow
 def test_level_5_statistics_name_the_perturbed_module(runs):
     """By statistics, the first call whose inputs matched and outputs did not is h.1's MLP."""
-    code, report, _ = _diff(runs["a5"], runs["p5"], fingerprints=False)
+    code, report, _ = _diff(runs["a5"], runs["p5"])
     assert code == 1 and report["verdict"] == "diverged"
     first = report["first_diverged"]
     assert first["path"] == MLP_PATH
@@ -60,16 +60,18 @@ def test_level_5_statistics_name_the_perturbed_module(runs):
 @pytest.mark.transformers
 @pytest.mark.slow
 def test_level_5_fingerprints_name_the_perturbed_module(runs):
-    """By fingerprints (on by default at level 5), the first divergence is h.1's MLP too, and
+    """By fingerprints (OTEL_GPU_FINGERPRINT=true), the first divergence is h.1's MLP too, and
     the same program twice is the same by fingerprint: the hash is deterministic across
     processes."""
     from tiny_runs import traced
 
-    code, report, _ = _diff(runs["a5"], runs["p5"])
+    tmp = runs["a5"].parent.parent
+    on = {"OTEL_GPU_FINGERPRINT": "true"}
+    a, b = traced(tmp / "f5", 5, 2, **on), traced(tmp / "pf5", 5, 2, *PERTURB, **on)
+    code, report, _ = _diff(a, b)
     assert code == 1 and report["first_diverged"]["path"] == MLP_PATH
     assert {t["method"] for t in report["first_diverged"]["tensors"]} == {"fingerprint"}
-    again = traced(runs["a5"].parent.parent / "a5again", 5, 2)
-    code, report, _ = _diff(runs["a5"], again)
+    code, report, _ = _diff(a, traced(tmp / "f5again", 5, 2, **on))
     assert code == 0 and report["verdict"] == "same"
     assert report["tensors"]["differ"] == 0
 
@@ -106,12 +108,11 @@ def test_the_same_program_twice_is_same(runs):
 @pytest.mark.slow
 def test_eager_against_torch_compile_is_same(runs, tmp_path):
     """The model under torch.compile (inductor) against eager, at level 5: same within the
-    default tolerances, by statistics (``--no-fingerprints``: compiled kernels round
-    differently, so the bytes, and the fingerprints, may differ)."""
+    default tolerances."""
     from tiny_runs import traced
 
     compiled = traced(tmp_path, 5, 2, "--compile")
-    code, report, err = _diff(runs["a5"], compiled, fingerprints=False)
+    code, report, err = _diff(runs["a5"], compiled)
     assert code == 0, (report, err)
     assert report["verdict"] == "same"
 

@@ -4,7 +4,7 @@ Promises: the documented formula (checked against a pure-Python implementation o
 logical contents give equal fingerprints whatever the strides, one element changed by 1e-3
 changes it; every dtype gets one (bool, complex, float8, float4, sub-byte, quantized, empty,
 0-d); the same in another process; at capture the same as eager; never raised into the
-program; ``OTEL_GPU_FINGERPRINT=false`` turns it off; ``otel-gpu diff`` names a call whose
+program; off unless ``OTEL_GPU_FINGERPRINT=true``; ``otel-gpu diff`` names a call whose
 output bytes changed though its statistics agree within tolerance.
 """
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import struct
 import subprocess
 import sys
@@ -23,6 +24,12 @@ import otel_gpu
 from otel_gpu.calls import fingerprint, stats
 
 M64 = (1 << 64) - 1
+
+
+@pytest.fixture(autouse=True)
+def _fingerprints_on():
+    """Fingerprints are off by default; these tests turn them on (a test may turn them off)."""
+    otel_gpu.configure(fingerprint=True, strict=True)
 
 
 def _fp(t: torch.Tensor) -> str | None:
@@ -171,7 +178,10 @@ def test_the_same_in_another_process():
         "t = torch.randn(1000, generator=torch.Generator().manual_seed(4)); "
         "print(stats.finish([stats.compute('k', t)])[0].values['fingerprint'])"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    env = {**os.environ, "OTEL_GPU_FINGERPRINT": "true"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == _fp(t)
 
@@ -186,8 +196,11 @@ def test_capture_computes_the_eager_fingerprint_without_the_cached_table():
         assert got.values["fingerprint"] == _fp(t)
 
 
-def test_switched_off_by_the_setting(otel_gpu_spans):
-    """OTEL_GPU_FINGERPRINT=false: statistics events carry no fingerprint."""
+def test_off_by_default_and_by_the_setting(otel_gpu_spans):
+    """Without OTEL_GPU_FINGERPRINT (or with it false) statistics events carry no fingerprint."""
+    from otel_gpu import config
+
+    assert config.Settings().fingerprint is False
     spans = otel_gpu_spans(level=5, fingerprint=False)
 
     @otel_gpu.api
@@ -231,7 +244,7 @@ def test_a_huge_broadcast_view_is_not_hashed_element_by_element():
 
 
 def _run(path, delta: float) -> None:
-    otel_gpu.configure(level=5, dest=str(path), provider="own", strict=True)
+    otel_gpu.configure(level=5, dest=str(path), provider="own", strict=True, fingerprint=True)
 
     @otel_gpu.api(name="lib.layer")
     def layer(x):

@@ -22,7 +22,7 @@ The ``mixtral_*`` rows are the same workload for a tiny Mixtral (mixture of expe
 ``ours1m`` is level 1 with ``OTEL_GPU_METRICS`` on: against ``ours1`` it gives what the call
 metrics cost per call, on the caller's thread and in total.
 
-``ours5nofp`` is level 5 with ``OTEL_GPU_FINGERPRINT`` off: against ``ours5`` (fingerprints on,
+``ours5fp`` is level 5 with ``OTEL_GPU_FINGERPRINT`` on: against ``ours5`` (fingerprints off,
 the default) it gives what the fingerprint costs per call.
 
 ``ours5ring`` is level 5 with the in-memory ring on (``ring=8``): compared with level 5 it
@@ -65,7 +65,7 @@ class ConfigSpec:
     ring: int = 0  # OTEL_GPU_RING: the in-memory ring's size (0: off)
     include: tuple[str, ...] | None = None  # gpt2: instrument_module's include patterns
     metrics: bool = False  # OTEL_GPU_METRICS: call metrics on (recorded on the export thread)
-    fingerprint: bool = True  # OTEL_GPU_FINGERPRINT: the level-5 hash of each tensor's bytes
+    fingerprint: bool = False  # OTEL_GPU_FINGERPRINT: the level-5 hash of each tensor's bytes
 
 
 CONFIGS: tuple[ConfigSpec, ...] = (
@@ -77,7 +77,7 @@ CONFIGS: tuple[ConfigSpec, ...] = (
     ConfigSpec("ours3", "otel-gpu level 3", "ours", 3),
     ConfigSpec("ours5", "otel-gpu level 5", "ours", 5),
     ConfigSpec("ours10", "otel-gpu level 10", "ours", 10),
-    ConfigSpec("ours5nofp", "otel-gpu level 5, no fingerprint", "ours", 5, fingerprint=False),
+    ConfigSpec("ours5fp", "otel-gpu level 5, fingerprints", "ours", 5, fingerprint=True),
     ConfigSpec("ours5ring", "otel-gpu level 5, ring of 8", "ours", 5, ring=8),
     ConfigSpec("otel", "OTel SDK span", "otel"),
     ConfigSpec("fi1", "FlashInfer level 1", "flashinfer", 1),
@@ -346,7 +346,7 @@ def run(
                 results[name].gc = answer
         if device == "cuda":
             for name in list(workers):
-                n = 3 if name in ("fi5", "ours10", "ours5ring", "ours5nofp", "save") else 20
+                n = 3 if name in ("fi5", "ours10", "ours5ring", "ours5fp", "save") else 20
                 answer = ask(name, cmd="syncs", n=n)
                 if answer is not None:
                     results[name].syncs = answer
@@ -455,7 +455,7 @@ def register(sub: Any) -> None:
         description=(
             "Per-call cost of a decorated function with two [32,128,128] float32 tensors and a "
             "scalar kwarg: bare, otel-gpu levels 0/1/3/5/10, level 1 with metrics on, level 5 "
-            "without fingerprints and level 5 with the ring of 8 calls, "
+            "with fingerprints and level 5 with the ring of 8 calls, "
             "a plain OTel SDK span and FlashInfer's @flashinfer_api (when installed); and one "
             "forward pass of a tiny GPT2 with every module instrumented "
             "(otel_gpu.instrument_module) at levels 0/1/3/5, or its attention modules only at "

@@ -37,7 +37,7 @@ _PEER = {
     "mixtral_3": "mixtral_0",
     "ours1m": "ours1",  # the call metrics' own cost: level 1 with them on, against level 1
     "ours5ring": "ours5",  # the ring's own cost: level 5 with it on, against level 5
-    "ours5nofp": "ours5",  # level 5 without fingerprints against level 5 (with them)
+    "ours5fp": "ours5",  # the fingerprint's own cost: level 5 with it on, against level 5
     "gloo1": "gloo0",  # an instrumented all_reduce against the bare one
     "gloo3": "gloo0",
 }
@@ -49,7 +49,7 @@ _SPAN_WRITERS = (
     "ours5",
     "ours10",
     "ours5ring",
-    "ours5nofp",
+    "ours5fp",
     "otel",
     "gpt2_1",
     "gpt2_3",
@@ -297,15 +297,15 @@ def ring_cost(configs: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def fingerprint_cost(configs: dict[str, Any]) -> dict[str, Any] | None:
-    """What the level-5 fingerprint costs per call (level 5 − level 5 without fingerprints), in
-    µs, and the ratio of the two; None unless ``ours5`` and ``ours5nofp`` both ran."""
+    """What the level-5 fingerprint costs per call (level 5 with fingerprints − level 5), in
+    µs, and the ratio of the two; None unless ``ours5fp`` and ``ours5`` both ran."""
     out: dict[str, Any] = {}
     for cost in ("caller", "total"):
-        on, off = _cost(configs, "ours5", cost), _cost(configs, "ours5nofp", cost)
+        on, off = _cost(configs, "ours5fp", cost), _cost(configs, "ours5", cost)
         if on is None or off is None:
             return None
         out[f"{cost}_us"] = on - off
-        out[f"{cost}_us_per_round"] = _paired_diff(configs, "ours5", "ours5nofp", cost)
+        out[f"{cost}_us_per_round"] = _paired_diff(configs, "ours5fp", "ours5", cost)
         out[f"{cost}_ratio"] = on / off if off > 0 else None
     return out
 
@@ -497,11 +497,11 @@ def render(report: dict[str, Any]) -> str:
     if fp:
         lines += [
             "",
-            f"fingerprints at level 5 (ours5 − ours5nofp): {_fmt(fp['caller_us'])} µs "
+            f"fingerprints at level 5 (ours5fp − ours5): {_fmt(fp['caller_us'])} µs "
             f"caller-visible, {_fmt(fp['total_us'])} µs total per call (per-round differences "
             f"{_fmt(fp['caller_us_per_round'])} / {_fmt(fp['total_us_per_round'])} µs); level 5 "
             f"with them is {_fmt(fp['caller_ratio'], '.2f', '×')} caller-visible, "
-            f"{_fmt(fp['total_ratio'], '.2f', '×')} total, level 5 without",
+            f"{_fmt(fp['total_ratio'], '.2f', '×')} total, level 5",
         ]
     for name, section in (report.get("sections") or {}).items():
         import importlib

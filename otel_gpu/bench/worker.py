@@ -137,7 +137,7 @@ class Ours(Config):
             journal=spec.get("journal", True),
             ring=spec.get("ring") or 0,
             metrics=bool(spec.get("metrics")),
-            fingerprint=spec.get("fingerprint", True),
+            fingerprint=bool(spec.get("fingerprint")),
         )
         raw = self.fn
         self.fn = otel_gpu.api(raw)

@@ -16,6 +16,11 @@ Cost model (see docs/architecture.md):
 Every dtype gets a defined answer: a statistic that does not apply is left out and
 the result's ``note`` says why.
 
+A tensor's vector may carry more columns after the moments, read in the same single read:
+the low-precision statistics of float8/float4 tensors, or of a wide tensor's simulated cast
+(:mod:`otel_gpu.calls.lowp`), and its fingerprint (:mod:`otel_gpu.calls.fingerprint`); the
+specs in ``Pending.extras`` (:mod:`otel_gpu.core.stats`) say how to read them back.
+
 A broadcast view (a stride-0 dimension, ``expand``) is reduced over the elements it stores,
 once each: min and max are the same, and every stored element stands for the same number of
 logical ones, so the sums and the NaN/Inf/finite counts are scaled by that number. The result
@@ -35,7 +40,7 @@ import torch
 
 from otel_gpu import _guard, config
 from otel_gpu.attributes import STATS_FINGERPRINT
-from otel_gpu.calls import _subclass, fingerprint
+from otel_gpu.calls import _subclass, fingerprint, lowp
 from otel_gpu.core.stats import (
     CAPTURED_ROW,
     Extra,
@@ -127,6 +132,7 @@ def skipped(key: str, numel: int, note: str) -> Pending:
 
 
 NESTED_NOTE = "statistics not supported for nested tensors"
+FP4_NOTE = "float4_e2m1fn_x2: statistics over its two e2m1 values per element"
 
 # dtypes with no arithmetic in torch (sub-byte integer shells, bit patterns): bytes only
 _RAW = frozenset(
@@ -149,6 +155,7 @@ class _Options:
     def __init__(self, settings: config.Settings) -> None:
         self.settings = settings
         self.fingerprint = settings.fingerprint
+        self.simulate = settings.lowp_simulate
 
 
 _options: _Options | None = None
@@ -175,7 +182,9 @@ def _prepare(t: torch.Tensor) -> tuple[torch.Tensor | None, str | None, bool]:
     dtype = t.dtype
     if dtype in _NATIVE_FLOATS:
         return t, None, True
-    if dtype in _RAW or dtype is _FP4:
+    if dtype is _FP4:
+        return lowp.unpack_e2m1(t), FP4_NOTE, True
+    if dtype in _RAW:
         return None, f"{dtype} has no arithmetic in torch: no statistics of its values", False
     if dtype.is_complex:
         return t.abs(), "complex tensor: min/max/mean/std are of |x|", True
@@ -235,6 +244,11 @@ def _launch(
     if x is not None:
         vec, source = vector(x, scale)
         parts.append(vec)
+        if not t.is_quantized:  # low-precision formats, or a wide float's simulated cast
+            spec = lowp.spec_for(t.dtype, opts.simulate, x.numel())
+            if spec is not None:
+                parts.append(lowp.vector(x, spec))
+                extras.append(spec)
     if dense and opts.fingerprint:
         note = _add_fingerprint(logical, scale, cache, parts, extras, note)
     if not parts:
@@ -250,6 +264,8 @@ def _launch(
     )
     pending.moments = moments if x is not None else 0
     pending.extras = tuple(extras)
+    if t.dtype is _FP4:
+        pending.per_element = 2
     return pending
 
 
@@ -410,9 +426,9 @@ def finish(pending: list[Pending], call: Any = None) -> list[TensorStats]:
             refine.append((stats, p))
             continue
         if mn == mx:  # constant tensor: exact answer, nothing to refine
-            mean, std, doubtful = mn, (0.0 if p.numel > 1 else None), False
+            mean, std, doubtful = mn, (0.0 if p.numel * p.per_element > 1 else None), False
         else:
-            mean, std, doubtful = _moments(p.numel, total, sumsq)
+            mean, std, doubtful = _moments(p.numel * p.per_element, total, sumsq)
         fill(stats, p.integer, mn, mx, mean, std)
         if doubtful:
             refine.append((stats, p))

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from otel_gpu.attributes import (
+    STATS_AMAX,
+    STATS_DYNAMIC_RANGE,
     STATS_FINGERPRINT,
     STATS_INF_COUNT,
     STATS_MAX,
@@ -20,14 +22,20 @@ from otel_gpu.attributes import (
     STATS_NAN_COUNT,
     STATS_NOTE,
     STATS_NUMEL,
+    STATS_OVERFLOW,
+    STATS_SATURATION,
+    STATS_SIMULATED_FORMAT,
     STATS_STD,
     STATS_TENSOR,
+    STATS_UNDERFLOW,
+    STATS_ZERO_FRACTION,
 )
 
 __all__ = [
     "CAPTURED_ROW",
     "Extra",
     "FingerprintSpec",
+    "LowpSpec",
     "TensorStats",
     "captured_stats",
     "event_attributes",
@@ -67,7 +75,38 @@ class FingerprintSpec:
         values[STATS_FINGERPRINT] = fingerprint_hex(part[0], part[1], self.words)
 
 
-Extra = FingerprintSpec
+@dataclass(frozen=True)
+class LowpSpec:
+    """Low-precision statistics' columns (:mod:`otel_gpu.calls.lowp`): amax, the smallest
+    non-zero magnitude, the zero count, the count at the format's max (stored) or beyond it
+    (``simulated``), and, simulated, the underflow count; ``count`` values in all."""
+
+    format: str
+    max: float
+    simulated: bool
+    count: int
+
+    @property
+    def width(self) -> int:
+        return 5 if self.simulated else 4
+
+    def fill(self, values: dict[str, Any], part: list[float]) -> None:
+        amax, smallest, zeros, top = part[:4]
+        n = self.count
+        if amax >= 0:  # -1: no finite value
+            values[STATS_AMAX] = amax
+            if amax > 0 and 0 < smallest < math.inf:
+                values[STATS_DYNAMIC_RANGE] = math.log2(amax / smallest)
+        values[STATS_ZERO_FRACTION] = zeros / n
+        if self.simulated:
+            values[STATS_UNDERFLOW] = part[4] / n
+            values[STATS_OVERFLOW] = top / n
+            values[STATS_SIMULATED_FORMAT] = self.format
+        else:
+            values[STATS_SATURATION] = top / n
+
+
+Extra = FingerprintSpec | LowpSpec
 """What follows the moments in a tensor's statistics vector, one spec per group of columns."""
 
 

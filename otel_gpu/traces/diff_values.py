@@ -13,6 +13,9 @@ or ``not compared`` (with ``why``). A verdict built from these claims only what 
 * ``statistics`` (level 5): numel and NaN/Inf counts exactly; min, max, mean and std within
   ``atol + rtol * M``, where ``M`` is the tensor's largest magnitude in either run (an
   element-wise error of ``rtol`` moves the mean or std by at most about that much).
+  Low-precision statistics where both runs have them: ``amax`` within the same bound, and the
+  fractions (``zero_fraction``, ``saturation``, ``underflow``, ``overflow``) within
+  :data:`FRACTION_TOLERANCE`.
 * ``metadata`` (level 3): shape and dtype, and the value of a non-tensor argument; equal
   metadata of a tensor is ``not compared`` (its values are unknown).
 """
@@ -24,6 +27,7 @@ from typing import Any
 
 __all__ = [
     "FINGERPRINT",
+    "FRACTION_TOLERANCE",
     "TOLERANCES",
     "compare_metadata",
     "compare_stats",
@@ -51,7 +55,11 @@ TOLERANCES: dict[str, tuple[float, float]] = {
 """Default ``(rtol, atol)`` per dtype: ``torch.testing.assert_close``'s for the wide types, a
 step of the format's mantissa for float8; every other dtype (integers, bool) exactly."""
 _EXACT = (0.0, 0.0)
-_STATS = ("min", "max", "mean", "std")
+_STATS = ("min", "max", "mean", "std", "amax")
+_FRACTIONS = ("zero_fraction", "saturation", "underflow", "overflow")
+FRACTION_TOLERANCE = 1e-3
+"""How far two runs' low-precision fractions may be apart (0.1 percentage points): values
+within tolerance of each other can still fall on either side of a threshold."""
 
 
 def tolerance(
@@ -142,6 +150,17 @@ def _by_statistics(
         return _result(
             tensor, "differ", "statistics", field=worst[0], error=worst[1], tolerance=bound
         )
+    for key in _FRACTIONS:
+        x, y = _number(a.get(key)), _number(b.get(key))
+        if x is not None and y is not None and not abs(x - y) <= FRACTION_TOLERANCE:
+            return _result(
+                tensor,
+                "differ",
+                "statistics",
+                field=key,
+                error=abs(x - y),
+                tolerance=FRACTION_TOLERANCE,
+            )
     return _result(tensor, "same", "statistics", tolerance=bound)
 
 
