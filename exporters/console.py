@@ -151,6 +151,25 @@ def _lines_for(groups: Mapping[str, Mapping[str, Any]], style: _Style) -> list[s
     return lines
 
 
+def _lowp_parts(attrs: Mapping[str, Any], style: _Style) -> list[str]:
+    """Low-precision statistics: amax, dynamic range, zeros, saturation or a simulated cast's
+    underflow and overflow (fractions; red when a value is lost)."""
+    parts = []
+    if attr.STATS_AMAX in attrs:
+        parts.append(f"amax={_fmt_num(attrs[attr.STATS_AMAX])}")
+    if attr.STATS_DYNAMIC_RANGE in attrs:
+        parts.append(f"dynamic_range={_fmt_num(attrs[attr.STATS_DYNAMIC_RANGE])}")
+    if attr.STATS_ZERO_FRACTION in attrs:
+        parts.append(f"zero_fraction={_fmt_num(attrs[attr.STATS_ZERO_FRACTION])}")
+    if attr.STATS_SIMULATED_FORMAT in attrs:
+        parts.append(f"as {_s(attrs[attr.STATS_SIMULATED_FORMAT])}:")
+    for name in (attr.STATS_SATURATION, attr.STATS_UNDERFLOW, attr.STATS_OVERFLOW):
+        if name in attrs:
+            text = f"{name}={_fmt_num(attrs[name])}"
+            parts.append(style.red(text) if attrs[name] else text)
+    return parts
+
+
 def _stats_line(attrs: Mapping[str, Any], style: _Style) -> str:
     key = _s(attrs.get(attr.STATS_TENSOR, "?"))
     parts = []
@@ -161,7 +180,10 @@ def _stats_line(attrs: Mapping[str, Any], style: _Style) -> str:
         if name in attrs:
             text = f"{name.split('_')[0]}={_s(attrs[name])}"
             parts.append(style.red(text) if attrs[name] else text)
+    parts.extend(_lowp_parts(attrs, style))
     parts.append(f"numel={_s(attrs.get(attr.STATS_NUMEL, '?'))}")
+    if attr.STATS_FINGERPRINT in attrs:
+        parts.append(style.dim(f"fingerprint={_s(attrs[attr.STATS_FINGERPRINT])}"))
     line = f"    {key}: " + " ".join(parts)
     note = attrs.get(attr.STATS_NOTE)
     if note:

@@ -144,6 +144,14 @@ STATS_MEAN = "mean"  # mean over finite values
 STATS_STD = "std"  # sample standard deviation over finite values
 STATS_NAN_COUNT = "nan_count"  # NaN count (floating and complex tensors)
 STATS_INF_COUNT = "inf_count"  # Inf count (floating and complex tensors)
+STATS_FINGERPRINT = "fingerprint"  # 16 hex digits: a 64-bit hash of the tensor's bytes
+STATS_AMAX = "amax"  # low precision: the largest finite magnitude
+STATS_DYNAMIC_RANGE = "dynamic_range"  # log2(amax / smallest non-zero finite magnitude)
+STATS_ZERO_FRACTION = "zero_fraction"  # fraction of values that are zero
+STATS_SATURATION = "saturation"  # fraction at the low-precision format's largest magnitude
+STATS_UNDERFLOW = "underflow"  # simulated cast: fraction of non-zero values flushed to zero
+STATS_OVERFLOW = "overflow"  # simulated cast: fraction beyond the format's largest magnitude
+STATS_SIMULATED_FORMAT = "simulated_format"  # the format OTEL_GPU_LOWP_SIMULATE measures against
 STATS_NOTE = "otel_gpu.stats.note"  # why a statistic is missing or what it means
 
 # --- Attributes of the exception event ---

@@ -571,6 +571,27 @@ SETTINGS: tuple[Setting, ...] = (
         "At level >= 5, instrument_module() adds statistics of each module's own parameters "
         "to its first call's span (event otel_gpu.param_stats), so a weight that turned NaN shows.",
     ),
+    Setting(
+        "fingerprint",
+        "OTEL_GPU_FINGERPRINT",
+        "true, false",
+        _bool,
+        "At level >= 5, each statistics event also carries fingerprint: a 64-bit hash of the "
+        "tensor's bytes (16 hex digits), computed on its device with the other statistics, no "
+        "extra host read. Equal bytes, equal fingerprint: otel-gpu diff compares runs by it. "
+        "Off by default: on CPU it costs several times the other statistics (otel-gpu bench).",
+    ),
+    Setting(
+        "lowp_simulate",
+        "OTEL_GPU_LOWP_SIMULATE",
+        "off, e4m3, e5m2, e2m1",
+        _str_choice(("off", "e4m3", "e5m2", "e2m1")),
+        "At level >= 5, each float16/bfloat16/float32/float64 tensor's statistics also say what "
+        "a plain cast to this format (float8_e4m3fn, float8_e5m2, float4_e2m1fn) would do: the "
+        "fractions of values flushed to zero (underflow) and beyond its largest magnitude "
+        "(overflow), with amax, dynamic_range and zero_fraction. float8 and float4 tensors get "
+        "their own low-precision statistics whatever this says.",
+    ),
     # ---- flight recorder (level 10)
     Setting(
         "graph_stats_every",
@@ -1047,6 +1068,8 @@ class Settings:
     dump_modules: bool = False
     dump_modules_max_mb: float = 1024.0
     module_param_stats: bool = False
+    fingerprint: bool = False
+    lowp_simulate: str = "off"
     graph_stats_every: int = 100
     graph_dump_every: int = 100
     dump_dir: str = "otel_gpu_dumps"

@@ -290,6 +290,36 @@ def test_worker_armed_rows_are_a_trampoline_and_a_switched_level_1(
         state.reset("test teardown")
 
 
+@pytest.mark.parametrize("on", [True, False])
+def test_worker_fingerprint_rows_differ_only_by_the_fingerprint(
+    tensors, tmp_path, deferred_export, on
+):
+    """ours5fp and ours5 are level 5 with and without fingerprints: every span reaches the
+    file, and its statistics events carry a fingerprint exactly when the row asks for one."""
+    q, k = tensors
+    cfg = worker.Ours({"level": 5, "dir": str(tmp_path), "fingerprint": on}, q, k)
+    worker._timed_round(cfg, 4, "cpu")
+    assert worker._info(cfg)["fingerprint"] is on
+    assert cfg.count() == 4 == cfg.calls
+    with open(cfg.spans_file, encoding="utf-8") as f:
+        text = f.read()
+    assert ('"fingerprint"' in text) is on
+
+
+def test_fingerprint_cost_is_level_5_with_fingerprints_minus_level_5():
+    """The fingerprint's cost per call is ours5fp − ours5, with the ratio of the two; absent
+    when the row with fingerprints did not run."""
+    configs = _configs()
+    assert _report.fingerprint_cost(configs) is None
+    configs["ours5fp"] = _row(300.0, 500.0)
+    fp = _report.fingerprint_cost(configs)
+    assert fp is not None and fp["caller_us"] == 50.0 and fp["total_us"] == 100.0
+    assert math.isclose(fp["total_ratio"], 500.0 / 400.0)
+    report = _report.build({}, device="cpu", rounds=1, target_s=0.1)
+    report["fingerprint_cost"] = fp
+    assert "fingerprints at level 5 (ours5fp − ours5): 50 µs" in _report.render(report)
+
+
 def test_worker_gpt2_unavailable_without_transformers(tensors, tmp_path, monkeypatch):
     """Without transformers the gpt2 rows are unavailable, with the reason, as FlashInfer's are."""
     _without_module(monkeypatch, "transformers")

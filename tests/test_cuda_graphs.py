@@ -132,7 +132,7 @@ def _gpu_runs(graph, *tensors_per_call):
     calls = cuda_graphs._graphs[graph].calls
     for c, tensors in zip(calls, tensors_per_call):
         assert c.buffer is not None
-        c.buffer.copy_(torch.stack([stats.capture("k", t).vec for t in tensors]))
+        c.buffer.copy_(torch.cat([stats.capture("k", t).vec for t in tensors]))
 
 
 def _attrs_by_tensor(span):
@@ -180,7 +180,8 @@ def test_capture_records_buffers_without_any_host_read(otel_gpu_spans, fake, mon
         assert "min" not in attrs and "nan_count" not in attrs
     assert "otel_gpu.nonfinite" not in span.attributes  # not known at capture
     (record,) = cuda_graphs._graphs[graph].calls
-    assert record.buffer is not None and record.buffer.shape == (2, stats.CAPTURED_ROW)
+    # both tensors' vectors, one after the other
+    assert record.buffer is not None and record.buffer.shape == (2 * stats.CAPTURED_ROW,)
 
 
 def test_no_patch_without_a_captured_call(otel_gpu_spans, fake):
@@ -395,7 +396,7 @@ def test_captured_statistics_match_eager(t):
     (eager,) = stats.finish([stats.compute("k", t)])
     p = stats.capture("k", t)
     row = p.vec.tolist()
-    got = stats.captured_stats("k", p.numel, p.note, p.integer, row)
+    got = stats.captured_stats("k", p.numel, p.note, p.integer, row, p.extras, p.moments > 0)
     assert got.note == eager.note
     assert set(got.values) == set(eager.values)
     for key, value in eager.values.items():

@@ -59,6 +59,25 @@ def test_level_5_statistics_name_the_perturbed_module(runs):
 
 @pytest.mark.transformers
 @pytest.mark.slow
+def test_level_5_fingerprints_name_the_perturbed_module(runs):
+    """By fingerprints (OTEL_GPU_FINGERPRINT=true), the first divergence is h.1's MLP too, and
+    the same program twice is the same by fingerprint: the hash is deterministic across
+    processes."""
+    from tiny_runs import traced
+
+    tmp = runs["a5"].parent.parent
+    on = {"OTEL_GPU_FINGERPRINT": "true"}
+    a, b = traced(tmp / "f5", 5, 2, **on), traced(tmp / "pf5", 5, 2, *PERTURB, **on)
+    code, report, _ = _diff(a, b)
+    assert code == 1 and report["first_diverged"]["path"] == MLP_PATH
+    assert {t["method"] for t in report["first_diverged"]["tensors"]} == {"fingerprint"}
+    code, report, _ = _diff(a, traced(tmp / "f5again", 5, 2, **on))
+    assert code == 0 and report["verdict"] == "same"
+    assert report["tensors"]["differ"] == 0
+
+
+@pytest.mark.transformers
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["trace files", "dump folders"])
 def test_level_10_dumped_tensors_name_the_perturbed_module(runs, kind):
     """By dumped tensors (read through the span's dump directory, or from the dump folders

@@ -27,6 +27,9 @@ against the bare call (and ``ours0``, the function itself). ``armed1`` is the sa
 function switched to level 1 by live control before the rounds: against ``ours1``, a function
 decorated at level 1, it gives what a switched path costs over a decided one.
 
+``ours5fp`` is level 5 with ``OTEL_GPU_FINGERPRINT`` on: against ``ours5`` (fingerprints off,
+the default) it gives what the fingerprint costs per call.
+
 ``ours5ring`` is level 5 with the in-memory ring on (``ring=8``): compared with level 5 it
 gives the ring's own cost per call, and with level 10 (the recorder it stands in for) the
 ratio of the two.
@@ -69,6 +72,7 @@ class ConfigSpec:
     metrics: bool = False  # OTEL_GPU_METRICS: call metrics on (recorded on the export thread)
     control: bool = False  # OTEL_GPU_CONTROL=on: the function is armed (calls/armed.py)
     switch: int | None = None  # a level live control switches the armed function to, untimed
+    fingerprint: bool = False  # OTEL_GPU_FINGERPRINT: the level-5 hash of each tensor's bytes
 
 
 CONFIGS: tuple[ConfigSpec, ...] = (
@@ -80,6 +84,7 @@ CONFIGS: tuple[ConfigSpec, ...] = (
     ConfigSpec("ours3", "otel-gpu level 3", "ours", 3),
     ConfigSpec("ours5", "otel-gpu level 5", "ours", 5),
     ConfigSpec("ours10", "otel-gpu level 10", "ours", 10),
+    ConfigSpec("ours5fp", "otel-gpu level 5, fingerprints", "ours", 5, fingerprint=True),
     ConfigSpec("ours5ring", "otel-gpu level 5, ring of 8", "ours", 5, ring=8),
     ConfigSpec("armed0", "otel-gpu level 0, armed (CONTROL=on)", "ours", 0, control=True),
     ConfigSpec("armed1", "armed level 0 switched to 1", "ours", 0, control=True, switch=1),
@@ -165,6 +170,7 @@ class Result:
             "dump_durability": self.info.get("dump_durability"),
             "ring": self.info.get("ring"),
             "metrics": self.info.get("metrics"),
+            "fingerprint": self.info.get("fingerprint"),
             "identity": self.info.get("identity"),
             "observers": self.info.get("observers"),
         }
@@ -196,6 +202,7 @@ class _Worker:
             "metrics": spec.metrics,
             "control": spec.control,
             "switch": spec.switch,
+            "fingerprint": spec.fingerprint,
             "include": list(spec.include) if spec.include is not None else None,
         }
         self.stderr = open(os.path.join(workdir, "stderr.txt"), "w+b")
@@ -350,7 +357,7 @@ def run(
                 results[name].gc = answer
         if device == "cuda":
             for name in list(workers):
-                n = 3 if name in ("fi5", "ours10", "ours5ring", "save") else 20
+                n = 3 if name in ("fi5", "ours10", "ours5ring", "ours5fp", "save") else 20
                 answer = ask(name, cmd="syncs", n=n)
                 if answer is not None:
                     results[name].syncs = answer
@@ -458,8 +465,8 @@ def register(sub: Any) -> None:
         help="measure each level's cost per call, side by side with FlashInfer and plain OTel",
         description=(
             "Per-call cost of a decorated function with two [32,128,128] float32 tensors and a "
-            "scalar kwarg: bare, otel-gpu levels 0/1/3/5/10, level 1 with metrics on and level 5 "
-            "with the ring of 8 calls, "
+            "scalar kwarg: bare, otel-gpu levels 0/1/3/5/10, level 1 with metrics on, level 5 "
+            "with fingerprints and level 5 with the ring of 8 calls, "
             "a plain OTel SDK span and FlashInfer's @flashinfer_api (when installed); and one "
             "forward pass of a tiny GPT2 with every module instrumented "
             "(otel_gpu.instrument_module) at levels 0/1/3/5, or its attention modules only at "

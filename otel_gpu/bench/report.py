@@ -37,6 +37,7 @@ _PEER = {
     "mixtral_3": "mixtral_0",
     "ours1m": "ours1",  # the call metrics' own cost: level 1 with them on, against level 1
     "ours5ring": "ours5",  # the ring's own cost: level 5 with it on, against level 5
+    "ours5fp": "ours5",  # the fingerprint's own cost: level 5 with it on, against level 5
     "gloo1": "gloo0",  # an instrumented all_reduce against the bare one
     "gloo3": "gloo0",
     "armed0": "bare",  # the trampoline of an armed function at level 0, against the bare call
@@ -51,6 +52,7 @@ _SPAN_WRITERS = (
     "ours10",
     "ours5ring",
     "armed1",
+    "ours5fp",
     "otel",
     "gpt2_1",
     "gpt2_3",
@@ -312,6 +314,20 @@ def ring_cost(configs: dict[str, Any]) -> dict[str, Any] | None:
     return out
 
 
+def fingerprint_cost(configs: dict[str, Any]) -> dict[str, Any] | None:
+    """What the level-5 fingerprint costs per call (level 5 with fingerprints − level 5), in
+    µs, and the ratio of the two; None unless ``ours5fp`` and ``ours5`` both ran."""
+    out: dict[str, Any] = {}
+    for cost in ("caller", "total"):
+        on, off = _cost(configs, "ours5fp", cost), _cost(configs, "ours5", cost)
+        if on is None or off is None:
+            return None
+        out[f"{cost}_us"] = on - off
+        out[f"{cost}_us_per_round"] = _paired_diff(configs, "ours5fp", "ours5", cost)
+        out[f"{cost}_ratio"] = on / off if off > 0 else None
+    return out
+
+
 def machine() -> dict[str, Any]:
     cpu = platform.processor() or platform.machine()
     try:
@@ -394,6 +410,7 @@ def build(
         "configs": configs,
         "budgets": evaluate(configs, device),
         "ring_cost": ring_cost(configs),
+        "fingerprint_cost": fingerprint_cost(configs),
         "problems": problems,
         "ok": not problems,
     }
@@ -493,6 +510,16 @@ def render(report: dict[str, Any]) -> str:
             + f"): {_fmt(ring['recorder_caller_us'])} / {_fmt(ring['recorder_total_us'])} µs; "
             f"ring ÷ recorder {_fmt(ring['ring_vs_recorder_caller'], '.3f', '×')} caller-visible, "
             f"{_fmt(ring['ring_vs_recorder_total'], '.3f', '×')} total",
+        ]
+    fp = report.get("fingerprint_cost")
+    if fp:
+        lines += [
+            "",
+            f"fingerprints at level 5 (ours5fp − ours5): {_fmt(fp['caller_us'])} µs "
+            f"caller-visible, {_fmt(fp['total_us'])} µs total per call (per-round differences "
+            f"{_fmt(fp['caller_us_per_round'])} / {_fmt(fp['total_us_per_round'])} µs); level 5 "
+            f"with them is {_fmt(fp['caller_ratio'], '.2f', '×')} caller-visible, "
+            f"{_fmt(fp['total_ratio'], '.2f', '×')} total, level 5",
         ]
     for name, section in (report.get("sections") or {}).items():
         import importlib

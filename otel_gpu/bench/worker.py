@@ -138,6 +138,7 @@ class Ours(Config):
             ring=spec.get("ring") or 0,
             metrics=bool(spec.get("metrics")),
             control="on" if spec.get("control") else "off",
+            fingerprint=bool(spec.get("fingerprint")),
         )
         raw = self.fn
         self.fn = otel_gpu.api(raw)
@@ -496,6 +497,7 @@ def _info(cfg: Config) -> dict[str, Any]:
         if settings.ring:
             info["ring"] = settings.ring
         info["metrics"] = settings.metrics
+        info["fingerprint"] = settings.fingerprint
     if isinstance(cfg, Gpt2):
         info["transformers"] = cfg.transformers.__version__
         info["spans_per_call"] = cfg.spans_per_call

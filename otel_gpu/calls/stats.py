@@ -16,6 +16,11 @@ Cost model (see docs/architecture.md):
 Every dtype gets a defined answer: a statistic that does not apply is left out and
 the result's ``note`` says why.
 
+A tensor's vector may carry more columns after the moments, read in the same single read:
+the low-precision statistics of float8/float4 tensors, or of a wide tensor's simulated cast
+(:mod:`otel_gpu.calls.lowp`), and its fingerprint (:mod:`otel_gpu.calls.fingerprint`); the
+specs in ``Pending.extras`` (:mod:`otel_gpu.core.stats`) say how to read them back.
+
 A broadcast view (a stride-0 dimension, ``expand``) is reduced over the elements it stores,
 once each: min and max are the same, and every stored element stands for the same number of
 logical ones, so the sums and the NaN/Inf/finite counts are scaled by that number. The result
@@ -33,13 +38,19 @@ from typing import Any
 
 import torch
 
-from otel_gpu.calls import _subclass
+from otel_gpu import _guard, config
+from otel_gpu.attributes import STATS_FINGERPRINT
+from otel_gpu.calls import _subclass, fingerprint, lowp
 from otel_gpu.core.stats import (
     CAPTURED_ROW,
+    Extra,
+    FingerprintSpec,
     TensorStats,
     captured_stats,
     event_attributes,
     fill,
+    fill_extras,
+    fingerprint_hex,
     join_note,
 )
 from otel_gpu.devices import cuda
@@ -72,9 +83,25 @@ _CANCELLATION_RATIO = 1e4
 
 
 class Pending:
-    """Statistics launched on the device but not yet read back."""
+    """Statistics launched on the device but not yet read back.
 
-    __slots__ = ("captured", "integer", "key", "note", "numel", "scale", "source", "vec")
+    ``vec`` holds ``moments`` columns (4 launched eagerly, :data:`CAPTURED_ROW` at capture, 0
+    for a dtype torch has no arithmetic for), then the columns of each of ``extras``."""
+
+    __slots__ = (
+        "captured",
+        "extras",
+        "integer",
+        "key",
+        "moments",
+        "note",
+        "numel",
+        "per_element",
+        "scale",
+        "source",
+        "values",
+        "vec",
+    )
 
     def __init__(
         self,
@@ -94,6 +121,10 @@ class Pending:
         self.integer = integer
         self.scale = scale  # logical elements per stored one: a broadcast view's repeat
         self.captured = False  # vec is a static buffer a CUDA graph writes at each replay
+        self.moments = 4
+        self.extras: tuple[Extra, ...] = ()
+        self.per_element = 1  # values per element: 2 for float4_e2m1fn_x2
+        self.values: dict[str, Any] | None = None  # known without the device (an empty tensor)
 
 
 def skipped(key: str, numel: int, note: str) -> Pending:
@@ -101,6 +132,43 @@ def skipped(key: str, numel: int, note: str) -> Pending:
 
 
 NESTED_NOTE = "statistics not supported for nested tensors"
+FP4_NOTE = "float4_e2m1fn_x2: statistics over its two e2m1 values per element"
+
+# dtypes with no arithmetic in torch (sub-byte integer shells, bit patterns): bytes only
+_RAW = frozenset(
+    d
+    for d in (getattr(torch, n, None) for n in ("bits1x8", "bits2x4", "bits4x2", "bits8", "bits16"))
+    if d is not None
+) | frozenset(
+    d
+    for d in (getattr(torch, f"{s}int{b}", None) for s in ("u", "") for b in range(1, 8))
+    if d is not None
+)
+_FP4 = getattr(torch, "float4_e2m1fn_x2", None)
+
+
+class _Options:
+    """What the settings ask of level 5 beyond the moments, derived once per settings object."""
+
+    __slots__ = ("fingerprint", "settings", "simulate")
+
+    def __init__(self, settings: config.Settings) -> None:
+        self.settings = settings
+        self.fingerprint = settings.fingerprint
+        self.simulate = settings.lowp_simulate
+
+
+_options: _Options | None = None
+
+
+def _current() -> _Options:
+    """The options of the settings in force: one identity check per tensor, not a parse."""
+    global _options
+    settings = config.current()
+    opts = _options
+    if opts is None or opts.settings is not settings:
+        opts = _options = _Options(settings)
+    return opts
 
 
 def _prepare(t: torch.Tensor) -> tuple[torch.Tensor | None, str | None, bool]:
@@ -114,6 +182,10 @@ def _prepare(t: torch.Tensor) -> tuple[torch.Tensor | None, str | None, bool]:
     dtype = t.dtype
     if dtype in _NATIVE_FLOATS:
         return t, None, True
+    if dtype is _FP4:
+        return lowp.unpack_e2m1(t), FP4_NOTE, True
+    if dtype in _RAW:
+        return None, f"{dtype} has no arithmetic in torch: no statistics of its values", False
     if dtype.is_complex:
         return t.abs(), "complex tensor: min/max/mean/std are of |x|", True
     if dtype.is_floating_point:  # fp8 and other exotic floats: reductions are not implemented
@@ -129,15 +201,20 @@ def _acc_dtype(x: torch.Tensor) -> torch.dtype:
 
 def compute(key: str, t: torch.Tensor) -> Pending:
     """Launch the reductions for ``t`` without reading them back."""
-    return _launch(key, t, _moments_vector)
+    return _launch(key, t, _moments_vector, 4, True)
 
 
 def _launch(
-    key: str, t: torch.Tensor, vector: Callable[[torch.Tensor, int], tuple[torch.Tensor, Any]]
+    key: str,
+    t: torch.Tensor,
+    vector: Callable[[torch.Tensor, int], tuple[torch.Tensor, Any]],
+    moments: int,
+    cache: bool,
 ) -> Pending:
     """What :func:`compute` and :func:`capture` share: subclasses, empty and unsupported
-    tensors, broadcast views, then ``vector(x, scale)`` (the device vector and the source a
-    refine pass may read again)."""
+    tensors, broadcast views, then ``vector(x, scale)`` (the device vector of ``moments``
+    columns and the source a refine pass may read again), then the extras the settings ask
+    for (the fingerprint), appended to the same vector: still one read per call."""
     tp = type(t)
     if tp is not torch.Tensor and tp is not torch.nn.Parameter:
         kind = _subclass.kind(tp)
@@ -149,16 +226,72 @@ def _launch(
     if t.is_nested:  # before numel's checks: a nested tensor has no strides to narrow
         return Pending(key, t.numel(), None, None, NESTED_NOTE)
     numel = t.numel()
+    dense = t.layout is torch.strided and t.device.type != "meta"
+    opts = _current()
     if numel == 0:
-        return Pending(key, 0, None, None, "empty tensor")
+        empty = Pending(key, 0, None, None, "empty tensor")
+        if dense and opts.fingerprint:  # no words: known without the device
+            empty.values = {STATS_FINGERPRINT: fingerprint_hex(0, 0, 0)}
+        return empty
+    logical = t
     scale = 1
-    if t.layout is torch.strided and t.device.type != "meta":
+    if dense:
         t, scale = _stored(t)
     x, note, counts_apply = _prepare(t)
-    if x is None:
+    parts: list[torch.Tensor] = []
+    extras: list[Extra] = []
+    source = None
+    if x is not None:
+        vec, source = vector(x, scale)
+        parts.append(vec)
+        if not t.is_quantized:  # low-precision formats, or a wide float's simulated cast
+            spec = lowp.spec_for(t.dtype, opts.simulate, x.numel())
+            if spec is not None:
+                parts.append(lowp.vector(x, spec))
+                extras.append(spec)
+    if dense and opts.fingerprint:
+        note = _add_fingerprint(logical, scale, cache, parts, extras, note)
+    if not parts:
         return Pending(key, numel, None, None, note)
-    vec, source = vector(x, scale)
-    return Pending(key, numel, vec, source, note, integer=not counts_apply, scale=scale)
+    pending = Pending(
+        key,
+        numel,
+        parts[0] if len(parts) == 1 else torch.cat(parts),
+        source,
+        note,
+        integer=not counts_apply,
+        scale=scale,
+    )
+    pending.moments = moments if x is not None else 0
+    pending.extras = tuple(extras)
+    if t.dtype is _FP4:
+        pending.per_element = 2
+    return pending
+
+
+def _add_fingerprint(
+    logical: torch.Tensor,
+    scale: int,
+    cache: bool,
+    parts: list[torch.Tensor],
+    extras: list[Extra],
+    note: str | None,
+) -> str | None:
+    """Launch ``logical``'s fingerprint into ``parts``; the note, saying why if it is left out."""
+    if scale != 1 and logical.numel() > fingerprint.MAX_BROADCAST:
+        return join_note(
+            note,
+            f"fingerprint left out: a broadcast view of over {fingerprint.MAX_BROADCAST} "
+            "elements (hashing would read each one)",
+        )
+    try:
+        vec, words = fingerprint.launch(logical, cache)
+    except Exception as exc:  # a dtype or device the hash cannot read: the rest stays
+        _guard.internal_error("fingerprint", exc)
+        return join_note(note, f"fingerprint left out: {type(exc).__name__}")
+    parts.append(vec)
+    extras.append(FingerprintSpec(words))
+    return note
 
 
 def _dispatch_note(tp: type) -> str:
@@ -211,7 +344,9 @@ def capture(key: str, t: torch.Tensor) -> Pending:
     place. NaN/Inf counts and finite-only, float64 two-pass moments are computed on every
     replay, since no refine pass can run later: about a dozen kernels per tensor.
     """
-    pending = _launch(key, t, lambda x, scale: (_captured_vector(x, scale), None))
+    pending = _launch(
+        key, t, lambda x, scale: (_captured_vector(x, scale), None), CAPTURED_ROW, False
+    )
     pending.captured = pending.vec is not None
     return pending
 
@@ -266,13 +401,20 @@ def finish(pending: list[Pending], call: Any = None) -> list[TensorStats]:
     rows = cuda.read_scalars([p.vec for p in live]) if live else []  # type: ignore[misc]
     row_of = {id(p): row for p, row in zip(live, rows)}
     refine: list[tuple[TensorStats, Pending]] = []
+    tails: list[tuple[TensorStats, tuple[Extra, ...], list[float]]] = []
     for p in pending:
         stats = TensorStats(p.key, p.numel, note=p.note)
         results.append(stats)
+        if p.values:
+            stats.values.update(p.values)
         row = row_of.get(id(p))
         if row is None:
             continue
-        mn, mx, total, sumsq = row
+        if p.extras:  # filled last: a refine pass replaces the moments' values
+            tails.append((stats, p.extras, row[p.moments :]))
+        if not p.moments:
+            continue
+        mn, mx, total, sumsq = row[:4]
         if p.scale != 1:  # a broadcast view: each stored element stands for p.scale ones
             total, sumsq = total * p.scale, sumsq * p.scale
         if not (
@@ -284,14 +426,16 @@ def finish(pending: list[Pending], call: Any = None) -> list[TensorStats]:
             refine.append((stats, p))
             continue
         if mn == mx:  # constant tensor: exact answer, nothing to refine
-            mean, std, doubtful = mn, (0.0 if p.numel > 1 else None), False
+            mean, std, doubtful = mn, (0.0 if p.numel * p.per_element > 1 else None), False
         else:
-            mean, std, doubtful = _moments(p.numel, total, sumsq)
+            mean, std, doubtful = _moments(p.numel * p.per_element, total, sumsq)
         fill(stats, p.integer, mn, mx, mean, std)
         if doubtful:
             refine.append((stats, p))
     if refine:
         _refine(refine)
+    for stats, extras, tail in tails:
+        fill_extras(stats, extras, tail)
     for p in pending:  # drop references to user tensors as soon as possible
         p.source = None
         p.vec = None

@@ -24,7 +24,14 @@ def _tolerance(raw: str) -> float:
 def _main(args: argparse.Namespace) -> int:
     from otel_gpu.traces.diff import diff
 
-    return diff(args.a, args.b, rtol=args.rtol, atol=args.atol, as_json=args.json)
+    return diff(
+        args.a,
+        args.b,
+        rtol=args.rtol,
+        atol=args.atol,
+        as_json=args.json,
+        fingerprints=not args.no_fingerprints,
+    )
 
 
 def register(sub: Any) -> None:
@@ -47,6 +54,12 @@ def register(sub: Any) -> None:
     )
     p.add_argument(
         "--atol", type=_tolerance, metavar="A", help="absolute tolerance for every dtype"
+    )
+    p.add_argument(
+        "--no-fingerprints",
+        action="store_true",
+        help="compare level-5 tensors by their statistics within tolerance even where both "
+        "runs carry fingerprints (runs whose bytes differ by rounding: eager and compiled)",
     )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_main, reads_settings=False)  # trace files, never the environment

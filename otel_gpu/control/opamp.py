@@ -268,12 +268,13 @@ class Agent:
             timeout_millis=int(min(REQUEST_TIMEOUT, settings.opamp_interval / 2) * 1000),
             agent_identifying_attributes=identifying,
             agent_non_identifying_attributes=others,
-            transport=_Transport(),
+            # duck-typed: the client's classes are imported only where the extra is installed
+            transport=_Transport(),  # type: ignore[arg-type]
         )
         self._note_effective()
         self.agent = OpAMPAgent(
             interval=settings.opamp_interval,
-            callbacks=self,
+            callbacks=self,  # type: ignore[arg-type]
             client=self.client,
             max_retries=_RETRIES,
             heartbeat_max_retries=0,  # one try: the next heartbeat is the retry

@@ -12,6 +12,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from otel_gpu.attributes import (
+    STATS_AMAX,
+    STATS_DYNAMIC_RANGE,
+    STATS_FINGERPRINT,
     STATS_INF_COUNT,
     STATS_MAX,
     STATS_MEAN,
@@ -19,22 +22,100 @@ from otel_gpu.attributes import (
     STATS_NAN_COUNT,
     STATS_NOTE,
     STATS_NUMEL,
+    STATS_OVERFLOW,
+    STATS_SATURATION,
+    STATS_SIMULATED_FORMAT,
     STATS_STD,
     STATS_TENSOR,
+    STATS_UNDERFLOW,
+    STATS_ZERO_FRACTION,
 )
 
 __all__ = [
     "CAPTURED_ROW",
+    "Extra",
+    "FingerprintSpec",
+    "LowpSpec",
     "TensorStats",
     "captured_stats",
     "event_attributes",
     "fill",
+    "fill_extras",
+    "fingerprint_hex",
     "join_note",
 ]
 
 CAPTURED_ROW = 7
 """Values per tensor in a captured call's buffer: NaN and Inf counts, finite count, min, max,
 mean and the sum of squared deviations."""
+
+
+_MASK = (1 << 64) - 1
+_LENGTH = 0x2545F4914F6CDD1D  # the fingerprint's length term: n words add n * _LENGTH
+
+
+def fingerprint_hex(lo: float, hi: float, words: int) -> str:
+    """The fingerprint (:mod:`otel_gpu.calls.fingerprint`) from its sum's two signed 32-bit
+    halves, read back as floats, and its word count: 16 hex digits."""
+    h = (((int(hi) & 0xFFFFFFFF) << 32 | (int(lo) & 0xFFFFFFFF)) + words * _LENGTH) & _MASK
+    # a bijective finaliser (splitmix64's): equal sums stay equal, the digits look random
+    h = ((h ^ (h >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    h = ((h ^ (h >> 27)) * 0x94D049BB133111EB) & _MASK
+    return format(h ^ (h >> 31), "016x")
+
+
+@dataclass(frozen=True)
+class FingerprintSpec:
+    """Two columns of a statistics vector: the fingerprint's sum over ``words`` words."""
+
+    words: int
+    width = 2
+
+    def fill(self, values: dict[str, Any], part: list[float]) -> None:
+        values[STATS_FINGERPRINT] = fingerprint_hex(part[0], part[1], self.words)
+
+
+@dataclass(frozen=True)
+class LowpSpec:
+    """Low-precision statistics' columns (:mod:`otel_gpu.calls.lowp`): amax, the smallest
+    non-zero magnitude, the zero count, the count at the format's max (stored) or beyond it
+    (``simulated``), and, simulated, the underflow count; ``count`` values in all."""
+
+    format: str
+    max: float
+    simulated: bool
+    count: int
+
+    @property
+    def width(self) -> int:
+        return 5 if self.simulated else 4
+
+    def fill(self, values: dict[str, Any], part: list[float]) -> None:
+        amax, smallest, zeros, top = part[:4]
+        n = self.count
+        if amax >= 0:  # -1: no finite value
+            values[STATS_AMAX] = amax
+            if amax > 0 and 0 < smallest < math.inf:
+                values[STATS_DYNAMIC_RANGE] = math.log2(amax / smallest)
+        values[STATS_ZERO_FRACTION] = zeros / n
+        if self.simulated:
+            values[STATS_UNDERFLOW] = part[4] / n
+            values[STATS_OVERFLOW] = top / n
+            values[STATS_SIMULATED_FORMAT] = self.format
+        else:
+            values[STATS_SATURATION] = top / n
+
+
+Extra = FingerprintSpec | LowpSpec
+"""What follows the moments in a tensor's statistics vector, one spec per group of columns."""
+
+
+def fill_extras(stats: TensorStats, extras: tuple[Extra, ...], tail: list[float]) -> None:
+    """The values of ``extras`` from ``tail``, the vector's columns after the moments."""
+    i = 0
+    for spec in extras:
+        spec.fill(stats.values, tail[i : i + spec.width])
+        i += spec.width
 
 
 @dataclass
@@ -61,11 +142,23 @@ def event_attributes(stats: TensorStats) -> dict[str, Any]:
 
 
 def captured_stats(
-    key: str, numel: int, note: str | None, integer: bool, row: list[float]
+    key: str,
+    numel: int,
+    note: str | None,
+    integer: bool,
+    row: list[float],
+    extras: tuple[Extra, ...] = (),
+    moments: bool = True,
 ) -> TensorStats:
-    """The statistics of one tensor from its row of a captured call's buffer, read after a replay."""
+    """The statistics of one tensor from its row of a captured call's buffer, read after a
+    replay: :data:`CAPTURED_ROW` moments (unless ``moments`` is False: a dtype torch has no
+    arithmetic for), then the columns of ``extras``."""
     stats = TensorStats(key, numel, note=note)
-    nan_n, inf_n, n_finite, lo, hi, mean, m2 = row
+    if not moments:
+        fill_extras(stats, extras, row)
+        return stats
+    fill_extras(stats, extras, row[CAPTURED_ROW:])
+    nan_n, inf_n, n_finite, lo, hi, mean, m2 = row[:CAPTURED_ROW]
     values = stats.values
     if not integer:
         values[STATS_NAN_COUNT] = int(nan_n)

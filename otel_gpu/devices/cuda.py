@@ -55,15 +55,15 @@ def read_scalars(vectors: Sequence[torch.Tensor]) -> list[list[float]]:
     for i, vec in enumerate(vectors):
         by_device.setdefault(vec.device, []).append(i)
     for indices in by_device.values():
-        stacked = (
-            torch.stack([vectors[i] for i in indices])
-            if len(indices) > 1
-            else vectors[indices[0]][None]
-        )
+        # vectors differ in length (a fingerprint, low-precision statistics): one flat read
+        flat = torch.cat([vectors[i] for i in indices]) if len(indices) > 1 else vectors[indices[0]]
         host_reads += 1
-        rows = stacked.tolist()
-        for i, row in zip(indices, rows):
-            out[i] = row
+        values = flat.tolist()
+        start = 0
+        for i in indices:
+            end = start + vectors[i].shape[0]
+            out[i] = values[start:end]
+            start = end
     return out  # type: ignore[return-value]
 
 

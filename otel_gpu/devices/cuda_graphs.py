@@ -108,23 +108,27 @@ class CapturedCall:
         self.parent = call.parent
         self.inputs = call.inputs
         self.outputs = call.outputs  # set before stats.finish runs, kept for every replay span
-        # (key, numel, note, integer, row in buffer or None) per tensor
-        self.layout: list[tuple[str, int, str | None, bool, int | None]] = []
-        self.buffer: torch.Tensor | None = None  # [rows, CAPTURED_ROW] float64, in the graph pool
+        # (key, numel, note, integer, (start, end) in buffer or None, extras, moments) per tensor
+        self.layout: list[
+            tuple[str, int, str | None, bool, tuple[int, int] | None, tuple[Any, ...], bool]
+        ] = []
+        self.buffer: torch.Tensor | None = None  # 1-D float64, every vector, in the graph pool
         self.snapshot: Snapshot | None = None
 
     def add_stats(self, pending: Sequence[Any]) -> None:
         """Keep the static vectors of ``stats.capture`` (one row per tensor with statistics)."""
         vectors: list[torch.Tensor] = []
+        size = 0
         for p in pending:
-            row = None
+            span = None
             if p.captured and p.vec is not None:
-                row = len(vectors)
+                span = (size, size + p.vec.shape[0])  # vectors differ in length: flat offsets
+                size = span[1]
                 vectors.append(p.vec)
-            self.layout.append((p.key, p.numel, p.note, p.integer, row))
+            self.layout.append((p.key, p.numel, p.note, p.integer, span, p.extras, p.moments > 0))
         if vectors:
-            # captured too: the stacked buffer is what every replay rewrites and we read
-            self.buffer = torch.stack(vectors)
+            # captured too: the concatenated buffer is what every replay rewrites and we read
+            self.buffer = torch.cat(vectors)
 
 
 class _Graph:
@@ -281,9 +285,9 @@ def _after_replay(graph: _Graph, start_ns: int, timer: list[Any] | None = None) 
         if host is None and _reader.busy(graph) >= _SLOTS:
             graph.skipped += 1
             return
-        rows = sum(b.shape[0] for b in buffers)
+        size = sum(b.shape[0] for b in buffers)
         if host is None:
-            host = cuda.pinned_empty(rows * _ROW_BYTES).view(torch.float64).view(rows, -1)
+            host = cuda.pinned_empty(size * 8).view(torch.float64)
         # one kernel and one copy per read replay, however many calls the graph holds
         src = torch.cat(buffers) if len(buffers) > 1 else buffers[0]
         event = cuda.copy_to_host(host, src)
@@ -304,9 +308,6 @@ def _after_replay(graph: _Graph, start_ns: int, timer: list[Any] | None = None) 
         if host is not None:
             with graph.lock:
                 graph.free.append(host)
-
-
-_ROW_BYTES = 8 * 7  # float64 x stats.CAPTURED_ROW
 
 
 class _Job:
@@ -415,10 +416,10 @@ def _emit(job: _Job) -> None:
     from otel_gpu.core.record import Call, CallSpan
     from otel_gpu.core.stats import TensorStats, captured_stats
 
-    rows: list[list[float]] = []
+    flat: list[float] = []
     if job.host is not None:
         cuda.wait_copy(job.event)
-        rows = job.host.tolist()  # host memory, copy complete: no device sync
+        flat = job.host.tolist()  # host memory, copy complete: no device sync
     # the copy's event follows the replay's end event on the stream: both complete now
     device = replay_timing.seconds(job.graph.timers, job.timer)
     offset = 0
@@ -434,11 +435,12 @@ def _emit(job: _Job) -> None:
         if directory is not None:
             call.span.set_attribute(DUMP_DIR, directory)  # the flight recorder's key
         results = []
-        for key, numel, note, integer, row in c.layout:
-            if row is None:
+        for key, numel, note, integer, span, extras, moments in c.layout:
+            if span is None:
                 results.append(TensorStats(key, numel, note=note))
             else:
-                results.append(captured_stats(key, numel, note, integer, rows[offset + row]))
+                row = flat[offset + span[0] : offset + span[1]]
+                results.append(captured_stats(key, numel, note, integer, row, extras, moments))
         if c.buffer is not None:
             offset += c.buffer.shape[0]
         call.stats = results

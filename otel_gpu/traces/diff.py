@@ -81,7 +81,7 @@ def _tensor_meta(call: CallRecord) -> dict[str, dict[str, Any]]:
 
 
 def _compare_pair(
-    a: CallRecord, b: CallRecord, rtol: float | None, atol: float | None
+    a: CallRecord, b: CallRecord, rtol: float | None, atol: float | None, fingerprints: bool
 ) -> list[dict[str, Any]]:
     if a.dump_dir and b.dump_dir:
         from otel_gpu.traces.dump_calls import compare_dumps
@@ -95,7 +95,9 @@ def _compare_pair(
         ma, mb = meta_a[name], meta_b[name]
         result = compare_metadata(name, ma, mb)
         if result["status"] == "not compared" and name in a.stats and name in b.stats:
-            result = compare_stats(name, a.stats[name], b.stats[name], ma.get("dtype"), rtol, atol)
+            result = compare_stats(
+                name, a.stats[name], b.stats[name], ma.get("dtype"), rtol, atol, fingerprints
+            )
         out.append(result)
     return out
 
@@ -150,7 +152,11 @@ def _describe(a: CallRecord, b: CallRecord | None, results: list[dict[str, Any]]
 
 
 def compare_runs(
-    a: list[CallRecord], b: list[CallRecord], rtol: float | None = None, atol: float | None = None
+    a: list[CallRecord],
+    b: list[CallRecord],
+    rtol: float | None = None,
+    atol: float | None = None,
+    fingerprints: bool = True,
 ) -> dict[str, Any]:
     """The report of two runs' calls (see :func:`diff` for the verdict's rules)."""
 
@@ -173,7 +179,7 @@ def compare_runs(
                     "same" if "value" in fields and "dtype" not in fields else "not compared"
                 ] += 1
             continue
-        results = _compare_pair(ca, cb, rtol, atol)
+        results = _compare_pair(ca, cb, rtol, atol, fingerprints)
         for r in results:
             counts[r["status"]] += 1
             by_values += r["status"] == "same" and r["method"] != "metadata"
@@ -222,8 +228,12 @@ def diff(
     as_json: bool = False,
     out: IO[str] | None = None,
     err: IO[str] | None = None,
+    fingerprints: bool = True,
 ) -> int:
-    """Compare runs ``a_path`` and ``b_path``, print the report; returns the exit code."""
+    """Compare runs ``a_path`` and ``b_path``, print the report; returns the exit code.
+
+    ``fingerprints=False``: level-5 tensors by their statistics within tolerance, even where
+    both runs carry fingerprints (runs whose bytes differ by rounding: eager and compiled)."""
     out = sys.stdout if out is None else out
     err = sys.stderr if err is None else err
     try:
@@ -238,7 +248,7 @@ def diff(
                 f"A was recorded by otel-gpu {ida[1]} and B by {idb[1]}: their statistics may "
                 "not be computed alike"
             )
-        report = compare_runs(a, b, rtol, atol)
+        report = compare_runs(a, b, rtol, atol, fingerprints)
     except DiffError as exc:
         print(printable(f"otel-gpu diff: {exc}"), file=err)
         return EXIT_USAGE
@@ -261,6 +271,10 @@ def diff(
 
 
 def _detail(r: dict[str, Any]) -> str:
+    if r["method"] == "fingerprint":
+        if r.get("statistics") == "same":
+            return "bytes differ, statistics agree within tolerance (--no-fingerprints compares by them)"
+        return "bytes differ"
     if r["method"] == "tensors" and "max_abs_error" in r:
         return (
             f"max abs {r['max_abs_error']:.3g}, max rel {r['max_rel_error']:.3g}, "

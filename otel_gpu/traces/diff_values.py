@@ -6,10 +6,16 @@ or ``not compared`` (with ``why``). A verdict built from these claims only what 
 * ``tensors`` (level 10, both calls dumped): element by element, ``|a - b| <= atol + rtol * |b|``
   with NaN equal to NaN and infinities equal only to themselves; reports the largest absolute
   and relative error, the mismatched fraction and the cosine similarity.
-* ``fingerprint`` (level 5, when both statistics events carry :data:`FINGERPRINT`): equal or not.
+* ``fingerprint`` (level 5, when both statistics events carry :data:`FINGERPRINT`): equal or not;
+  where they differ, ``statistics`` says whether the statistics agree within tolerance all the
+  same (bytes changed by rounding, as eager against ``torch.compile``). ``fingerprints=False``
+  compares such tensors by their statistics alone.
 * ``statistics`` (level 5): numel and NaN/Inf counts exactly; min, max, mean and std within
   ``atol + rtol * M``, where ``M`` is the tensor's largest magnitude in either run (an
   element-wise error of ``rtol`` moves the mean or std by at most about that much).
+  Low-precision statistics where both runs have them: ``amax`` within the same bound, and the
+  fractions (``zero_fraction``, ``saturation``, ``underflow``, ``overflow``) within
+  :data:`FRACTION_TOLERANCE`.
 * ``metadata`` (level 3): shape and dtype, and the value of a non-tensor argument; equal
   metadata of a tensor is ``not compared`` (its values are unknown).
 """
@@ -21,6 +27,7 @@ from typing import Any
 
 __all__ = [
     "FINGERPRINT",
+    "FRACTION_TOLERANCE",
     "TOLERANCES",
     "compare_metadata",
     "compare_stats",
@@ -29,8 +36,8 @@ __all__ = [
 ]
 
 FINGERPRINT = "fingerprint"
-"""The ``otel_gpu.stats`` event attribute read as a hash of the tensor's bytes (produced by a
-later release; a statistics event without it is compared by its statistics)."""
+"""The ``otel_gpu.stats`` event attribute holding a hash of the tensor's bytes (level 5 with
+``OTEL_GPU_FINGERPRINT`` on; a statistics event without it is compared by its statistics)."""
 
 TOLERANCES: dict[str, tuple[float, float]] = {
     "float64": (1e-7, 1e-7),
@@ -48,7 +55,11 @@ TOLERANCES: dict[str, tuple[float, float]] = {
 """Default ``(rtol, atol)`` per dtype: ``torch.testing.assert_close``'s for the wide types, a
 step of the format's mantissa for float8; every other dtype (integers, bool) exactly."""
 _EXACT = (0.0, 0.0)
-_STATS = ("min", "max", "mean", "std")
+_STATS = ("min", "max", "mean", "std", "amax")
+_FRACTIONS = ("zero_fraction", "saturation", "underflow", "overflow")
+FRACTION_TOLERANCE = 1e-3
+"""How far two runs' low-precision fractions may be apart (0.1 percentage points): values
+within tolerance of each other can still fall on either side of a threshold."""
 
 
 def tolerance(
@@ -89,11 +100,25 @@ def compare_stats(
     dtype: Any,
     rtol: float | None = None,
     atol: float | None = None,
+    fingerprints: bool = True,
 ) -> dict[str, Any]:
     """Two ``otel_gpu.stats`` events of one tensor (their attributes, the tensor name left out)."""
-    if FINGERPRINT in a and FINGERPRINT in b:
-        same = a[FINGERPRINT] == b[FINGERPRINT]
-        return _result(tensor, "same" if same else "differ", "fingerprint")
+    if fingerprints and FINGERPRINT in a and FINGERPRINT in b:
+        if a[FINGERPRINT] == b[FINGERPRINT]:
+            return _result(tensor, "same", "fingerprint")
+        by_stats = _by_statistics(tensor, a, b, dtype, rtol, atol)
+        return _result(tensor, "differ", "fingerprint", statistics=by_stats["status"])
+    return _by_statistics(tensor, a, b, dtype, rtol, atol)
+
+
+def _by_statistics(
+    tensor: str,
+    a: dict[str, Any],
+    b: dict[str, Any],
+    dtype: Any,
+    rtol: float | None,
+    atol: float | None,
+) -> dict[str, Any]:
     for key in ("numel", "nan_count", "inf_count"):
         if key in a and key in b and a[key] != b[key]:
             return _result(tensor, "differ", "statistics", field=key, a=a[key], b=b[key])
@@ -125,6 +150,17 @@ def compare_stats(
         return _result(
             tensor, "differ", "statistics", field=worst[0], error=worst[1], tolerance=bound
         )
+    for key in _FRACTIONS:
+        x, y = _number(a.get(key)), _number(b.get(key))
+        if x is not None and y is not None and not abs(x - y) <= FRACTION_TOLERANCE:
+            return _result(
+                tensor,
+                "differ",
+                "statistics",
+                field=key,
+                error=abs(x - y),
+                tolerance=FRACTION_TOLERANCE,
+            )
     return _result(tensor, "same", "statistics", tolerance=bound)
 
 
