@@ -46,7 +46,7 @@ def _env(folder: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "FLASHINFER_"))}
     env.update(
         OTEL_GPU_LOGLEVEL="3",
-        OTEL_GPU_LOGDEST="none",
+        OTEL_GPU_LOGDEST=str(folder.parent / "spans-%i.jsonl"),
         OTEL_GPU_WORKLOADS_DIR=str(folder),
         OTEL_GPU_STRICT="true",
         OTEL_GPU_JOURNAL="false",
@@ -134,7 +134,9 @@ def test_a_known_signature_costs_a_lookup_not_a_signature(tmp_path, module_facto
     import torch
 
     folder = tmp_path / "wl"
-    otel_gpu.configure(level=3, dest="none", workloads_dir=str(folder), journal=False)
+    otel_gpu.configure(
+        level=3, dest=str(tmp_path / "t.jsonl"), workloads_dir=str(folder), journal=False
+    )
     lib = module_factory(LIB)
     lib.scale(torch.ones(2))
 
@@ -157,7 +159,9 @@ def test_an_unwritable_folder_is_one_warning_and_the_calls_go_on(tmp_path, modul
     folder = tmp_path / "wl"
     folder.mkdir(mode=0o700)
     (folder / "definitions").write_text("not a folder")
-    otel_gpu.configure(level=3, dest="none", workloads_dir=str(folder), journal=False)
+    otel_gpu.configure(
+        level=3, dest=str(tmp_path / "t.jsonl"), workloads_dir=str(folder), journal=False
+    )
     lib = module_factory(LIB)
     with caplog.at_level(logging.WARNING, logger="otel_gpu"):
         assert [lib.scale(torch.ones(2)).tolist() for _ in range(3)] == [[2.0, 2.0]] * 3
@@ -174,7 +178,9 @@ def test_a_full_disk_later_is_one_warning_then_off(tmp_path, module_factory, mon
     import torch
 
     folder = tmp_path / "wl"
-    otel_gpu.configure(level=3, dest="none", workloads_dir=str(folder), journal=False)
+    otel_gpu.configure(
+        level=3, dest=str(tmp_path / "t.jsonl"), workloads_dir=str(folder), journal=False
+    )
     lib = module_factory(LIB)
     tries = []
 
