@@ -86,9 +86,12 @@ class CallRecord:
         return bool(self.inputs or self.outputs)
 
 
-def load_calls(paths: Iterable[str], problem: reader.Problem) -> list[CallRecord]:
+def load_calls(
+    paths: Iterable[str], problem: reader.Problem, linked: bool = True
+) -> list[CallRecord]:
     """Every call span of ``paths`` (stuck-call reports, snapshots and recovered spans left
-    out), linked to its parent and children in start order; problems go to ``problem``."""
+    out), linked to its parent and children in start order (unless ``linked`` is False: a
+    reader that never walks the tree saves the work); problems go to ``problem``."""
     calls: list[CallRecord] = []
     enabled = gc.isenabled()
     gc.disable()  # as reader.read_all: the records hold no cycles until linked
@@ -100,7 +103,8 @@ def load_calls(paths: Iterable[str], problem: reader.Problem) -> list[CallRecord
                     calls.extend(_line(payload, line.where))
                 except reader.TraceFileError as exc:
                     problem(exc)
-        link(calls)
+        if linked:
+            link(calls)
     finally:
         if enabled:
             gc.enable()

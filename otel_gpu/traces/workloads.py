@@ -155,7 +155,7 @@ def workloads(
     out = sys.stdout if out is None else out
     err = sys.stderr if err is None else err
     problems: list[reader.TraceFileError] = []
-    calls = load_calls(paths, problems.append)
+    calls = load_calls(paths, problems.append, linked=False)  # no tree walked here
     for problem in problems[:_SHOWN_PROBLEMS]:
         _say(err, str(problem))
     if any(not p.torn for p in problems):
