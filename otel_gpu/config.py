@@ -664,6 +664,16 @@ SETTINGS: tuple[Setting, ...] = (
         "bound by the disk's durable write speed); async: copied before the call, written by a "
         "background thread (a process that dies inside the call may lose them).",
     ),
+    # ---- workloads at call time
+    Setting(
+        "workloads_dir",
+        "OTEL_GPU_WORKLOADS_DIR",
+        "a directory path (created if missing); %i = pid, %r = rank; empty: off",
+        _string,
+        "At level >= 3, before a call runs, write one definition JSON per (function, input "
+        "signature) below this folder, in the format of otel-gpu workloads --emit, once across "
+        "the processes sharing it, with a count per signature (docs/workloads.md).",
+    ),
     # ---- crash journal
     Setting(
         "journal",
@@ -1079,6 +1089,7 @@ class Settings:
     dump_exclude: tuple[str, ...] = ()
     dump_format: str = "torch"
     dump_durability: str = "process"
+    workloads_dir: str = ""
     journal: bool = True
     journal_dir: str | None = None
     recover_on_start: bool = False

@@ -21,7 +21,7 @@ def finish(timeout: float = 5.0) -> None:
 
 def call_dirs(root: str | Path) -> list[str]:
     """The call directories below a dump root, in name order (which is call order)."""
-    return sorted(os.path.join(root, d) for d in os.listdir(root))
+    return sorted(os.path.join(root, d) for d in os.listdir(root) if not d.startswith("."))
 
 
 def read_manifest(directory: str | Path) -> dict[str, Any]:

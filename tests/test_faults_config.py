@@ -71,6 +71,7 @@ def test_the_bad_value_table_covers_every_validating_setting():
     free_text = {
         "OTEL_GPU_DUMP_DIR",
         "OTEL_GPU_JOURNAL_DIR",
+        "OTEL_GPU_WORKLOADS_DIR",
         "OTEL_SERVICE_NAME",
         "OTEL_GPU_REDACT",
     }

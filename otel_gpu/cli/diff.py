@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import math
 from typing import Any
 
@@ -23,6 +24,10 @@ def _tolerance(raw: str) -> float:
 
 def _main(args: argparse.Namespace) -> int:
     from otel_gpu.traces.diff import diff
+
+    # a short-lived reader: its records are freed at exit, and a collection after reading
+    # would only walk the millions of objects a large trace makes
+    gc.disable()
 
     return diff(
         args.a,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 from typing import Any
 
 from otel_gpu.cli import add_command, whole_number
@@ -19,6 +20,10 @@ def _rule(raw: str) -> str:
 
 def _main(args: argparse.Namespace) -> int:
     from otel_gpu.traces.workloads import parse_rules, workloads
+
+    # a short-lived reader: its records are freed at exit, and a collection after reading
+    # would only walk the millions of objects a large trace makes
+    gc.disable()
 
     return workloads(
         args.files,

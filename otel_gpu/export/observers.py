@@ -100,6 +100,12 @@ def _ring(settings: Settings, pipeline: Wired) -> Observer | None:
     return _load(_RING)(settings, pipeline)
 
 
+def _workloads_dir(settings: Settings, pipeline: Wired) -> Observer | None:
+    if not settings.workloads_dir:
+        return None
+    return _load("otel_gpu.workloads.folder:make_observer")(settings, pipeline)
+
+
 def _recorder(settings: Settings, pipeline: Wired) -> Observer | None:
     return _load("otel_gpu.recorder.recorder:make_observer")(settings, pipeline)
 
@@ -132,6 +138,7 @@ REGISTRY: tuple[Entry, ...] = (
     Entry("watchdog", 1, _watchdog),
     Entry("snapshot", 1, _snapshot),  # answers otel-gpu snapshot; never on the caller's path
     Entry("ring", 3, _ring),  # the bound arguments exist from level 3
+    Entry("workloads_dir", 3, _workloads_dir),  # a definition per new signature, before the call
     Entry("dump", 10, _recorder),  # the flight recorder
     # after the ring (which keeps the call a trigger may dump) and the recorder
     Entry("triggers", 1, _triggers),

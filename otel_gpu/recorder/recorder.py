@@ -22,6 +22,7 @@ import fnmatch
 import itertools
 import os
 import queue
+import secrets
 import threading
 import time
 from typing import TYPE_CHECKING, Any
@@ -38,6 +39,7 @@ from otel_gpu.attributes import (
 from otel_gpu.calls import describe, metadata
 from otel_gpu.config import Settings, expand_path
 from otel_gpu.recorder import graph_snapshots, tensor_files, values
+from otel_gpu.recorder import limits as _limits
 from otel_gpu.recorder import manifest as _manifest
 from otel_gpu.recorder import target as _target
 from otel_gpu.recorder.call_manifest import encode_inputs, new_manifest
@@ -115,10 +117,15 @@ class Recorder:
         self._fsync = durability == "fsync"  # decided once: the call path only reads a flag
         self._async_inputs = durability == "async"
         self._buffers = tensor_files.HostBuffers()
-        self.max_bytes = int(settings.dump_max_size_gb * (1 << 30))
-        self.max_count = settings.dump_max_count
+        limits = _limits.in_force(settings)  # the settings', or what set_limits() set since
+        self.max_bytes = limits.max_bytes
+        self.max_count = limits.max_calls
         self.count = 0
         self.used = 0
+        self.skipped = 0  # calls not dumped for a limit (the note in the dump folder says so)
+        self._warned: set[str] = set()  # the limits warned about since they last changed
+        self._note = f"{_limits.NOTE_PREFIX}{os.getpid()}-{secrets.token_hex(4)}.json"
+        self._noted: tuple[str, str] | None = None  # the reason and limit of the last note
         self.stopped: str | None = None
         self._lock = threading.Lock()
         self._active: dict[Call, _Pending] = {}
@@ -140,6 +147,7 @@ class Recorder:
             self._fail(exc)
         self._writer = threading.Thread(target=self._write_loop, name="otel-gpu-dump", daemon=True)
         self._writer.start()
+        _limits.watch(self)
 
     # ------------------------------------------------------------------ caller's thread
 
@@ -208,6 +216,8 @@ class Recorder:
                     _CLOSE_TIMEOUT,
                 )
         self._buffers.clear()
+        if self._noted is not None:  # the final count of calls not dumped
+            self._write_note(*self._noted)
         if self._errors:
             errors, self._errors = self._errors, []
             _guard.internal_error("dump", errors[0])
@@ -243,19 +253,45 @@ class Recorder:
                 self.count += new_call
                 self.used += nbytes
                 return None
-        limit = (
-            f"OTEL_GPU_DUMP_MAX_COUNT={self.max_count}"
-            if reason == "max_count"
-            else f"OTEL_GPU_DUMP_MAX_SIZE_GB={self.settings.dump_max_size_gb:g}"
-        )
-        _guard.warn_once(
-            "dump." + reason,
-            "otel-gpu flight recorder: %s reached; further calls are not dumped (their spans carry "
-            "otel_gpu.dump.skipped=%s). This is reported once.",
-            limit,
-            reason,
-        )
+            self.skipped += new_call
+            first = reason not in self._warned
+            self._warned.add(reason)
+            limit = self._limit_text(reason)
+        if first:  # once per limit, and once more after set_limits() changed them
+            _guard.logger.warning(
+                "otel-gpu flight recorder: %s reached; further calls are not dumped (their spans "
+                "carry otel_gpu.dump.skipped=%s, and otel-gpu replay says they have no dump). "
+                "This is reported once (again if the limits change at runtime).",
+                limit,
+                reason,
+            )
+            self._write_note(reason, limit)
         return reason
+
+    def _limit_text(self, reason: str) -> str:
+        base = _limits.configured(self.settings)
+        if reason == "max_count":
+            if self.max_count == base.max_calls:
+                return f"OTEL_GPU_DUMP_MAX_COUNT={self.max_count}"
+            return f"the dump limit of {self.max_count} calls (set at runtime)"
+        if self.max_bytes == base.max_bytes:
+            return f"OTEL_GPU_DUMP_MAX_SIZE_GB={self.settings.dump_max_size_gb:g}"
+        return f"the dump limit of {self.max_bytes} bytes (set at runtime)"
+
+    def _write_note(self, reason: str, limit: str) -> None:
+        """The dump folder's note that calls of this process were not dumped (for replay)."""
+        self._noted = (reason, limit)
+        body = {"pid": os.getpid(), "reason": reason, "limit": limit, "skipped": self.skipped}
+        try:
+            _limits.write_note(self.root, self._note, body)
+        except OSError:
+            pass  # a folder that cannot be written stops dumping on the next write, saying so
+
+    def apply_limits(self, limits: _limits.Limits) -> None:
+        """New limits (:func:`otel_gpu.recorder.limits.set_limits`), from the next call on."""
+        with self._lock:
+            self.max_count, self.max_bytes = limits.max_calls, limits.max_bytes
+            self._warned.clear()
 
     def _fail(self, exc: OSError) -> str:
         """A full disk or an unwritable directory stops dumping, with one warning."""

@@ -13,6 +13,7 @@ from dataclasses import asdict
 from typing import Any
 
 from otel_gpu._text import printable
+from otel_gpu.recorder import limits as _limits
 from otel_gpu.recorder import manifest as _manifest
 from otel_gpu.replay import (
     EXIT_USAGE,
@@ -426,6 +427,15 @@ def main(args: argparse.Namespace) -> int:
         print(f"otel-gpu replay: {problem}", file=sys.stderr)
         return EXIT_USAGE
     dirs = find_calls(args.dir)
+    not_dumped = _limits.read_notes(os.path.realpath(args.dir))
+    for note in not_dumped:  # calls the recorder skipped for a limit: nothing here to replay
+        print(
+            printable(
+                f"otel-gpu replay: {note['skipped']} call(s) of process {note['pid']} were not "
+                f"dumped ({note['limit']} reached): they have no dump to replay"
+            ),
+            file=sys.stderr,
+        )
     if not dirs:
         print(
             f"otel-gpu replay: no call directories (with a {_manifest.MANIFEST} or an inputs file) "
@@ -480,6 +490,7 @@ def main(args: argparse.Namespace) -> int:
             "results": [asdict(r) for r in results],
             "summary": summary,
             "verified_nothing": verified_nothing(results),
+            "not_dumped": not_dumped,
             "exit_code": code,
         }
         json.dump(_finite(report), sys.stdout, indent=1, default=str)

@@ -86,9 +86,12 @@ class CallRecord:
         return bool(self.inputs or self.outputs)
 
 
-def load_calls(paths: Iterable[str], problem: reader.Problem) -> list[CallRecord]:
+def load_calls(
+    paths: Iterable[str], problem: reader.Problem, linked: bool = True
+) -> list[CallRecord]:
     """Every call span of ``paths`` (stuck-call reports, snapshots and recovered spans left
-    out), linked to its parent and children in start order; problems go to ``problem``."""
+    out), linked to its parent and children in start order (unless ``linked`` is False: a
+    reader that never walks the tree saves the work); problems go to ``problem``."""
     calls: list[CallRecord] = []
     enabled = gc.isenabled()
     gc.disable()  # as reader.read_all: the records hold no cycles until linked
@@ -100,7 +103,8 @@ def load_calls(paths: Iterable[str], problem: reader.Problem) -> list[CallRecord
                     calls.extend(_line(payload, line.where))
                 except reader.TraceFileError as exc:
                     problem(exc)
-        link(calls)
+        if linked:
+            link(calls)
     finally:
         if enabled:
             gc.enable()
@@ -160,7 +164,9 @@ def _line(payload: Any, where: str) -> Iterator[CallRecord]:
 
 
 def _get(node: dict[str, Any], camel: str, snake: str, default: Any = None) -> Any:
-    return node.get(camel, node.get(snake, default))
+    if camel in node:  # otel-gpu's and the collector's spelling: one lookup
+        return node[camel]
+    return node.get(snake, default)
 
 
 def _span(raw: dict[str, Any], where: str) -> CallRecord | None:
@@ -241,12 +247,17 @@ def _span_attributes(
     sides: tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]] = ({}, {})
     places = _PLACES
     for kv in reader.list_at(node, ("attributes",), where):
-        if not isinstance(kv, dict):
+        # subscripts, not .get(): a dict subscript is a bytecode, .get() a method call, and
+        # this loop runs for every attribute of the file (a missing key is the rare case)
+        if type(kv) is not dict:  # JSON objects are plain dicts
             continue
-        key = kv.get("key")
+        try:
+            key = kv["key"]
+        except KeyError:
+            key = None
         if type(key) is not str:
             key = str(key)
-        if key in places:
+        if key in places:  # most keys are placed already
             place = places[key]
         else:
             place = _place(key)
@@ -254,41 +265,62 @@ def _span_attributes(
                 places[key] = place
         if place is None:
             continue
-        cell = kv.get("value")
+        try:
+            cell = kv["value"]
+        except KeyError:
+            cell = None
         # the common kinds inline: this line runs for every kept attribute of the file
         if type(cell) is dict and len(cell) == 1:
-            kind, raw = next(iter(cell.items()))
+            [(kind, raw)] = cell.items()
             if kind == "stringValue" and type(raw) is str:
                 value: Any = raw
-            elif kind == "boolValue" and type(raw) is bool:
-                value = raw
-            elif kind == "intValue" and type(raw) is str and raw.isdigit() and len(raw) < 19:
-                value = int(raw)
             elif kind == "arrayValue":
                 value = _digits(raw)
                 if value is None:
                     value = _value(cell, where, 0)
+            elif kind == "boolValue" and type(raw) is bool:
+                value = raw
+            elif kind == "intValue" and type(raw) is str and raw.isdigit() and len(raw) < 19:
+                value = int(raw)
             else:
                 value = _value(cell, where, 0)
         else:
             value = _value(cell, where, 0)
-        if place[0] == 2:
+        side, path, name = place
+        if side == 2:
             attrs[key] = value
         else:
-            sides[place[0]].setdefault(place[1], {})[place[2]] = value
+            grouped = sides[side]
+            if path in grouped:
+                grouped[path][name] = value
+            else:
+                grouped[path] = {name: value}
     return attrs, sides[0], sides[1]
 
 
 def _digits(raw: Any) -> list[int] | None:
     """A shape or a stride (an array of small non-negative ``intValue`` strings) in a few
-    C-speed passes; None for any other array, which :func:`_value` converts or refuses."""
+    C-speed passes; None for any other array, which :func:`_value` converts or refuses. A file
+    repeats a few shapes: each distinct one is converted once (:data:`_ARRAYS`), and every
+    call gets its own list."""
     try:
-        texts = [v["intValue"] for v in raw["values"]]
-        if "".join(texts).isdigit() and max(map(len, texts)) < 19:
-            return [int(t) for t in texts]
+        texts = tuple([v["intValue"] for v in raw["values"]])
+        known = _ARRAYS.get(texts)
+        if known is not None:
+            return list(known)
+        joined = "".join(texts)
+        # under 19 digits in all (a shape's usual case), no element can have 19 or more
+        if joined.isdigit() and (len(joined) < 19 or max(map(len, texts)) < 19):
+            value = tuple(map(int, texts))
+            if len(_ARRAYS) < _PLACES_MAX:
+                _ARRAYS[texts] = value
+            return list(value)
     except (KeyError, TypeError, ValueError):
         pass
     return None
+
+
+_ARRAYS: dict[tuple[str, ...], tuple[int, ...]] = {}
 
 
 def _int(raw: Any, where: str) -> int:

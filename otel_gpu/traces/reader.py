@@ -354,8 +354,13 @@ def _details(raw: dict[str, Any], at: str) -> tuple[dict[str, Any], list[dict[st
     return attrs, stats
 
 
+_LOWER_HEX = "0123456789abcdef"
+
+
 def hex_id(raw: Any, size: int, key: str, where: str) -> str | None:
     """Lower-case hex of a hex or base64 id; None when absent, empty or all zeros."""
+    if type(raw) is str and len(raw) == 2 * size and not raw.strip(_LOWER_HEX):
+        return raw if raw.strip("0") else None  # already lower-case hex: every span's ids
     if raw in (None, ""):
         return None
     data = None

@@ -15,7 +15,6 @@ with meta tensors of the recorded shapes (no kernel, no device memory).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -25,53 +24,22 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from otel_gpu import _files
+from otel_gpu.workloads.signature import FORMAT, definition, encode, safe_name
 
 if TYPE_CHECKING:
     from otel_gpu.traces.workloads import Workload
 
 __all__ = ["FORMAT", "EmitError", "emit_files", "rebuild_inputs", "safe_name"]
 
-FORMAT = "otel-gpu.workload/1"
-"""The ``format`` field of every file written: what a reader checks before reading on."""
-_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 _IDENT = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
-_MAX_NAME = 120
 
 
 class EmitError(ValueError):
     """``--emit DIR`` cannot be written; the message says why."""
 
 
-def safe_name(text: str) -> str:
-    """A file name made from ``text``: runs of other characters become ``_``, no leading dot
-    or dash, at most 120 characters, never empty; a name that had to change gets a short hash
-    of the original, so two names cannot collide into one file."""
-    cleaned = _UNSAFE.sub("_", text).lstrip("._-")[:_MAX_NAME] or "function"
-    if cleaned != text:
-        digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:8]
-        cleaned = f"{cleaned[: _MAX_NAME - 9]}-{digest}"
-    return cleaned
-
-
-def _json(obj: Any) -> bytes:
-    return (json.dumps(obj, indent=1, sort_keys=False, default=str) + "\n").encode(
-        "utf-8", "surrogatepass"
-    )
-
-
 def _dtype_name(raw: Any) -> str:
     return str(raw).removeprefix("torch.")
-
-
-def _input_entry(fields: dict[str, Any]) -> dict[str, Any]:
-    if "dtype" in fields and "shape" in fields:
-        entry = {"type": "random", "shape": fields["shape"], "dtype": _dtype_name(fields["dtype"])}
-        if fields.get("stride") is not None and fields.get("is_contiguous") is False:
-            entry["stride"] = fields["stride"]
-        return entry
-    if "value" in fields:
-        return {"type": "scalar", "value": fields.get("enum_value", fields["value"])}
-    return {"type": "unsupported", **{k: v for k, v in fields.items() if k != "id"}}
 
 
 def _dump_refs(dump_dir: str | None) -> tuple[dict[str, dict[str, Any]], str | None]:
@@ -117,21 +85,14 @@ def emit_files(directory: str, workloads: Sequence[Workload]) -> int:
             fi_names[w.id] = fi_def["name"]
             written += 1
         summary = w.as_json(everything)
-        definition = {
-            "format": FORMAT,
-            "name": name,
-            "function": w.function,
-            "signature": w.id,
-            "inputs": {p: _input_entry(f) for p, f in first.inputs.items() if p in w.signature},
-            "outputs": {
-                k: _input_entry(f) for k, f in first.outputs.items() if "dtype" in f or "value" in f
-            },
+        defined = {
+            **definition(w.function, w.id, w.signature, first.inputs, first.outputs),
             "flashinfer_definition": fi_names.get(w.id),
             **{k: summary[k] for k in ("calls", "share", "time", "total_s", "p50_s", "p99_s")},
         }
-        _write(folders["definitions"], f"{name}.json", _json(definition))
+        _write(folders["definitions"], f"{name}.json", encode(defined))
         written += 1
-        inputs = dict(definition["inputs"])
+        inputs = dict(defined["inputs"])
         dump = summary["dump_dir"]
         refs, why = _dump_refs(dump)
         for param, ref in refs.items():
@@ -228,19 +189,19 @@ def _flashinfer_definition(directory: str, w: Workload) -> dict[str, Any] | None
     except OSError as exc:
         raise EmitError(f"cannot write to {directory}: {exc.strerror or exc}") from None
     try:  # fi_trace writes its file when given a folder: a scratch one, never another place
-        definition = tracer(save_dir=scratch, **kwargs)
+        fi_def = tracer(save_dir=scratch, **kwargs)
     except Exception:
         return None  # a signature FlashInfer's template does not describe: ours only
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    if not isinstance(definition, dict) or not isinstance(definition.get("name"), str):
+    if not isinstance(fi_def, dict) or not isinstance(fi_def.get("name"), str):
         return None
     try:
         folder = _files.own_dir(directory, "flashinfer")
     except OSError as exc:
         raise EmitError(f"cannot write to {directory}: {exc.strerror or exc}") from None
-    _write(folder, f"{safe_name(definition['name'])}.json", _json(definition))
-    return definition
+    _write(folder, f"{safe_name(fi_def['name'])}.json", encode(fi_def))
+    return fi_def
 
 
 def _fi_params(fi_def: dict[str, Any], call: Any) -> dict[str, str]:

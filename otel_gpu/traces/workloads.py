@@ -15,16 +15,17 @@ docs/workloads.md; :mod:`otel_gpu.traces.workload_files` writes ``--emit``.
 from __future__ import annotations
 
 import fnmatch
-import hashlib
 import json
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any
 
 from otel_gpu._text import printable
 from otel_gpu.traces import reader
 from otel_gpu.traces.call_records import CallRecord, load_calls
+from otel_gpu.workloads import signature as _signature
+from otel_gpu.workloads.signature import Rules
 
 __all__ = [
     "EXIT_NONE",
@@ -37,44 +38,13 @@ __all__ = [
 ]
 
 EXIT_OK, EXIT_NONE, EXIT_USAGE = 0, 1, 2
-_TENSOR_FIELDS = ("dtype", "shape")
-_SKIPPED_FIELDS = frozenset({"id", "device", "requires_grad", "default", "is_contiguous"})
 _SHOWN_PROBLEMS = 10
-
-Rules = Mapping[str, frozenset[str]]
-"""Function glob -> the names of the non-tensor arguments that count in its signature (the
-top-level parameter name: ``eps`` covers ``eps`` and ``kwargs.eps``)."""
-
-
-def _param(path: str) -> str:
-    head, _, rest = path.partition(".")
-    return rest.partition(".")[0] if head in ("kwargs", "args") and rest else head
 
 
 def signature(call: CallRecord, rules: Rules | None = None) -> dict[str, dict[str, Any]]:
-    """The input signature of ``call``: per argument path, the fields that identify it."""
-    allowed: frozenset[str] | None = None
-    for glob, names in (rules or {}).items():
-        if fnmatch.fnmatchcase(call.name, glob):
-            allowed = names
-            break
-    out: dict[str, dict[str, Any]] = {}
-    for path, fields in sorted(call.inputs.items()):
-        if "dtype" in fields and "shape" in fields:  # a tensor
-            entry = {k: fields[k] for k in _TENSOR_FIELDS}
-            if fields.get("is_contiguous") is False and "stride" in fields:
-                entry["stride"] = fields["stride"]
-            out[path] = entry
-        elif allowed is None or _param(path) in allowed:
-            kept = {k: fields[k] for k in sorted(fields) if k not in _SKIPPED_FIELDS}
-            if kept:
-                out[path] = kept
-    return out
-
-
-def _key(sig: dict[str, Any]) -> str:
-    text = json.dumps(sig, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    """The input signature of ``call``: per argument path, the fields that identify it
+    (:func:`otel_gpu.workloads.signature.signature`, which ``OTEL_GPU_WORKLOADS_DIR`` uses too)."""
+    return _signature.signature(call.name, call.inputs, rules)
 
 
 @dataclass
@@ -151,7 +121,9 @@ def group(
             text = repr((call.name, sig))
             workload = found.get(text)
             if workload is None:
-                workload = found[text] = Workload(call.name, sig, _key({"f": call.name, "s": sig}))
+                workload = found[text] = Workload(
+                    call.name, sig, _signature.signature_id(call.name, sig)
+                )
             seen[raw] = workload
         workload.calls.append(call)
     return sorted(found.values(), key=lambda w: (-w.total_s, w.function, w.id))
@@ -183,7 +155,7 @@ def workloads(
     out = sys.stdout if out is None else out
     err = sys.stderr if err is None else err
     problems: list[reader.TraceFileError] = []
-    calls = load_calls(paths, problems.append)
+    calls = load_calls(paths, problems.append, linked=False)  # no tree walked here
     for problem in problems[:_SHOWN_PROBLEMS]:
         _say(err, str(problem))
     if any(not p.torn for p in problems):
