@@ -588,3 +588,35 @@ def test_a_method_armed_in_a_class_body_binds_self(controlled):
     assert m.forward(3, scale=1) == (m, 3)
     otel_gpu.flush()
     assert [n for n in _names(spans) if n.endswith("Model.forward")]
+
+
+def test_control_sets_the_flight_recorders_limits_for_its_window(controlled, tmp_path):
+    """dump_max_calls in a control document limits the dumps while the change lasts (the
+    third call at level 10 is skipped with otel_gpu.dump.skipped), shows in the configuration in
+    force, and reset gives back OTEL_GPU_DUMP_MAX_COUNT; a bad limit is refused naming it."""
+    from otel_gpu.recorder import limits
+
+    spans = controlled(level=0, dump_dir=str(tmp_path / "d"), dump_max_count=50)
+
+    @otel_gpu.api
+    def dumped(x):
+        return x + 1
+
+    try:
+        result = _apply({"level": 10, "dump_max_calls": 2, "for": None})
+        assert result["dump_max_calls"] == 2
+        for _ in range(3):
+            dumped(torch.ones(2))
+        otel_gpu.flush()
+        calls = sorted(
+            (s for s in spans.get() if s.name.endswith("dumped")), key=lambda s: s.start_time
+        )
+        skipped = [s.attributes.get("otel_gpu.dump.skipped") for s in calls]
+        assert skipped == [None, None, "max_count"]
+        assert state.reset("test")["dump_max_calls"] == 50
+        with pytest.raises(document.ControlError, match="dump_max_bytes must be a whole number"):
+            document.parse({"dump_max_bytes": -1})
+        with pytest.raises(document.ControlError, match="dump_max_calls must be a whole number"):
+            document.parse({"dump_max_calls": True})
+    finally:
+        limits.set_limits()

@@ -51,6 +51,10 @@ def _document(args: argparse.Namespace) -> dict[str, Any] | None:
         doc["ring_size"] = args.ring_size
     if args.triggers is not None:
         doc["triggers"] = args.triggers
+    if args.dump_max_calls is not None:
+        doc["dump_max_calls"] = args.dump_max_calls
+    if args.dump_max_bytes is not None:
+        doc["dump_max_bytes"] = args.dump_max_bytes
     if args.until_changed:
         doc["for"] = None
     elif args.window is not None:
@@ -74,11 +78,13 @@ def _main(args: argparse.Namespace) -> int:
         args.sample is not None,
         args.ring_size is not None,
         args.triggers is not None,
+        args.dump_max_calls is not None,
+        args.dump_max_bytes is not None,
     ]
     if (args.show or args.reset) and (any(changes) or args.window or args.until_changed):
         say(
             "--show and --reset take no other change (--level, --include, --exclude, --sample, "
-            "--ring-size, --triggers, --for)"
+            "--ring-size, --dump-max-calls, --dump-max-bytes, --triggers, --for)"
         )
         return EXIT_USAGE
     if args.show and args.reset:
@@ -274,6 +280,18 @@ def register(sub: Any) -> None:
     )
     p.add_argument(
         "--ring-size", type=_count, metavar="N", help="the anomaly ring's size, in calls"
+    )
+    p.add_argument(
+        "--dump-max-calls",
+        type=_count,
+        metavar="N",
+        help="the flight recorder's limit on dumped calls while the change lasts",
+    )
+    p.add_argument(
+        "--dump-max-bytes",
+        type=_count,
+        metavar="N",
+        help="the flight recorder's limit on bytes of tensors written while the change lasts",
     )
     p.add_argument(
         "--triggers",

@@ -44,7 +44,22 @@ MAX_PATTERNS = 64
 """Globs per list (``include``, ``exclude``)."""
 MAX_PATTERN_LENGTH = 256
 MAX_RING_SIZE = 1_000_000
-FIELDS = ("level", "include", "exclude", "sample", "for", "ring_size", "triggers", "reset")
+MAX_DUMP_CALLS = 1_000_000
+"""The most ``dump_max_calls`` may say, as ``OTEL_GPU_DUMP_MAX_COUNT`` allows."""
+MAX_DUMP_BYTES = 1_048_576 << 30
+"""The most ``dump_max_bytes`` may say, as ``OTEL_GPU_DUMP_MAX_SIZE_GB`` allows."""
+FIELDS = (
+    "level",
+    "include",
+    "exclude",
+    "sample",
+    "for",
+    "ring_size",
+    "dump_max_calls",
+    "dump_max_bytes",
+    "triggers",
+    "reset",
+)
 """The fields a document may hold."""
 
 
@@ -66,11 +81,23 @@ class Change:
     reset: bool = False
     triggers: tuple[trigger_rules.Trigger, ...] | None = None
     """The triggers in force while the change lasts (``[]``: none); None: unchanged."""
+    dump_max_calls: int | None = None
+    """The flight recorder's limit on dumped calls while the change lasts; None: unchanged."""
+    dump_max_bytes: int | None = None
+    """Its limit on bytes of tensors written; None: unchanged."""
 
     def fields(self) -> dict[str, Any]:
         """The fields this change sets, JSON-able (for the control span and the reply)."""
         out: dict[str, Any] = {}
-        for name in ("level", "include", "exclude", "sample", "ring_size"):
+        for name in (
+            "level",
+            "include",
+            "exclude",
+            "sample",
+            "ring_size",
+            "dump_max_calls",
+            "dump_max_bytes",
+        ):
             value = getattr(self, name)
             if value is not None:
                 out[name] = list(value) if isinstance(value, tuple) else value
@@ -102,12 +129,10 @@ def parse(doc: Mapping[str, Any]) -> Change:
                 f"(found {', '.join(others)})"
             )
         return Change(window=None, reset=True)
-    if not any(
-        k in doc for k in ("level", "include", "exclude", "sample", "ring_size", "triggers")
-    ):
+    if not any(k in doc for k in FIELDS if k not in ("for", "reset")):
         raise ControlError(
             "a control document changes something: level, include, exclude, sample, "
-            "ring_size, triggers, or reset=true"
+            "ring_size, dump_max_calls, dump_max_bytes, triggers, or reset=true"
         )
     level = doc.get("level")
     if level is not None and (isinstance(level, bool) or level not in LEVELS):
@@ -133,6 +158,8 @@ def parse(doc: Mapping[str, Any]) -> Change:
         raise ControlError(
             f"ring_size must be a whole number of calls from 0 to {MAX_RING_SIZE}, not {_show(ring)}"
         )
+    limits = [_limit(doc, "dump_max_calls", 1, MAX_DUMP_CALLS, "calls")]
+    limits.append(_limit(doc, "dump_max_bytes", 0, MAX_DUMP_BYTES, "bytes"))
     triggers = None
     if "triggers" in doc:
         try:
@@ -140,7 +167,18 @@ def parse(doc: Mapping[str, Any]) -> Change:
         except ValueError as exc:
             raise ControlError(f"triggers: {exc}") from None
     window = parse_window(doc["for"], "for") if "for" in doc else DEFAULT_WINDOW
-    return Change(level, include, exclude, sample, window, ring, False, triggers)
+    return Change(level, include, exclude, sample, window, ring, False, triggers, *limits)
+
+
+def _limit(doc: Mapping[str, Any], name: str, low: int, high: int, unit: str) -> int | None:
+    value = doc.get(name)
+    if value is not None and (
+        isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high
+    ):
+        raise ControlError(
+            f"{name} must be a whole number of {unit} from {low} to {high}, not {_show(value)}"
+        )
+    return value
 
 
 def parse_window(raw: Any, name: str = "for") -> float | None:

@@ -29,6 +29,7 @@ from otel_gpu.anomalies import triggers
 from otel_gpu.calls import armed
 from otel_gpu.control.document import Change, ControlError
 from otel_gpu.export import pipeline
+from otel_gpu.recorder import limits
 from otel_gpu.trigger_rules import Trigger
 
 __all__ = ["ControlError", "apply", "effective", "reset"]
@@ -47,6 +48,9 @@ class _Override:
     ring_size: int | None = None
     triggers: tuple[Trigger, ...] | None = None
     """The triggers control set (None: OTEL_GPU_TRIGGERS)."""
+    dump_max_calls: int | None = None
+    dump_max_bytes: int | None = None
+    """The flight recorder's limits control set (None: OTEL_GPU_DUMP_MAX_COUNT, _SIZE_GB)."""
     until: float | None = None
     """Epoch seconds when it lapses; None: until changed."""
     source: str | None = None
@@ -59,6 +63,8 @@ class _Override:
             or self.sample is not None
             or self.ring_size is not None
             or self.triggers is not None
+            or self.dump_max_calls is not None
+            or self.dump_max_bytes is not None
         )
 
 
@@ -90,6 +96,8 @@ def apply(change: Change, source: str) -> dict[str, Any]:
             sample=change.sample if change.sample is not None else old.sample,
             ring_size=change.ring_size if change.ring_size is not None else old.ring_size,
             triggers=change.triggers if change.triggers is not None else old.triggers,
+            dump_max_calls=_kept(change.dump_max_calls, old.dump_max_calls),
+            dump_max_bytes=_kept(change.dump_max_bytes, old.dump_max_bytes),
             until=None if change.window is None else time.time() + change.window,
             source=source,
         )
@@ -122,6 +130,7 @@ def effective() -> dict[str, Any]:
         o = _override
         ring = _ring()
         entries = armed.entries()
+        dump_limits = limits.in_force(settings)
         return {
             "pid": os.getpid(),
             "control": settings.control,
@@ -134,6 +143,9 @@ def effective() -> dict[str, Any]:
             "until": None if o.until is None else round(o.until, 3),
             "ring_size": None if ring is None else int(getattr(ring, "size", 0)),
             "triggers": [t.as_dict() for t in triggers.current()],
+            # the flight recorder's limits in force (control's, else the settings')
+            "dump_max_calls": dump_limits.max_calls,
+            "dump_max_bytes": dump_limits.max_bytes,
             "functions_boosted": triggers.boosted_count(),
             "source": o.source,
             "functions": len(entries),
@@ -149,6 +161,7 @@ def _install(new: _Override, ring: Any) -> list[armed.Armed]:
     global _override
     _override = new
     triggers.set_triggers(new.triggers)
+    limits.set_limits(new.dump_max_calls, new.dump_max_bytes)
     if ring is not None:
         # the ring's configured size is its own settings' (a reconfigured process has a new ring)
         configured = getattr(getattr(ring, "settings", None), "ring", None)
@@ -159,6 +172,10 @@ def _install(new: _Override, ring: Any) -> list[armed.Armed]:
     if not new.active:
         return armed.set_rule(None)
     return armed.set_rule(_rule_of(new))
+
+
+def _kept(new: int | None, old: int | None) -> int | None:
+    return new if new is not None else old
 
 
 def _rule_of(o: _Override) -> armed.Rule:
