@@ -17,12 +17,12 @@ import pickle
 import re
 import socket
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 from commands import otel_gpu_command, without_otel
+from crafted_journals import dead_pid, pack_header
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -453,25 +453,9 @@ def _journal_bytes(
     """A journal as a dead process leaves it: header, plans, one committed slot."""
     header_size, plans_size, stride = writer.HEADER_SIZE, 4096, writer.LARGE_SLOT
     data = bytearray(header_size + plans_size + stride)
-    layout.HEADER.pack_into(
-        data,
-        0,
-        magic,
-        writer.VERSION,
-        header_size,
-        plans_size,
-        stride,
-        count,
-        3,
-        pid,
-        1,  # start ticks that no live process has
-        bytes(16),
-        10**18,
-        10**18 + 5,
-        writer.OPEN,
-        len(meta),
+    pack_header(
+        data, pid, meta, plans_size=plans_size, stride=stride, slots=count, level=3, magic=magic
     )
-    data[layout.META_AT : layout.META_AT + len(meta)] = meta
     at = header_size
     for plan in plans:
         layout.U32.pack_into(data, at, len(plan))
@@ -484,12 +468,6 @@ def _journal_bytes(
         data[slot + layout.INPUTS_AT : slot + layout.INPUTS_AT + len(inputs)] = inputs
     layout.COMMIT.pack_into(data, slot, layout.COMMITTED)
     return bytes(data)
-
-
-def _dead_pid() -> int:
-    child = subprocess.Popen([sys.executable, "-c", "pass"])
-    child.wait()
-    return child.pid
 
 
 def _meta(**extra: Any) -> bytes:
@@ -533,7 +511,7 @@ def test_recover_reads_each_hostile_journal_or_names_it_in_one_line(tmp_path: Pa
     in the host name). Each gets one outcome and no exception: the broken ones are named
     ``invalid`` and left alone, the others are recovered with what could be read, and the
     good journal's call is recovered."""
-    pid = _dead_pid()
+    pid = dead_pid()
     for i, data in enumerate(_hostile_journals(pid).values()):
         (tmp_path / f"otel-gpu-{pid}-{i:08x}.journal").write_bytes(data)
     names = dict(enumerate(_hostile_journals(pid)))
@@ -562,7 +540,7 @@ def test_recover_reads_each_hostile_journal_or_names_it_in_one_line(tmp_path: Pa
 def test_recover_command_prints_hostile_journals_escaped_without_traceback(tmp_path: Path) -> None:
     """Attack: the same journals, and one whose file name holds an OSC title, through the
     real command: one line per journal, no raw control character, no traceback."""
-    pid = _dead_pid()
+    pid = dead_pid()
     jdir = tmp_path / "journal"
     jdir.mkdir(mode=0o700)
     for i, data in enumerate(_hostile_journals(pid).values()):
@@ -587,7 +565,7 @@ def test_a_journal_rank_cannot_steer_the_output_file(tmp_path: Path) -> None:
     """Attack: a journal whose resource says ``otel_gpu.rank = "../../escaped"`` with a
     destination naming ``%r``: the journal is refused as invalid, and nothing is written
     outside the destination's folder."""
-    pid = _dead_pid()
+    pid = dead_pid()
     jdir = tmp_path / "journal"
     jdir.mkdir()
     meta = _meta(resource={"otel_gpu.rank": "../../escaped"})
