@@ -59,6 +59,18 @@ class _FakeCopies:
         dst.copy_(values)
 
 
+def fake_cuda(monkeypatch: pytest.MonkeyPatch, copies: _FakeCopies, graph: type) -> None:
+    """CUDA faked for the rest of the test: available, capturing while :class:`_Capture` says
+    so, every tensor on the device, the copies done by ``copies``, ``graph`` the CUDAGraph."""
+    monkeypatch.setattr(cuda, "cuda_available", lambda: True)
+    monkeypatch.setattr(cuda, "is_capturing", lambda: _Capture.on)
+    monkeypatch.setattr(cuda, "is_cuda_tensor", lambda t: True)
+    monkeypatch.setattr(cuda, "pinned_empty", copies.pinned_empty)
+    monkeypatch.setattr(cuda, "copy_to_host", copies.copy_to_host)
+    monkeypatch.setattr(cuda, "wait_copy", copies.wait_copy)
+    monkeypatch.setattr(cuda_graphs, "graph_class", lambda: graph)
+
+
 @pytest.fixture
 def fake(monkeypatch):
     """Faked CUDA: capture flag, copies, and a fresh fake CUDAGraph class; unpatched afterwards."""
@@ -83,13 +95,7 @@ def fake(monkeypatch):
 
     copies = _FakeCopies()
     _Capture.on = False
-    monkeypatch.setattr(cuda, "cuda_available", lambda: True)
-    monkeypatch.setattr(cuda, "is_capturing", lambda: _Capture.on)
-    monkeypatch.setattr(cuda, "is_cuda_tensor", lambda t: True)
-    monkeypatch.setattr(cuda, "pinned_empty", copies.pinned_empty)
-    monkeypatch.setattr(cuda, "copy_to_host", copies.copy_to_host)
-    monkeypatch.setattr(cuda, "wait_copy", copies.wait_copy)
-    monkeypatch.setattr(cuda_graphs, "graph_class", lambda: FakeGraph)
+    fake_cuda(monkeypatch, copies, FakeGraph)
     copies.graph_class = FakeGraph  # type: ignore[attr-defined]
     yield copies
     if copies.gate is not None:
