@@ -4,7 +4,11 @@ error classes, and the calls that walk the device list; each test file adds what
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
+
+import pytest
+
+from otel_gpu.devices import nvml
 
 
 class FakeNVMLError(Exception):
@@ -56,3 +60,12 @@ def raising(exc: BaseException) -> Callable[..., Any]:
         raise exc
 
     return fail
+
+
+Fake = TypeVar("Fake", bound=FakeNvmlDevices)
+
+
+def installed(monkeypatch: pytest.MonkeyPatch, fake: Fake) -> Fake:
+    """``fake``, loaded by the NVML seam instead of pynvml for the rest of the test."""
+    monkeypatch.setattr(nvml, "_load_pynvml", lambda: fake)
+    return fake

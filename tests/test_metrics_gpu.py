@@ -21,6 +21,7 @@ from fake_nvml import (
     FakeNotSupported,
     FakeNvmlDevices,
     FakeNVMLError,
+    installed,
     raising,
 )
 from opentelemetry.sdk.metrics import MeterProvider
@@ -179,9 +180,7 @@ def _fresh_nvml_session() -> Iterator[None]:
 
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch) -> FakeNvml:
-    fake = FakeNvml(_machine())
-    monkeypatch.setattr(nvml, "_load_pynvml", lambda: fake)
-    return fake
+    return installed(monkeypatch, FakeNvml(_machine()))
 
 
 @pytest.fixture

@@ -11,7 +11,14 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from fake_nvml import FakeLibraryNotFound, FakeNotSupported, FakeNvmlDevices, FakeNVMLError, raising
+from fake_nvml import (
+    FakeLibraryNotFound,
+    FakeNotSupported,
+    FakeNvmlDevices,
+    FakeNVMLError,
+    installed,
+    raising,
+)
 from opentelemetry.sdk.resources import Resource, get_aggregated_resources
 
 from otel_gpu import resource
@@ -104,9 +111,7 @@ def _isolated(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 @pytest.fixture
 def fake_nvml(monkeypatch: pytest.MonkeyPatch) -> FakeNvml:
-    fake = FakeNvml(_two_gpus())
-    monkeypatch.setattr(nvml, "_load_pynvml", lambda: fake)
-    return fake
+    return installed(monkeypatch, FakeNvml(_two_gpus()))
 
 
 # --------------------------------------------------------------------------- NVML
