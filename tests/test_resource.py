@@ -151,13 +151,21 @@ def test_mig_enabled_is_reported(fake_nvml: FakeNvml) -> None:
     assert nvml.query_gpus().gpus[0].mig_mode == "enabled"
 
 
+def _without_gpus(
+    monkeypatch: pytest.MonkeyPatch, target: object, name: str, exc: BaseException
+) -> dict[str, Any]:
+    """The detected attributes while ``target.name`` raises ``exc``: they count no GPU."""
+    monkeypatch.setattr(target, name, raising(exc))
+    attrs = detect_attributes()
+    assert attrs["otel_gpu.gpu.count"] == 0
+    return attrs
+
+
 def test_library_not_found_gives_zero_gpus_and_reason(
     fake_nvml: FakeNvml, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """No NVIDIA driver: count 0, the reason is recorded, nothing raises, no shutdown without init."""
-    monkeypatch.setattr(fake_nvml, "nvmlInit", raising(FakeLibraryNotFound("not found")))
-    attrs = detect_attributes()
-    assert attrs["otel_gpu.gpu.count"] == 0
+    attrs = _without_gpus(monkeypatch, fake_nvml, "nvmlInit", FakeLibraryNotFound("not found"))
     assert attrs["otel_gpu.gpu.error"] == "NVML library not found (no NVIDIA driver)"
     assert not any(key.startswith("otel_gpu.gpu.0.") for key in attrs)
     assert fake_nvml.shutdowns == 0
@@ -165,9 +173,9 @@ def test_library_not_found_gives_zero_gpus_and_reason(
 
 def test_pynvml_not_importable_gives_zero_gpus_and_reason(monkeypatch: pytest.MonkeyPatch) -> None:
     """If pynvml itself cannot be imported, count is 0 and the error names pynvml."""
-    monkeypatch.setattr(nvml, "_load_pynvml", raising(ImportError("No module named 'pynvml'")))
-    attrs = detect_attributes()
-    assert attrs["otel_gpu.gpu.count"] == 0
+    attrs = _without_gpus(
+        monkeypatch, nvml, "_load_pynvml", ImportError("No module named 'pynvml'")
+    )
     assert "pynvml" in str(attrs["otel_gpu.gpu.error"])
 
 
@@ -185,9 +193,9 @@ def test_device_count_failure_keeps_driver_and_records_reason(
     fake_nvml: FakeNvml, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """nvmlDeviceGetCount failing mid-query: zero GPUs, driver still known, reason kept, shutdown run."""
-    monkeypatch.setattr(fake_nvml, "nvmlDeviceGetCount", raising(FakeNVMLError("Unknown Error")))
-    attrs = detect_attributes()
-    assert attrs["otel_gpu.gpu.count"] == 0
+    attrs = _without_gpus(
+        monkeypatch, fake_nvml, "nvmlDeviceGetCount", FakeNVMLError("Unknown Error")
+    )
     assert attrs["otel_gpu.gpu.driver_version"] == "550.54.15"
     assert "device count" in str(attrs["otel_gpu.gpu.error"])
     assert "Unknown Error" in str(attrs["otel_gpu.gpu.error"])
