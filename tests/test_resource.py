@@ -151,12 +151,19 @@ def test_mig_enabled_is_reported(fake_nvml: FakeNvml) -> None:
     assert nvml.query_gpus().gpus[0].mig_mode == "enabled"
 
 
+def _detected_while_raising(
+    monkeypatch: pytest.MonkeyPatch, target: object, name: str, exc: BaseException
+) -> dict[str, Any]:
+    """The attributes detected while ``target.name`` raises ``exc``."""
+    monkeypatch.setattr(target, name, raising(exc))
+    return detect_attributes()
+
+
 def _without_gpus(
     monkeypatch: pytest.MonkeyPatch, target: object, name: str, exc: BaseException
 ) -> dict[str, Any]:
-    """The detected attributes while ``target.name`` raises ``exc``: they count no GPU."""
-    monkeypatch.setattr(target, name, raising(exc))
-    attrs = detect_attributes()
+    """As :func:`_detected_while_raising`; the attributes count no GPU."""
+    attrs = _detected_while_raising(monkeypatch, target, name, exc)
     assert attrs["otel_gpu.gpu.count"] == 0
     return attrs
 
@@ -226,8 +233,9 @@ def test_not_supported_field_is_silently_absent(
     fake_nvml: FakeNvml, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """NotSupported (normal on some boards) drops the field without polluting the error."""
-    monkeypatch.setattr(fake_nvml, "nvmlDeviceGetPciInfo", raising(FakeNotSupported("n/a")))
-    attrs = detect_attributes()
+    attrs = _detected_while_raising(
+        monkeypatch, fake_nvml, "nvmlDeviceGetPciInfo", FakeNotSupported("n/a")
+    )
     assert "otel_gpu.gpu.0.pci_bus_id" not in attrs
     assert "otel_gpu.gpu.error" not in attrs
 
@@ -292,8 +300,7 @@ def test_failing_probe_drops_only_its_keys(
     fake_nvml: FakeNvml, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A probe that raises (here platform) loses its own keys; everything else is still detected."""
-    monkeypatch.setattr(platform, "machine", raising(OSError("uname failed")))
-    attrs = detect_attributes()
+    attrs = _detected_while_raising(monkeypatch, platform, "machine", OSError("uname failed"))
     assert "host.arch" not in attrs
     assert attrs["otel_gpu.gpu.count"] == 2
     assert attrs["process.pid"] == os.getpid()
