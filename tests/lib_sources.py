@@ -12,3 +12,29 @@ def inner(x):
 def outer(x):
     return inner(x) * 2
 """
+
+# Receivers: an instance with a state hook (Scaler), one without (Opaque), and a class (the
+# classmethod Factory.make).
+RECEIVERS = """
+class Scaler:
+    def __init__(self, factor):
+        self.factor = factor
+
+    def __otel_gpu_state__(self):
+        return {"factor": self.factor}
+
+    @otel_gpu.api
+    def run(self, x):
+        return x * self.factor
+
+class Opaque:
+    @otel_gpu.api
+    def run(self, x):
+        return x
+
+class Factory:
+    @otel_gpu.api
+    @classmethod
+    def make(cls, n):
+        return torch.arange(n)
+"""
