@@ -29,6 +29,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanContext, Status, StatusCode
 from otel_gpu.exporters.console import ConsoleSpanExporter
+from recording_exporter import RecordingExporter
 
 from otel_gpu import config
 from otel_gpu.cli import main
@@ -163,26 +164,10 @@ def test_a_file_name_with_escapes_is_escaped_in_messages(tmp_path: Path) -> None
     err = io.StringIO()
     assert show([str(path)], out=io.StringIO(), err=err) == 2
     out = io.StringIO()
-    result = ship.ship([str(path)], exporter_factory=_Sink, out=out)
+    result = ship.ship([str(path)], exporter_factory=RecordingExporter, out=out)
     assert result.exit_code == 2
     for text in (err.getvalue(), out.getvalue()):
         assert raw_controls(text) == [] and "t\\x1b]0;owned\\x07.jsonl:1: not JSON" in text
-
-
-class _Sink:
-    """An exporter that keeps what it is given (ship's seam)."""
-
-    def __init__(self) -> None:
-        self.spans: list[Any] = []
-
-    def export(self, spans: Any) -> Any:
-        from opentelemetry.sdk.trace.export import SpanExportResult
-
-        self.spans.extend(spans)
-        return SpanExportResult.SUCCESS
-
-    def shutdown(self) -> None:
-        pass
 
 
 def test_ship_messages_escape_span_names_and_values(tmp_path: Path) -> None:
@@ -193,7 +178,7 @@ def test_ship_messages_escape_span_names_and_values(tmp_path: Path) -> None:
     bad["resourceSpans"][0]["scopeSpans"][0]["spans"][0]["traceId"] = EVIL
     path.write_text(otlp_line(name=EVIL, text=EVIL) + "\n" + json.dumps(bad) + "\n")
     out = io.StringIO()
-    sink = _Sink()
+    sink = RecordingExporter()
     result = ship.ship([str(path)], exporter_factory=lambda: sink, skip_invalid=True, out=out)
     assert (result.sent, result.exit_code) == (1, 1)
     assert raw_controls(out.getvalue()) == []
@@ -308,7 +293,7 @@ def test_binary_garbage_is_one_line_per_problem(tmp_path: Path, capsys, garbage:
     assert rc == 2 and out == ""
     assert err.startswith(f"otel-gpu show: {path}") and "Traceback" not in err
     assert raw_controls(err) == []
-    result = ship.ship([str(path)], exporter_factory=_Sink, out=io.StringIO())
+    result = ship.ship([str(path)], exporter_factory=RecordingExporter, out=io.StringIO())
     assert result.exit_code == 2 and result.invalid
     assert all(p.startswith(str(path)) for p in result.invalid)
 
@@ -320,7 +305,7 @@ def test_an_empty_file_is_no_spans_not_an_error(tmp_path: Path, capsys) -> None:
     path.write_bytes(b"")
     rc, out, err = _show(str(path), capsys=capsys)
     assert (rc, out) == (1, "") and f"no spans in {path}" in err
-    result = ship.ship([str(path)], exporter_factory=_Sink, out=io.StringIO())
+    result = ship.ship([str(path)], exporter_factory=RecordingExporter, out=io.StringIO())
     assert (result.spans, result.exit_code) == (0, 0)
 
 
