@@ -12,11 +12,9 @@ from __future__ import annotations
 import json
 import os
 import socket
-import subprocess
-import sys
 from pathlib import Path
 
-from commands import otel_gpu_command, without_otel
+from commands import otel_gpu_command, python_command, without_otel
 from crafted_journals import crafted_journal, dead_pid
 
 from otel_gpu.journal import reader, recover, writer
@@ -40,13 +38,7 @@ def recover_in_child(path: Path, tmp_path: Path, timeout: float = 300) -> tuple[
     """Recover ``path`` in a fresh process (destination: a file under ``tmp_path``): the
     outcome lines and the child's peak RSS in KiB."""
     env = without_otel(OTEL_GPU_LOGDEST=str(tmp_path / "out.jsonl"))
-    done = subprocess.run(
-        [sys.executable, "-c", _MEASURE, str(path)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    done = python_command(["-c", _MEASURE, str(path)], env=env, timeout=timeout)
     assert done.returncode == 0, done.stderr[-2000:]
     lines = done.stdout.splitlines()
     return lines[:-1], int(lines[-1].split()[1])
