@@ -1,4 +1,5 @@
-"""Running ``otel-gpu`` as a user would, in a subprocess: ``python -m otel_gpu ARGS``."""
+"""Running ``otel-gpu`` as a user would, in a subprocess: ``python -m otel_gpu ARGS``; and any
+other Python program in a child interpreter, its output captured."""
 
 from __future__ import annotations
 
@@ -25,8 +26,21 @@ def otel_gpu_command(
     timeout: float = 120,
 ) -> subprocess.CompletedProcess[Any]:
     """``otel-gpu ARGS`` in ``env``; its output captured (as text unless ``text=False``)."""
+    return python_command(["-m", "otel_gpu", *args], env, cwd=cwd, text=text, timeout=timeout)
+
+
+def python_command(
+    args: list[str],
+    env: dict[str, str] | None = None,
+    *,
+    cwd: str | Path | None = None,
+    text: bool = True,
+    timeout: float | None = None,
+) -> subprocess.CompletedProcess[Any]:
+    """``python ARGS`` (this interpreter) in ``env`` (this process's when None); its output
+    captured (as text unless ``text=False``)."""
     return subprocess.run(
-        [sys.executable, "-m", "otel_gpu", *args],
+        [sys.executable, *args],
         env=env,
         cwd=cwd,
         capture_output=True,

@@ -86,6 +86,17 @@ def module_factory(tmp_path, monkeypatch):
 
 
 @pytest.fixture
+def fake_events():
+    """A fake CUDA event backend for the next pipeline; the real choice is put back afterwards."""
+    from otel_gpu.devices import events
+
+    backend = events.FakeEvents()
+    events.use(backend)
+    yield backend
+    events.use(None)
+
+
+@pytest.fixture
 def fresh_module_states():
     """The recorder's table of stored module states is empty before and after the test."""
     from otel_gpu.recorder import module_state

@@ -59,6 +59,18 @@ class _FakeCopies:
         dst.copy_(values)
 
 
+def fake_cuda(monkeypatch: pytest.MonkeyPatch, copies: _FakeCopies, graph: type) -> None:
+    """CUDA faked for the rest of the test: available, capturing while :class:`_Capture` says
+    so, every tensor on the device, the copies done by ``copies``, ``graph`` the CUDAGraph."""
+    monkeypatch.setattr(cuda, "cuda_available", lambda: True)
+    monkeypatch.setattr(cuda, "is_capturing", lambda: _Capture.on)
+    monkeypatch.setattr(cuda, "is_cuda_tensor", lambda t: True)
+    monkeypatch.setattr(cuda, "pinned_empty", copies.pinned_empty)
+    monkeypatch.setattr(cuda, "copy_to_host", copies.copy_to_host)
+    monkeypatch.setattr(cuda, "wait_copy", copies.wait_copy)
+    monkeypatch.setattr(cuda_graphs, "graph_class", lambda: graph)
+
+
 @pytest.fixture
 def fake(monkeypatch):
     """Faked CUDA: capture flag, copies, and a fresh fake CUDAGraph class; unpatched afterwards."""
@@ -83,13 +95,7 @@ def fake(monkeypatch):
 
     copies = _FakeCopies()
     _Capture.on = False
-    monkeypatch.setattr(cuda, "cuda_available", lambda: True)
-    monkeypatch.setattr(cuda, "is_capturing", lambda: _Capture.on)
-    monkeypatch.setattr(cuda, "is_cuda_tensor", lambda t: True)
-    monkeypatch.setattr(cuda, "pinned_empty", copies.pinned_empty)
-    monkeypatch.setattr(cuda, "copy_to_host", copies.copy_to_host)
-    monkeypatch.setattr(cuda, "wait_copy", copies.wait_copy)
-    monkeypatch.setattr(cuda_graphs, "graph_class", lambda: FakeGraph)
+    fake_cuda(monkeypatch, copies, FakeGraph)
     copies.graph_class = FakeGraph  # type: ignore[attr-defined]
     yield copies
     if copies.gate is not None:
@@ -153,6 +159,18 @@ def _lib():
         return x + y
 
     return scale, shift
+
+
+def _replaying(otel_gpu_spans, fake, x: torch.Tensor, every: int):
+    """(spans, graph): level 5 with every ``every``-th replay read, and a fake graph that
+    captured ``scale(x)``; the capture's spans already taken."""
+    spans = otel_gpu_spans(level=5, graph_stats_every=every)
+    scale, _ = _lib()
+    graph = fake.graph_class()
+    with _captured(graph):
+        scale(x)
+    spans.get(), spans.clear()  # the capture spans
+    return spans, graph
 
 
 # --------------------------------------------------------------------------- capture
@@ -255,12 +273,7 @@ def test_each_replay_gives_one_span_per_captured_call_linked_to_its_capture(otel
 
 def test_otel_gpu_flush_exports_the_spans_of_replays_being_read(otel_gpu_spans, fake):
     """otel_gpu.flush() waits for the replays the reader still holds, then exports them."""
-    spans = otel_gpu_spans(level=5, graph_stats_every=1)
-    scale, _ = _lib()
-    graph = fake.graph_class()
-    with _captured(graph):
-        scale(torch.ones(2))
-    spans.get(), spans.clear()  # the capture span
+    spans, graph = _replaying(otel_gpu_spans, fake, torch.ones(2), every=1)
     fake.gate = threading.Event()
     graph.replay()
     threading.Timer(0.2, fake.gate.set).start()  # the copy completes later
@@ -272,13 +285,8 @@ def test_otel_gpu_flush_exports_the_spans_of_replays_being_read(otel_gpu_spans, 
 
 def test_nan_and_inf_of_a_replay_are_counted(otel_gpu_spans, fake):
     """The counts of a replay's non-finite values reach its span, and the span is marked."""
-    spans = otel_gpu_spans(level=5, graph_stats_every=1)
-    scale, _ = _lib()
-    graph = fake.graph_class()
     x = torch.ones(4)
-    with _captured(graph):
-        scale(x)
-    spans.get(), spans.clear()  # the capture spans
+    spans, graph = _replaying(otel_gpu_spans, fake, x, every=1)
     x.copy_(torch.tensor([1.0, float("nan"), float("inf"), 3.0]))
     _gpu_runs(graph, [x, x * 2])
     graph.replay()
@@ -297,12 +305,7 @@ def test_nan_and_inf_of_a_replay_are_counted(otel_gpu_spans, fake):
 
 def test_sampling_setting_bounds_read_replays(otel_gpu_spans, fake):
     """OTEL_GPU_GRAPH_STATS_EVERY=3: replays 1, 4 and 7 of 7 are read; the others cost no copy."""
-    spans = otel_gpu_spans(level=5, graph_stats_every=3)
-    scale, _ = _lib()
-    graph = fake.graph_class()
-    with _captured(graph):
-        scale(torch.ones(2))
-    spans.get(), spans.clear()  # the capture spans
+    spans, graph = _replaying(otel_gpu_spans, fake, torch.ones(2), every=3)
     for _ in range(7):
         graph.replay()
     cuda_graphs.flush(5.0)
@@ -326,12 +329,7 @@ def test_sampling_settings_reject_what_is_not_a_positive_integer(value):
 def test_a_slow_reader_never_blocks_the_caller(otel_gpu_spans, fake):
     """While earlier copies are still being read, replays are skipped (counted), not waited on:
     at most four pinned buffers per graph exist."""
-    spans = otel_gpu_spans(level=5, graph_stats_every=1)
-    scale, _ = _lib()
-    graph = fake.graph_class()
-    with _captured(graph):
-        scale(torch.ones(2))
-    spans.get(), spans.clear()  # the capture spans
+    spans, graph = _replaying(otel_gpu_spans, fake, torch.ones(2), every=1)
     fake.gate = threading.Event()  # the reader's first wait blocks until released
     for _ in range(7):
         graph.replay()  # returns: the caller never waits for the reader

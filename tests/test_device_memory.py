@@ -303,22 +303,16 @@ def test_no_reading_without_cuda_or_below_level_3(monkeypatch, otel_gpu_spans):
     fake = FakeAllocator()
     for name in ("initialized", "current_device", "counters", "summary"):
         monkeypatch.setattr(devices, name, lambda *a, _n=name: pytest.fail(f"{_n} called"))
+
+    def allocate():
+        fake.allocate(MiB)
+
     monkeypatch.setattr(cuda, "cuda_available", lambda: False)
     spans = otel_gpu_spans(level=3)
-
-    @otel_gpu.api
-    def no_cuda():
-        fake.allocate(MiB)
-
-    no_cuda()
+    otel_gpu.api(allocate)()  # decorated without CUDA
     monkeypatch.setattr(cuda, "cuda_available", lambda: True)
     spans = otel_gpu_spans(level=1)
-
-    @otel_gpu.api
-    def light():
-        fake.allocate(MiB)
-
-    light()
+    otel_gpu.api(allocate)()  # decorated at level 1
     assert [_memory(s) for s in spans.get()] == [{}]
 
 

@@ -16,13 +16,14 @@ import time
 from types import SimpleNamespace
 from typing import Any
 
+import crafted_calls
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanContext, Status, StatusCode, TraceFlags
 from otel_gpu.exporters.console import ConsoleSpanExporter
-from test_ranks import Rank, _attrs
+from test_ranks import Rank
 from test_ranks import _run as run_ranks
 
 import otel_gpu
@@ -58,7 +59,7 @@ def _file(tmp_path, spans: list[tuple[str, float, dict[str, Any]]], name="spans.
                 "name": span_name,
                 "startTimeUnixNano": str(clock),
                 "endTimeUnixNano": str(clock + int(host_ms * MS)),
-                "attributes": _attrs(attrs),
+                "attributes": crafted_calls.attrs(attrs),
             }
         )
         clock += 10 * 1_000_000_000
@@ -205,7 +206,7 @@ def _stalled_job(device_s: float | None, unresolved_rank: int | None = None) -> 
             extra[DEVICE_DURATION] = device_s
         if r.rank == unresolved_rank:
             extra = {DEVICE_UNRESOLVED: True}
-        r.spans[-1]["attributes"] += _attrs(extra)
+        r.spans[-1]["attributes"] += crafted_calls.attrs(extra)
     return job
 
 

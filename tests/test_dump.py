@@ -14,6 +14,7 @@ from dump_files import RECORDER_PROBES, start_recording
 from dump_files import call_dirs as _dirs
 from dump_files import finish as _finish
 from dump_files import read_manifest as _manifest_of
+from lib_sources import RECEIVERS
 
 import otel_gpu
 from otel_gpu.devices import cuda
@@ -50,29 +51,8 @@ def inplace(x, out):
 @otel_gpu.api
 def login(x, api_key="default"):
     return x
-
-class WithState:
-    def __init__(self, bias):
-        self.bias = bias
-
-    def __otel_gpu_state__(self):
-        return {"bias": self.bias}
-
-    @otel_gpu.api
-    def run(self, x):
-        return x + self.bias
-
-class NoState:
-    @otel_gpu.api
-    def run(self, x):
-        return x
-
-class Factory:
-    @otel_gpu.api
-    @classmethod
-    def make(cls, n):
-        return torch.zeros(n)
 """
+    + RECEIVERS
     + RECORDER_PROBES
 )
 
@@ -389,18 +369,18 @@ def test_inputs_modified_in_place_are_recorded_as_outputs(otel_gpu_spans, lib, t
 def test_method_receivers_are_recorded_by_hook_or_marked_stateful(otel_gpu_spans, lib, tmp_path):
     """self with __otel_gpu_state__ is recorded as state; without it, as unsupported; cls by reference."""
     root, m = start_recording(otel_gpu_spans, lib, tmp_path)
-    m.WithState(torch.ones(1)).run(torch.ones(1))
-    m.NoState().run(torch.ones(1))
+    m.Scaler(torch.ones(1)).run(torch.ones(1))
+    m.Opaque().run(torch.ones(1))
     m.Factory.make(2)
     _finish()
     with_state, no_state, factory = (_manifest_of(d) for d in _dirs(root))
     assert with_state["receiver"]["t"] == "state"
     assert with_state["receiver"]["state"]["items"][0][1] == {
         "t": "tensor",
-        "key": "input.self.bias",
+        "key": "input.self.factor",
     }
     assert no_state["receiver"]["t"] == "unsupported"
-    assert no_state["receiver"]["why"] == f"{m.__name__}:NoState has no __otel_gpu_state__ hook"
+    assert no_state["receiver"]["why"] == f"{m.__name__}:Opaque has no __otel_gpu_state__ hook"
     assert factory["receiver"] == {"t": "class", "type": f"{m.__name__}:Factory"}
     assert [p["name"] for p in factory["params"]] == ["n"]
 

@@ -8,10 +8,10 @@ imports every module of ``otel_gpu`` and ``exporters``, and runs otel-gpu as a p
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
+
+from commands import python_command
 
 import otel_gpu
 
@@ -125,12 +125,8 @@ SCRIPT = textwrap.dedent(
 
 
 def _run(tmp_path: Path, extra: str = "") -> tuple[list[tuple[str, str]], dict[str, int]]:
-    proc = subprocess.run(
-        [sys.executable, "-c", SCRIPT, str(ROOT), str(tmp_path), extra],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=tmp_path,
+    proc = python_command(
+        ["-c", SCRIPT, str(ROOT), str(tmp_path), extra], cwd=tmp_path, timeout=300
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])

@@ -13,14 +13,13 @@ import importlib.metadata
 import logging
 import math
 import subprocess
-import sys
 import textwrap
 from importlib.metadata import EntryPoint, EntryPoints
 from pathlib import Path
 
 import pytest
 import torch
-from commands import without_otel
+from commands import python_command, without_otel
 from jsonl_spans import read_spans
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SpanProcessor
@@ -265,14 +264,7 @@ def _run(program: str, tmp_path: Path, **environment: str) -> subprocess.Complet
     OTEL_* variables set."""
     # the checkout under test, whatever the working directory
     env = without_otel(**environment, PYTHONPATH=str(REPO))
-    return subprocess.run(
-        [sys.executable, "-c", program],
-        env=env,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return python_command(["-c", program], env=env, cwd=tmp_path, timeout=120)
 
 
 @pytest.mark.parametrize(

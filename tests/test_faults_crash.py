@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from commands import otel_gpu_command
+from commands import otel_gpu_command, python_command
 from jsonl_spans import read_spans
 
 HERE = Path(__file__).resolve()
@@ -60,13 +60,7 @@ def child_env(tmp_path: Path, **extra: str) -> dict[str, str]:
 def run_lab(env: dict[str, str], modes: str, count: int, seed: int = 0) -> list[dict[str, Any]]:
     """Fork children that die mid-call: ``count`` per mode in ``modes`` ("kill,segv" or
     "kill:5,idle:1"); one dict per child: its pid, ids and how it died."""
-    proc = subprocess.run(
-        [sys.executable, str(HERE), "lab", modes, str(count), str(seed)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+    proc = python_command([str(HERE), "lab", modes, str(count), str(seed)], env=env, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import textwrap
 import types
@@ -16,6 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from commands import python_command
 
 pytest.importorskip("flashinfer")
 
@@ -267,13 +267,7 @@ _EXPECTED = [
 
 def _run_child(order: str) -> tuple[list[list[str]], str]:
     env = {**os.environ, "FLASHINFER_LOGLEVEL": "3", "FLASHINFER_LOGDEST": "stdout"}
-    done = subprocess.run(
-        [sys.executable, "-c", _CHILD, order],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+    done = python_command(["-c", _CHILD, order], env=env, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
     marker = [line for line in done.stdout.splitlines() if line.startswith("SPANS ")]
     assert len(marker) == 1, done.stdout[-3000:]

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from commands import python_command
 
 pytest.importorskip("flashinfer")
 
@@ -83,13 +82,7 @@ def _run(mode: str, tmp_path: Path) -> dict[str, list[str]]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "FLASHINFER_"))}
     env["OTEL_GPU_LOGLEVEL"] = "3"
     env["OTEL_GPU_LOGDEST"] = str(tmp_path / f"{mode}.jsonl")
-    done = subprocess.run(
-        [sys.executable, "-c", _SCRIPT, mode],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    done = python_command(["-c", _SCRIPT, mode], env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 

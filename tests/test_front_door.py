@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from commands import otel_gpu_command
+from commands import otel_gpu_command, python_command
 from jsonl_spans import read_spans
 
 import otel_gpu
@@ -280,14 +280,7 @@ def test_instrument_from_code_reports_at_exit_too(tmp_path):
         "otel_gpu.instrument('nosuch_a.fn'); otel_gpu.instrument('nosuch_b.*'); "
         "otel_gpu.instrument('frontdoor_applied.dumps')"
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        env=_env(tmp_path),
-        cwd=tmp_path,
-        timeout=300,
-    )
+    proc = python_command(["-c", code], env=_env(tmp_path), cwd=tmp_path, timeout=300)
     assert proc.returncode == 0
     assert proc.stderr.splitlines() == [
         "otel-gpu: instrument targets 'nosuch_a.fn', 'nosuch_b.*' were never imported in this "

@@ -10,6 +10,7 @@ import textwrap
 import uuid
 
 import pytest
+from commands import python_command
 
 import otel_gpu
 from otel_gpu import config
@@ -294,20 +295,11 @@ def test_the_setting_applies_in_a_program_not_started_by_run(tmp_path):
     """OTEL_GPU_INSTRUMENT=torch.distributed in a program that imports otel-gpu and decorates
     functions, started by plain `python`: the setting did nothing, silently. It is applied at the
     first decoration, so the collective is a span, and nothing warns that it was ignored."""
-    import subprocess
-
     out = tmp_path / "spans.jsonl"
     (tmp_path / "prog.py").write_text(NOT_UNDER_RUN)
     env = _child_env(OTEL_GPU_INSTRUMENT="torch.distributed", OTEL_GPU_LOGDEST=str(out))
     store = f"file://{tmp_path / 'store'}"
-    done = subprocess.run(
-        [sys.executable, "prog.py", store],
-        env=env,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = python_command(["prog.py", store], env=env, cwd=tmp_path, timeout=300)
     assert done.returncode == 0, done.stderr
     assert "applied by first configuration" in done.stdout
     text = out.read_text()
@@ -317,21 +309,14 @@ def test_the_setting_applies_in_a_program_not_started_by_run(tmp_path):
 def test_configure_alone_applies_the_setting(tmp_path):
     """A program that only calls configure() (no decorated function): the targets of
     OTEL_GPU_INSTRUMENT are applied then, and a module imported afterwards makes spans."""
-    import subprocess
-
     out = tmp_path / "spans.jsonl"
     (tmp_path / "lib_late.py").write_text("def work(n):\n    return n + 1\n")
     code = (
         f"import otel_gpu; otel_gpu.configure(level=1, dest={str(out)!r}); "
         "import lib_late; lib_late.work(1); otel_gpu.flush()"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        env=_child_env(OTEL_GPU_INSTRUMENT="lib_late"),
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    done = python_command(
+        ["-c", code], env=_child_env(OTEL_GPU_INSTRUMENT="lib_late"), cwd=tmp_path, timeout=300
     )
     assert done.returncode == 0, done.stderr
     assert '"name":"lib_late.work"' in out.read_text()

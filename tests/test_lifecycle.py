@@ -6,20 +6,15 @@ import json
 import os
 import re
 import subprocess
-import sys
 import textwrap
+
+from commands import python_command
 
 
 def _run(code: str, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess:
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     full_env.update(env)
-    return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        env=full_env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    return python_command(["-c", textwrap.dedent(code)], env=full_env, timeout=timeout)
 
 
 def _span_names(path) -> list[str]:
@@ -143,11 +138,9 @@ _SLOW_EXPORT = """
 
 def _slow_exit(tmp_path, **env: str) -> tuple[subprocess.CompletedProcess, int]:
     out = tmp_path / "names.txt"
-    proc = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(_SLOW_EXPORT), str(out)],
+    proc = python_command(
+        ["-c", textwrap.dedent(_SLOW_EXPORT), str(out)],
         env={**{k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}, **env},
-        capture_output=True,
-        text=True,
         timeout=300,
     )
     return proc, len(out.read_text().splitlines()) if out.exists() else 0

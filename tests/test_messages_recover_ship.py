@@ -12,16 +12,16 @@ import io
 import os
 import re
 import socket
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from commands import python_command
 from opentelemetry.sdk.trace.export import SpanExportResult
 from opentelemetry.trace import StatusCode
+from recording_exporter import RecordingExporter
 from test_faults_crash import child_env, error_spans, jsonl_spans, recover_cli, run_lab
 from test_recover import closed_journal
 from test_ship import ship_cli
@@ -356,13 +356,7 @@ def test_a_bad_timeout_is_a_usage_error_that_names_the_flag(capsys):
 def test_recover_help_names_real_settings_and_exit_codes():
     """The help names settings that exist (OTEL_GPU_LOGDEST, OTEL_GPU_JOURNAL_DIR,
     OTEL_GPU_FLUSH_TIMEOUT) and explains exit codes 0, 1 and 2."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "otel_gpu", "recover", "--help"],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=60,
-    )
+    proc = python_command(["-m", "otel_gpu", "recover", "--help"], cwd=REPO, timeout=60)
     text = " ".join(proc.stdout.split())
     named = set(re.findall(r"OTEL_GPU_[A-Z_]+", text))
     assert named == {"OTEL_GPU_LOGDEST", "OTEL_GPU_JOURNAL_DIR", "OTEL_GPU_FLUSH_TIMEOUT"}
@@ -459,26 +453,13 @@ def _lines(n: int) -> str:
     return "".join(_SPAN % (i, i) + "\n" for i in range(n))
 
 
-class _Exporter:
-    def __init__(self, result: SpanExportResult = SpanExportResult.SUCCESS) -> None:
-        self.result = result
-        self.spans: list[Any] = []
-
-    def export(self, spans: Any) -> SpanExportResult:
-        self.spans.extend(spans)
-        return self.result
-
-    def shutdown(self) -> None:
-        pass
-
-
 def test_one_span_reads_as_one_span(tmp_path):
     """Counts agree with their nouns: "1 span in 1 file", "1 span sent" (it used to print
     "1 spans in 1 file(s)")."""
     one = tmp_path / "one.jsonl"
     one.write_text(_lines(1))
     out = io.StringIO()
-    result = ship.ship([str(one)], exporter_factory=_Exporter, out=out, target="grpc x")
+    result = ship.ship([str(one)], exporter_factory=RecordingExporter, out=out, target="grpc x")
     assert result.exit_code == 0
     assert out.getvalue().splitlines() == [
         "otel-gpu ship: 1 span in 1 file -> grpc x",
@@ -496,7 +477,7 @@ def test_stopping_after_failures_counts_what_was_never_attempted(tmp_path):
     out = io.StringIO()
     result = ship.ship(
         [str(first), str(second)],
-        exporter_factory=lambda: _Exporter(SpanExportResult.FAILURE),
+        exporter_factory=lambda: RecordingExporter(SpanExportResult.FAILURE),
         batch_size=1,
         max_failures=1,
         out=out,
@@ -514,7 +495,7 @@ def test_stopping_after_failures_counts_what_was_never_attempted(tmp_path):
 def test_an_exporter_that_raises_is_named_with_its_error(tmp_path, capsys):
     """An exporter raising (it should not): "export raised RuntimeError: boom", counted failed."""
 
-    class Raising(_Exporter):
+    class Raising(RecordingExporter):
         def export(self, spans: Any) -> SpanExportResult:
             raise RuntimeError("boom")
 
@@ -570,7 +551,7 @@ def test_a_missing_file_is_not_counted_as_an_invalid_line(tmp_path):
     out = io.StringIO()
     result = ship.ship(
         [str(good), str(tmp_path / "gone.jsonl"), str(bad)],
-        exporter_factory=_Exporter,
+        exporter_factory=RecordingExporter,
         skip_invalid=True,
         out=out,
     )
@@ -597,7 +578,7 @@ def test_json_errors_read_once_and_name_the_cut_line(tmp_path):
     cut = tmp_path / "cut.jsonl"
     torn = (_SPAN % (1, 1))[:40]
     cut.write_text(_lines(1) + torn + "\n")
-    result = ship.ship([str(cut)], exporter_factory=_Exporter, out=io.StringIO())
+    result = ship.ship([str(cut)], exporter_factory=RecordingExporter, out=io.StringIO())
     (problem,) = result.invalid
     column = torn.rindex('"') + 1  # where the unterminated string starts
     assert problem == f"{cut}:2: not JSON (Unterminated string starting at column {column})"
@@ -611,7 +592,7 @@ def test_a_bad_byte_is_reported_on_its_own_line_and_the_rest_is_read(tmp_path):
     path = tmp_path / "bytes.jsonl"
     path.write_bytes(_lines(200).encode() + b"\xff\n" + _lines(3).encode())
     out = io.StringIO()
-    result = ship.ship([str(path)], exporter_factory=_Exporter, skip_invalid=True, out=out)
+    result = ship.ship([str(path)], exporter_factory=RecordingExporter, skip_invalid=True, out=out)
     assert result.invalid == [f"{path}:201: not UTF-8 text (byte 0xff at offset 0)"]
     assert (result.sent, result.unreadable) == (203, 0)
 
@@ -623,7 +604,7 @@ def test_a_truncated_gzip_names_the_last_line_read(tmp_path):
     path = tmp_path / "cut.jsonl.gz"
     path.write_bytes(raw[: len(raw) // 2])
     result = ship.ship(
-        [str(path)], exporter_factory=_Exporter, skip_invalid=True, out=io.StringIO()
+        [str(path)], exporter_factory=RecordingExporter, skip_invalid=True, out=io.StringIO()
     )
     (problem,) = result.invalid
     match = re.fullmatch(rf"{re.escape(str(path))}: cannot read after line (\d+): .+", problem)

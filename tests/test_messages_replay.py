@@ -88,23 +88,20 @@ def make():
         return x + 1
     return inner
 
-class Scaler:
+class Stateful:
     def __init__(self, factor):
         self.factor = factor
 
     def __otel_gpu_state__(self):
         return {{"factor": self.factor}}
 
+class Scaler(Stateful):
     @otel_gpu.api
     def run(self, x):
         return x * self.factor
 
-class Other:
-    def __init__(self, factor):
-        self.factor = factor
-
-    def __otel_gpu_state__(self):
-        return {{"factor": self.factor}}
+class Other(Stateful):
+    pass
 """
 
 

@@ -15,6 +15,15 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from fake_nvml import (
+    FakeLibraryNotFound,
+    FakeNotFound,
+    FakeNotSupported,
+    FakeNvmlDevices,
+    FakeNVMLError,
+    installed,
+    raising,
+)
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader, Sum
 
@@ -25,22 +34,6 @@ from otel_gpu.metrics import gpu, names
 GIB = 2**30
 MIB = 2**20
 OTHER_PID = os.getpid() + 1
-
-
-class FakeNVMLError(Exception):
-    """Stands in for pynvml.NVMLError."""
-
-
-class FakeNotSupported(FakeNVMLError):
-    """Stands in for pynvml.NVMLError_NotSupported."""
-
-
-class FakeNotFound(FakeNVMLError):
-    """Stands in for pynvml.NVMLError_NotFound (an empty MIG slot)."""
-
-
-class FakeLibraryNotFound(FakeNVMLError):
-    """Stands in for pynvml.NVMLError_LibraryNotFound."""
 
 
 def _proc(pid: int, used: int | None) -> SimpleNamespace:
@@ -103,22 +96,17 @@ def _machine() -> list[dict[str, Any]]:
     ]
 
 
-class FakeNvml:
+class FakeNvml(FakeNvmlDevices):
     """A pynvml look-alike over :func:`_machine`; counts every call it answers."""
 
-    NVMLError = FakeNVMLError
-    NVMLError_NotSupported = FakeNotSupported
-    NVMLError_NotFound = FakeNotFound
-    NVMLError_LibraryNotFound = FakeLibraryNotFound
-    NVML_DEVICE_MIG_ENABLE = 1
     NVML_TEMPERATURE_GPU = 0
     NVML_CLOCK_GRAPHICS = 0
     NVML_CLOCK_SM = 1
     NVML_CLOCK_MEM = 2
 
     def __init__(self, gpus: list[dict[str, Any]]) -> None:
-        self.gpus = gpus
         self.calls: Counter[str] = Counter()
+        super().__init__(gpus)
 
     def __getattribute__(self, name: str) -> Any:
         if name.startswith("nvml"):
@@ -130,18 +118,6 @@ class FakeNvml:
 
     def nvmlShutdown(self) -> None:
         pass
-
-    def nvmlDeviceGetCount(self) -> int:
-        return len(self.gpus)
-
-    def nvmlDeviceGetHandleByIndex(self, index: int) -> dict[str, Any]:
-        return self.gpus[index]
-
-    def nvmlDeviceGetUUID(self, h: dict[str, Any]) -> bytes | str:
-        return h["uuid"]
-
-    def nvmlDeviceGetName(self, h: dict[str, Any]) -> bytes | str:
-        return h["name"]
 
     def nvmlDeviceGetMemoryInfo(self, h: dict[str, Any]) -> SimpleNamespace:
         return SimpleNamespace(used=h["used"], total=h["total"], free=h["total"] - h["used"])
@@ -195,13 +171,6 @@ class FakeNvml:
         return h["procs"]
 
 
-def _raise(exc: BaseException) -> Callable[..., Any]:
-    def fail(*_args: object) -> Any:
-        raise exc
-
-    return fail
-
-
 @pytest.fixture(autouse=True)
 def _fresh_nvml_session() -> Iterator[None]:
     nvml._reset_sampling()
@@ -211,9 +180,7 @@ def _fresh_nvml_session() -> Iterator[None]:
 
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch) -> FakeNvml:
-    fake = FakeNvml(_machine())
-    monkeypatch.setattr(nvml, "_load_pynvml", lambda: fake)
-    return fake
+    return installed(monkeypatch, FakeNvml(_machine()))
 
 
 @pytest.fixture
@@ -353,7 +320,7 @@ def test_metrics_off_creates_nothing_and_loads_no_nvml(
     monkeypatch: pytest.MonkeyPatch, meter: Any, reader: Any
 ) -> None:
     """With OTEL_GPU_METRICS off, register creates no instrument and never touches NVML."""
-    monkeypatch.setattr(nvml, "_load_pynvml", _raise(AssertionError("NVML loaded")))
+    monkeypatch.setattr(nvml, "_load_pynvml", raising(AssertionError("NVML loaded")))
     assert gpu.register(meter, Settings(metrics=False)) is None
     assert _collect(reader) == ({}, {})
 
@@ -361,10 +328,10 @@ def test_metrics_off_creates_nothing_and_loads_no_nvml(
 @pytest.mark.parametrize(
     "broken",
     [
-        pytest.param(lambda mp, fake: mp.setattr(nvml, "_load_pynvml", _raise(ImportError("x"))),
+        pytest.param(lambda mp, fake: mp.setattr(nvml, "_load_pynvml", raising(ImportError("x"))),
                      id="pynvml-missing"),
         pytest.param(lambda mp, fake: mp.setattr(fake, "nvmlInit",
-                                                 _raise(FakeLibraryNotFound("gone"))),
+                                                 raising(FakeLibraryNotFound("gone"))),
                      id="no-driver"),
         pytest.param(lambda mp, fake: mp.setattr(fake, "gpus", []), id="no-gpus"),
     ],
@@ -396,7 +363,7 @@ def test_nvml_error_in_one_collection_then_recovery(
     gauges = gpu.register(meter, ON)
     assert gauges is not None
     healthy, _ = _collect(reader)
-    monkeypatch.setattr(fake, "nvmlDeviceGetCount", _raise(FakeNVMLError("Unknown Error")))
+    monkeypatch.setattr(fake, "nvmlDeviceGetCount", raising(FakeNVMLError("Unknown Error")))
     with caplog.at_level(logging.WARNING, logger="otel_gpu"):
         for _ in range(2):
             broken, _ = _collect(reader)
@@ -421,7 +388,7 @@ def test_failing_field_drops_only_that_field(
     """A field that fails with a real error (not NotSupported) is absent and logged once; the
     other fields and devices keep their points."""
     gpu.register(meter, ON)
-    monkeypatch.setattr(fake, "nvmlDeviceGetTemperature", _raise(FakeNVMLError("No permission")))
+    monkeypatch.setattr(fake, "nvmlDeviceGetTemperature", raising(FakeNVMLError("No permission")))
     with caplog.at_level(logging.WARNING, logger="otel_gpu"):
         points, _ = _collect(reader)
         _collect(reader)

@@ -11,6 +11,7 @@ import threading
 
 import pytest
 import torch
+from lib_sources import NESTED
 from torch._dynamo.utils import counters
 
 from otel_gpu import _guard
@@ -18,17 +19,9 @@ from otel_gpu.devices import cuda
 from otel_gpu.devices import nvtx as nvtx_seam
 from otel_gpu.export import pipeline
 
-LIB = """
-import otel_gpu
-
-@otel_gpu.api
-def inner(x):
-    return x + 1
-
-@otel_gpu.api
-def outer(x):
-    return inner(x) * 2
-
+LIB = (
+    NESTED
+    + """
 class Boom(Exception):
     pass
 
@@ -36,6 +29,7 @@ class Boom(Exception):
 def fails(exc):
     raise exc
 """
+)
 
 
 class FakeNvtx:

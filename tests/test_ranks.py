@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import crafted_calls
 import distributed_job
 from commands import otel_gpu_command, without_otel
 from jsonl_spans import read_spans
@@ -20,22 +21,6 @@ from jsonl_spans import read_spans
 from otel_gpu.traces import ranks as ranks_module
 
 SECOND = 1_000_000_000
-
-
-def _value(v: Any) -> dict[str, Any]:
-    if isinstance(v, bool):
-        return {"boolValue": v}
-    if isinstance(v, int):
-        return {"intValue": str(v)}
-    if isinstance(v, float):
-        return {"doubleValue": v}
-    if isinstance(v, list):
-        return {"arrayValue": {"values": [_value(x) for x in v]}}
-    return {"stringValue": str(v)}
-
-
-def _attrs(d: dict[str, Any]) -> list[dict[str, Any]]:
-    return [{"key": k, "value": _value(v)} for k, v in d.items()]
 
 
 class Rank:
@@ -59,7 +44,7 @@ class Rank:
             "name": name,
             "startTimeUnixNano": str(start),
             "endTimeUnixNano": str(start + int(seconds * SECOND)),
-            "attributes": _attrs(attrs),
+            "attributes": crafted_calls.attrs(attrs),
             **extra,
         }
         self.spans.append(span)
@@ -109,13 +94,17 @@ class Rank:
                 {
                     "name": "otel_gpu.thread_stack",
                     "timeUnixNano": str(self.clock),
-                    "attributes": _attrs({"otel_gpu.stuck.thread": True, "code.stacktrace": stack}),
+                    "attributes": crafted_calls.attrs(
+                        {"otel_gpu.stuck.thread": True, "code.stacktrace": stack}
+                    ),
                 }
             ],
         )
 
     def write(self, directory: Path, collector: bool = False) -> str:
-        resource = {"attributes": _attrs({"service.name": "job", "otel_gpu.rank": self.rank})}
+        resource = {
+            "attributes": crafted_calls.attrs({"service.name": "job", "otel_gpu.rank": self.rank})
+        }
         if collector:
             spans = [
                 {

@@ -10,6 +10,7 @@ import pytest
 import torch
 from crafted_dumps import crafted_manifest, write_call
 from dump_files import finish as _finish
+from lib_sources import RECEIVERS
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -17,7 +18,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from otel_gpu import cli
 from otel_gpu.replay import Allow, Options, compare, replay
 
-LIB = """
+LIB = (
+    """
 import collections
 import enum
 import torch
@@ -71,29 +73,9 @@ def half(x):
 @otel_gpu.api
 async def async_scale(x, factor=2.0):
     return x * factor
-
-class Scaler:
-    def __init__(self, factor):
-        self.factor = factor
-
-    def __otel_gpu_state__(self):
-        return {"factor": self.factor}
-
-    @otel_gpu.api
-    def run(self, x):
-        return x * self.factor
-
-class Opaque:
-    @otel_gpu.api
-    def run(self, x):
-        return x
-
-class Factory:
-    @otel_gpu.api
-    @classmethod
-    def make(cls, n):
-        return torch.arange(n)
 """
+    + RECEIVERS
+)
 
 
 @pytest.fixture

@@ -11,6 +11,7 @@ import textwrap
 
 import pytest
 import torch
+from commands import python_command
 from dump_files import call_dirs as _sorted_dirs
 
 from otel_gpu.export import pipeline
@@ -60,13 +61,7 @@ def test_sigkill_inside_a_call_leaves_loadable_inputs_and_replay_says_crashed_or
         OTEL_GPU_DUMP_DIR=str(root),
         OTEL_GPU_LOGDEST=str(tmp_path / "x.jsonl"),
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", SCRIPT.format(module=module)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = python_command(["-c", SCRIPT.format(module=module)], env=env, timeout=120)
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     done, killed = _sorted_dirs(root)
     assert json.load(open(os.path.join(done, "manifest.json")))["status"] == "completed"

@@ -11,6 +11,7 @@ import json
 import os
 
 import pytest
+import tiny_models
 import torch
 
 import otel_gpu
@@ -27,16 +28,9 @@ pytestmark = [pytest.mark.transformers, pytest.mark.usefixtures("fresh_module_st
 def _bert():
     from transformers import BertConfig, BertModel
 
-    cfg = BertConfig(
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=64,
-        vocab_size=100,
-        max_position_embeddings=64,
-        attn_implementation="sdpa",
-    )
-    return "transformers.models.bert.modeling_bert", BertModel(cfg).eval()
+    shape = tiny_models.sizes(hidden=32, ffn=64, layers=2, heads=4, vocab=100, positions=64)
+    config = BertConfig(**shape, attn_implementation="sdpa")
+    return "transformers.models.bert.modeling_bert", tiny_models.seeded(BertModel, config)
 
 
 def _t5():
@@ -51,7 +45,7 @@ def _t5():
         vocab_size=100,
         attn_implementation="sdpa",
     )
-    return "transformers.models.t5.modeling_t5", T5Model(cfg).eval()
+    return "transformers.models.t5.modeling_t5", tiny_models.seeded(T5Model, cfg)
 
 
 def _record(otel_gpu_spans, tmp_path, build):

@@ -6,11 +6,19 @@ import importlib.metadata
 import os
 import platform
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from fake_nvml import (
+    FakeLibraryNotFound,
+    FakeNotSupported,
+    FakeNvmlDevices,
+    FakeNVMLError,
+    installed,
+    raising,
+)
 from opentelemetry.sdk.resources import Resource, get_aggregated_resources
 
 from otel_gpu import resource
@@ -36,28 +44,11 @@ _ENV_TO_CLEAR = (
 )
 
 
-class FakeNVMLError(Exception):
-    """Stands in for pynvml.NVMLError."""
-
-
-class FakeNotSupported(FakeNVMLError):
-    """Stands in for pynvml.NVMLError_NotSupported."""
-
-
-class FakeLibraryNotFound(FakeNVMLError):
-    """Stands in for pynvml.NVMLError_LibraryNotFound."""
-
-
-class FakeNvml:
-    """A pynvml look-alike over a list of GPU dicts; any method can be swapped to fail."""
-
-    NVMLError = FakeNVMLError
-    NVMLError_NotSupported = FakeNotSupported
-    NVMLError_LibraryNotFound = FakeLibraryNotFound
-    NVML_DEVICE_MIG_ENABLE = 1
+class FakeNvml(FakeNvmlDevices):
+    """A pynvml look-alike over a list of GPU dicts; counts its shutdowns."""
 
     def __init__(self, gpus: list[dict[str, Any]]) -> None:
-        self.gpus = gpus
+        super().__init__(gpus)
         self.shutdowns = 0
 
     def nvmlInit(self) -> None:
@@ -71,18 +62,6 @@ class FakeNvml:
 
     def nvmlSystemGetCudaDriverVersion_v2(self) -> int:
         return 12040
-
-    def nvmlDeviceGetCount(self) -> int:
-        return len(self.gpus)
-
-    def nvmlDeviceGetHandleByIndex(self, index: int) -> dict[str, Any]:
-        return self.gpus[index]
-
-    def nvmlDeviceGetUUID(self, handle: dict[str, Any]) -> bytes | str:
-        return handle["uuid"]
-
-    def nvmlDeviceGetName(self, handle: dict[str, Any]) -> bytes | str:
-        return handle["name"]
 
     def nvmlDeviceGetMemoryInfo(self, handle: dict[str, Any]) -> SimpleNamespace:
         return SimpleNamespace(total=handle["memory"], used=0, free=handle["memory"])
@@ -121,13 +100,6 @@ def _two_gpus() -> list[dict[str, Any]]:
     ]
 
 
-def _raise(exc: BaseException) -> Callable[..., Any]:
-    def fail(*_args: object) -> Any:
-        raise exc
-
-    return fail
-
-
 @pytest.fixture(autouse=True)
 def _isolated(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     for name in _ENV_TO_CLEAR:
@@ -139,9 +111,7 @@ def _isolated(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 @pytest.fixture
 def fake_nvml(monkeypatch: pytest.MonkeyPatch) -> FakeNvml:
-    fake = FakeNvml(_two_gpus())
-    monkeypatch.setattr(nvml, "_load_pynvml", lambda: fake)
-    return fake
+    return installed(monkeypatch, FakeNvml(_two_gpus()))
 
 
 # --------------------------------------------------------------------------- NVML
@@ -181,13 +151,28 @@ def test_mig_enabled_is_reported(fake_nvml: FakeNvml) -> None:
     assert nvml.query_gpus().gpus[0].mig_mode == "enabled"
 
 
+def _detected_while_raising(
+    monkeypatch: pytest.MonkeyPatch, target: object, name: str, exc: BaseException
+) -> dict[str, Any]:
+    """The attributes detected while ``target.name`` raises ``exc``."""
+    monkeypatch.setattr(target, name, raising(exc))
+    return detect_attributes()
+
+
+def _without_gpus(
+    monkeypatch: pytest.MonkeyPatch, target: object, name: str, exc: BaseException
+) -> dict[str, Any]:
+    """As :func:`_detected_while_raising`; the attributes count no GPU."""
+    attrs = _detected_while_raising(monkeypatch, target, name, exc)
+    assert attrs["otel_gpu.gpu.count"] == 0
+    return attrs
+
+
 def test_library_not_found_gives_zero_gpus_and_reason(
     fake_nvml: FakeNvml, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """No NVIDIA driver: count 0, the reason is recorded, nothing raises, no shutdown without init."""
-    monkeypatch.setattr(fake_nvml, "nvmlInit", _raise(FakeLibraryNotFound("not found")))
-    attrs = detect_attributes()
-    assert attrs["otel_gpu.gpu.count"] == 0
+    attrs = _without_gpus(monkeypatch, fake_nvml, "nvmlInit", FakeLibraryNotFound("not found"))
     assert attrs["otel_gpu.gpu.error"] == "NVML library not found (no NVIDIA driver)"
     assert not any(key.startswith("otel_gpu.gpu.0.") for key in attrs)
     assert fake_nvml.shutdowns == 0
@@ -195,9 +180,9 @@ def test_library_not_found_gives_zero_gpus_and_reason(
 
 def test_pynvml_not_importable_gives_zero_gpus_and_reason(monkeypatch: pytest.MonkeyPatch) -> None:
     """If pynvml itself cannot be imported, count is 0 and the error names pynvml."""
-    monkeypatch.setattr(nvml, "_load_pynvml", _raise(ImportError("No module named 'pynvml'")))
-    attrs = detect_attributes()
-    assert attrs["otel_gpu.gpu.count"] == 0
+    attrs = _without_gpus(
+        monkeypatch, nvml, "_load_pynvml", ImportError("No module named 'pynvml'")
+    )
     assert "pynvml" in str(attrs["otel_gpu.gpu.error"])
 
 
@@ -205,7 +190,7 @@ def test_unexpected_exception_in_init_never_escapes(
     fake_nvml: FakeNvml, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Even a non-NVML exception from nvmlInit becomes a recorded reason, not a crash."""
-    monkeypatch.setattr(fake_nvml, "nvmlInit", _raise(RuntimeError("boom")))
+    monkeypatch.setattr(fake_nvml, "nvmlInit", raising(RuntimeError("boom")))
     report = nvml.query_gpus()
     assert report.gpus == ()
     assert report.error == "RuntimeError: boom"
@@ -215,9 +200,9 @@ def test_device_count_failure_keeps_driver_and_records_reason(
     fake_nvml: FakeNvml, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """nvmlDeviceGetCount failing mid-query: zero GPUs, driver still known, reason kept, shutdown run."""
-    monkeypatch.setattr(fake_nvml, "nvmlDeviceGetCount", _raise(FakeNVMLError("Unknown Error")))
-    attrs = detect_attributes()
-    assert attrs["otel_gpu.gpu.count"] == 0
+    attrs = _without_gpus(
+        monkeypatch, fake_nvml, "nvmlDeviceGetCount", FakeNVMLError("Unknown Error")
+    )
     assert attrs["otel_gpu.gpu.driver_version"] == "550.54.15"
     assert "device count" in str(attrs["otel_gpu.gpu.error"])
     assert "Unknown Error" in str(attrs["otel_gpu.gpu.error"])
@@ -248,8 +233,9 @@ def test_not_supported_field_is_silently_absent(
     fake_nvml: FakeNvml, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """NotSupported (normal on some boards) drops the field without polluting the error."""
-    monkeypatch.setattr(fake_nvml, "nvmlDeviceGetPciInfo", _raise(FakeNotSupported("n/a")))
-    attrs = detect_attributes()
+    attrs = _detected_while_raising(
+        monkeypatch, fake_nvml, "nvmlDeviceGetPciInfo", FakeNotSupported("n/a")
+    )
     assert "otel_gpu.gpu.0.pci_bus_id" not in attrs
     assert "otel_gpu.gpu.error" not in attrs
 
@@ -314,8 +300,7 @@ def test_failing_probe_drops_only_its_keys(
     fake_nvml: FakeNvml, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A probe that raises (here platform) loses its own keys; everything else is still detected."""
-    monkeypatch.setattr(platform, "machine", _raise(OSError("uname failed")))
-    attrs = detect_attributes()
+    attrs = _detected_while_raising(monkeypatch, platform, "machine", OSError("uname failed"))
     assert "host.arch" not in attrs
     assert attrs["otel_gpu.gpu.count"] == 2
     assert attrs["process.pid"] == os.getpid()
@@ -503,7 +488,7 @@ def test_describe_lines_with_gpus(fake_nvml: FakeNvml, monkeypatch: pytest.Monke
 
 def test_describe_lines_without_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
     """With no GPUs the header states the count 0 and why."""
-    monkeypatch.setattr(nvml, "_load_pynvml", _raise(ImportError("no pynvml")))
+    monkeypatch.setattr(nvml, "_load_pynvml", raising(ImportError("no pynvml")))
     lines = describe_resource_lines(build_resource())
     assert len(lines) == 1
     assert "0 GPUs: pynvml not importable" in lines[0]

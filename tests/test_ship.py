@@ -27,6 +27,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 from opentelemetry.trace.span import TraceState
 from otlp_receiver import attrs_of, grpc_receiver, hex_id, http_receiver
+from recording_exporter import RecordingExporter
 
 from otel_gpu.traces import ship
 
@@ -513,7 +514,7 @@ def test_invalid_line_is_named_and_nothing_is_sent(
     bad.write_text(demo_file.read_text() + text)
     sent: list[Any] = []
     out = io.StringIO()
-    result = ship.ship([str(bad)], exporter_factory=lambda: _Recorder(sent), out=out)
+    result = ship.ship([str(bad)], exporter_factory=lambda: RecordingExporter(into=sent), out=out)
     assert result.exit_code == 2
     assert sent == []
     assert len(result.invalid) == 1
@@ -530,7 +531,10 @@ def test_skip_invalid_ships_the_valid_lines(tmp_path: Path, demo_file: Path) -> 
     sent: list[Any] = []
     out = io.StringIO()
     result = ship.ship(
-        [str(bad)], exporter_factory=lambda: _Recorder(sent), skip_invalid=True, out=out
+        [str(bad)],
+        exporter_factory=lambda: RecordingExporter(into=sent),
+        skip_invalid=True,
+        out=out,
     )
     assert (result.sent, result.failed, result.exit_code) == (5, 0, 1)
     assert [msg.split(": ")[0] for msg in result.invalid] == [f"{bad}:2"]
@@ -542,7 +546,7 @@ def test_missing_file_and_directory_are_problems_before_sending(tmp_path: Path) 
     sent: list[Any] = []
     result = ship.ship(
         [str(tmp_path / "nope.jsonl"), str(tmp_path)],
-        exporter_factory=lambda: _Recorder(sent),
+        exporter_factory=lambda: RecordingExporter(into=sent),
         out=io.StringIO(),
     )
     assert result.invalid == [
@@ -565,7 +569,9 @@ def test_gzip_files_are_read(tmp_path: Path, demo_file: Path) -> None:
     packed = tmp_path / "demo.jsonl.gz"
     packed.write_bytes(gzip.compress(demo_file.read_bytes()))
     sent: list[Any] = []
-    result = ship.ship([str(packed)], exporter_factory=lambda: _Recorder(sent), out=io.StringIO())
+    result = ship.ship(
+        [str(packed)], exporter_factory=lambda: RecordingExporter(into=sent), out=io.StringIO()
+    )
     assert result.sent == 5 and len(sent) == 5
 
 
@@ -664,22 +670,6 @@ def test_cli_exit_codes_for_bad_input_and_configuration(
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-class _Recorder:
-    """An exporter that keeps what it is given (the SpanExporter interface)."""
-
-    def __init__(self, into: list[Any]) -> None:
-        self.into = into
-
-    def export(self, spans: Any) -> Any:
-        from opentelemetry.sdk.trace.export import SpanExportResult
-
-        self.into.extend(spans)
-        return SpanExportResult.SUCCESS
-
-    def shutdown(self) -> None:
-        pass
 
 
 def _fail_if_called() -> Iterator[Any]:

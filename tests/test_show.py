@@ -14,13 +14,13 @@ import io
 import json
 import math
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from commands import python_command
 
 import otel_gpu
 from otel_gpu.cli import main
@@ -547,13 +547,7 @@ def test_piped_output_has_no_escape_codes(tmp_path):
     path = tmp_path / "t.jsonl"
     _record_nan_nest(path)
     env = {k: v for k, v in os.environ.items() if k != "NO_COLOR"}
-    done = subprocess.run(
-        [sys.executable, "-m", "otel_gpu", "show", str(path)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-    )
+    done = python_command(["-m", "otel_gpu", "show", str(path)], env=env, timeout=60)
     assert done.returncode == 0, done.stderr
     assert "─ log_of" in done.stdout and ANSI not in done.stdout
 

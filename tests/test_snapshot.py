@@ -68,35 +68,38 @@ def _responder():
     return snapshot.Responder(pipe.settings, pipe)
 
 
-@pytest.mark.skipif(not hasattr(os, "chown") or os.getuid() != 0, reason="needs to chown")
-def test_a_request_file_of_another_user_is_ignored(otel_gpu_spans, tmp_path):
-    """Only the same user may ask: a request owned by another uid is removed, not answered."""
-    journal = tmp_path / "journal"
-    spans = otel_gpu_spans(level=1, journal_dir=str(journal))
+def _asked(otel_gpu_spans, tmp_path):
+    """(spans, responder, request path) of a level-1 process with a journal folder, before any
+    request file is written."""
+    spans = otel_gpu_spans(level=1, journal_dir=str(tmp_path / "journal"))
     responder = _responder()
-    request = snapshot.request_path(responder.directory, os.getpid())
-    with open(request, "w") as f:
-        f.write("1")
-    os.chown(request, 4321, -1)
-    responder.check()
-    assert not os.path.exists(request)
-    assert responder.answered == 0
-    otel_gpu.flush()
-    assert _snapshots(spans) == []
+    return spans, responder, snapshot.request_path(responder.directory, os.getpid())
 
 
-def test_a_request_that_is_not_a_plain_file_is_ignored(otel_gpu_spans, tmp_path):
-    """A symlink at the request path is removed and not answered."""
-    journal = tmp_path / "journal"
-    spans = otel_gpu_spans(level=1, journal_dir=str(journal))
-    responder = _responder()
-    request = snapshot.request_path(responder.directory, os.getpid())
-    os.symlink(str(tmp_path / "elsewhere"), request)
+def _assert_ignored(spans, responder, request) -> None:
+    """The responder's check removed the request (whatever it was) and answered nothing."""
     responder.check()
     assert not os.path.lexists(request)
     assert responder.answered == 0
     otel_gpu.flush()
     assert _snapshots(spans) == []
+
+
+@pytest.mark.skipif(not hasattr(os, "chown") or os.getuid() != 0, reason="needs to chown")
+def test_a_request_file_of_another_user_is_ignored(otel_gpu_spans, tmp_path):
+    """Only the same user may ask: a request owned by another uid is removed, not answered."""
+    spans, responder, request = _asked(otel_gpu_spans, tmp_path)
+    with open(request, "w") as f:
+        f.write("1")
+    os.chown(request, 4321, -1)
+    _assert_ignored(spans, responder, request)
+
+
+def test_a_request_that_is_not_a_plain_file_is_ignored(otel_gpu_spans, tmp_path):
+    """A symlink at the request path is removed and not answered."""
+    spans, responder, request = _asked(otel_gpu_spans, tmp_path)
+    os.symlink(str(tmp_path / "elsewhere"), request)
+    _assert_ignored(spans, responder, request)
 
 
 def test_no_request_no_snapshot(otel_gpu_spans, tmp_path):

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
+
+from commands import python_command
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -77,14 +77,7 @@ print(json.dumps({{
 
 def _run(program: str) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-    proc = subprocess.run(
-        [sys.executable, "-c", program],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=REPO,
-        timeout=120,
-    )
+    proc = python_command(["-c", program], env=env, cwd=REPO, timeout=120)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.splitlines()[-1])
 

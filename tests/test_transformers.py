@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from commands import python_command
 from jsonl_spans import read_spans
 
 pytest.importorskip("transformers")
@@ -136,13 +137,8 @@ def test_level_10_replay_passes_or_skips_with_reasons_and_never_errors(tmp_path,
     )
     _same(out, baseline)
     replay = ["replay", "--dir", str(tmp_path / "dumps"), "--trust-dump", "--json", "--no-progress"]
-    proc = subprocess.run(
-        [sys.executable, "-m", "otel_gpu", *replay],
-        env=_env(tmp_path),
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=900,
+    proc = python_command(
+        ["-m", "otel_gpu", *replay], env=_env(tmp_path), cwd=tmp_path, timeout=900
     )
     report = json.loads(proc.stdout)
     summary = report["summary"]

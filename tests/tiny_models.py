@@ -13,29 +13,40 @@ import torch
 SPECIAL = {"bos_token_id": 0, "eos_token_id": 0, "pad_token_id": 0}
 
 
+def sizes(
+    *, hidden: int, ffn: int, layers: int, heads: int, vocab: int, positions: int, kv: int = 0
+) -> dict[str, int]:
+    """The size arguments of a config, under the names that Llama, Gemma3 and BERT share
+    (``kv``: key/value heads, left out when 0)."""
+    named = {
+        "hidden_size": hidden,
+        "intermediate_size": ffn,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "vocab_size": vocab,
+        "max_position_embeddings": positions,
+    }
+    return {**named, "num_key_value_heads": kv} if kv else named
+
+
+def seeded(model: Any, config: Any) -> Any:
+    """``model(config)`` in eval mode, its weights drawn after ``torch.manual_seed(0)``."""
+    torch.manual_seed(0)
+    return model(config).eval()
+
+
 def gpt2() -> Any:
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    torch.manual_seed(0)
     cfg = GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=1000, n_positions=128, **SPECIAL)
-    return GPT2LMHeadModel(cfg).eval()
+    return seeded(GPT2LMHeadModel, cfg)
 
 
 def llama() -> Any:
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=1000,
-        max_position_embeddings=128,
-        **SPECIAL,
-    )
-    return LlamaForCausalLM(cfg).eval()
+    shape = sizes(hidden=64, ffn=128, layers=2, heads=4, kv=2, vocab=1000, positions=128)
+    return seeded(LlamaForCausalLM, LlamaConfig(**shape, **SPECIAL))
 
 
 def gemma3() -> Any:
@@ -43,18 +54,8 @@ def gemma3() -> Any:
     argument kept as a non-persistent buffer."""
     from transformers import Gemma3TextConfig, Gemma3TextModel
 
-    cfg = Gemma3TextConfig(
-        vocab_size=64,
-        hidden_size=64,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=32,
-        max_position_embeddings=64,
-    )
-    torch.manual_seed(0)
-    return Gemma3TextModel(cfg).eval()
+    shape = sizes(hidden=64, ffn=64, layers=1, heads=2, kv=1, vocab=64, positions=64)
+    return seeded(Gemma3TextModel, Gemma3TextConfig(**shape, head_dim=32))
 
 
 def inputs() -> tuple[torch.Tensor, torch.Tensor]:

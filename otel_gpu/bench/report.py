@@ -184,6 +184,16 @@ def _paired(configs: dict[str, Any], name: str, other: str, cost: str) -> float 
     return statistics.median(a / b for a, b in zip(mine, theirs))
 
 
+def _judge(entry: dict[str, Any], value: float, limit: float, ours: float, other: float) -> None:
+    """``value`` (a difference or a ratio of ``ours`` to ``other``, in µs) met when at most
+    ``limit``; the detail names both times."""
+    entry.update(
+        value=value,
+        status="met" if value <= limit else "missed",
+        detail=f"{ours:.3g} µs vs {other:.3g} µs",
+    )
+
+
 def evaluate(configs: dict[str, Any], device: str) -> list[dict[str, Any]]:
     """Each budget as ``{name, status: met|missed|n/a, value, limit, detail}``."""
     out = []
@@ -230,13 +240,8 @@ def evaluate(configs: dict[str, Any], device: str) -> list[dict[str, Any]]:
             )
         elif b.kind == "difference":
             # What a setting adds per call, in µs: a ratio would hide a fixed cost in the noise.
-            diff = ours - other
-            entry.update(
-                unit="µs",
-                value=diff,
-                status="met" if diff <= b.limit else "missed",
-                detail=f"{ours:.3g} µs vs {other:.3g} µs",
-            )
+            entry["unit"] = "µs"
+            _judge(entry, ours - other, b.limit, ours, other)
             paired = _paired_diff(configs, b.ours, b.other, b.cost)
             if paired is not None:
                 entry["detail"] += f" (per-round difference {paired:.2f} µs)"
@@ -252,12 +257,7 @@ def evaluate(configs: dict[str, Any], device: str) -> list[dict[str, Any]]:
                 if paired is not None:
                     entry["detail"] += f" (per-round {paired:+.2f} µs)"
         else:
-            ratio = ours / other
-            entry.update(
-                value=ratio,
-                status="met" if ratio <= b.limit else "missed",
-                detail=f"{ours:.3g} µs vs {other:.3g} µs",
-            )
+            _judge(entry, ours / other, b.limit, ours, other)
             paired = _paired(configs, b.ours, b.other, b.cost)
             if paired is not None:
                 entry["detail"] += f" (per-round ratio {paired:.2f}×)"

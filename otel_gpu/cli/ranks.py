@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from otel_gpu.cli import add_command
+
 __all__ = ["register"]
 
 
@@ -15,10 +17,10 @@ def _main(args: argparse.Namespace) -> int:
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser(
+    p = add_command(
+        sub,
         "ranks",
-        help="line the ranks of a job up: the rank behind, where it is, and divergences",
-        description="Read the trace files of every rank of a job (OTLP JSON Lines as "
+        "Read the trace files of every rank of a job (OTLP JSON Lines as "
         "OTEL_GPU_LOGDEST=FILE.jsonl or the collector's file exporter writes them, recovered "
         "spans included) and line calls up: collectives per process group by sequence number, "
         "other calls by their k-th call on each rank. Prints the last call every rank completed, "

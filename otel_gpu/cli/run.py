@@ -19,7 +19,7 @@ import shutil
 import sys
 from typing import Any
 
-from otel_gpu.cli import dest_flag, level_flag
+from otel_gpu.cli import add_command, dest_flag, level_flag
 from otel_gpu.instrumentation.run import PROGRAM_PID, build_env, with_bootstrap
 
 __all__ = ["register"]
@@ -80,7 +80,6 @@ def _settings_from_flags(args: argparse.Namespace) -> dict[str, Any]:
     return {"level": args.level, "dest": args.dest}
 
 
-_HELP = "run a program with OTEL_GPU_INSTRUMENT applied (no code change)"
 _DESCRIPTION = (
     "Run a Python program so that the targets of --instrument and OTEL_GPU_INSTRUMENT "
     "(modules, classes, functions, globs, flashinfer) make spans, in it and in every "
@@ -90,7 +89,7 @@ _DESCRIPTION = (
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("run", help=_HELP, description=_DESCRIPTION)
+    p = add_command(sub, "run", _DESCRIPTION)
     p.add_argument(
         "--instrument",
         action="append",

@@ -7,6 +7,8 @@ import os
 import sys
 from typing import Any
 
+from otel_gpu.cli import add_command
+
 __all__ = ["register"]
 
 EXIT_ANSWERED = 0
@@ -86,10 +88,10 @@ def _seconds(raw: str) -> float:
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser(
+    p = add_command(
+        sub,
         "snapshot",
-        help="make a live otel-gpu process export its threads' stacks and calls in flight now",
-        description="Ask a running otel-gpu process of this user (one that has made an otel-gpu "
+        "Ask a running otel-gpu process of this user (one that has made an otel-gpu "
         "call) to export, within a second or two, a span 'otel_gpu.snapshot' holding every "
         "Python thread's stack, its calls in flight with their inputs as the crash journal has "
         "them and, when OTEL_GPU_RING is on, a ring dump. The request is a file in the crash "

@@ -77,30 +77,12 @@ def register(meter: Meter, pipeline: ExportState) -> None:
     def recorder_written(options: CallbackOptions) -> Iterable[Observation]:
         return (Observation(_files.bytes_written()),)
 
-    meter.create_observable_counter(
-        SPANS_PROCESSED.name,
-        callbacks=[processed],
-        unit=SPANS_PROCESSED.unit,
-        description=SPANS_PROCESSED.description,
-    )
-    meter.create_observable_up_down_counter(
-        QUEUE_SIZE.name, callbacks=[size], unit=QUEUE_SIZE.unit, description=QUEUE_SIZE.description
-    )
-    meter.create_observable_up_down_counter(
-        QUEUE_CAPACITY.name,
-        callbacks=[capacity],
-        unit=QUEUE_CAPACITY.unit,
-        description=QUEUE_CAPACITY.description,
-    )
-    meter.create_observable_counter(
-        JOURNAL_WRITTEN.name,
-        callbacks=[journal_written],
-        unit=JOURNAL_WRITTEN.unit,
-        description=JOURNAL_WRITTEN.description,
-    )
-    meter.create_observable_counter(
-        RECORDER_WRITTEN.name,
-        callbacks=[recorder_written],
-        unit=RECORDER_WRITTEN.unit,
-        description=RECORDER_WRITTEN.description,
-    )
+    counter, gauge = meter.create_observable_counter, meter.create_observable_up_down_counter
+    for create, metric, callback in (
+        (counter, SPANS_PROCESSED, processed),
+        (gauge, QUEUE_SIZE, size),
+        (gauge, QUEUE_CAPACITY, capacity),
+        (counter, JOURNAL_WRITTEN, journal_written),
+        (counter, RECORDER_WRITTEN, recorder_written),
+    ):
+        create(metric.name, callbacks=[callback], unit=metric.unit, description=metric.description)

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import textwrap
 import time
 
 import pytest
 import torch
+from commands import python_command
 
 import otel_gpu
 from otel_gpu.attributes import (
@@ -187,28 +187,29 @@ def _fault_run(tmp_path, mode: str) -> dict:
     out = tmp_path / f"{mode}.json"
     env = {k: v for k, v in os.environ.items() if k != "CUDA_LAUNCH_BLOCKING"}
     env["PYTHONPATH"] = os.pathsep.join([*sys.path])
-    proc = subprocess.run(
-        [sys.executable, str(script), str(out), mode],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = python_command([str(script), str(out), mode], env=env, timeout=120)
     assert out.exists(), proc.stderr[-3000:]
     return json.loads(out.read_text())
 
 
-def test_a_device_side_assert_is_blamed_on_the_call_that_launched_it(tmp_path):
-    """Without CUDA_LAUNCH_BLOCKING: ``bad`` launches an out-of-range index (a device-side
-    assert) two calls before ``sync`` raises it. The resolver saw ``bad`` running: its span is
-    ERROR with fault = "kernel", and ``sync``'s span names it as the suspect."""
-    result = _fault_run(tmp_path, "looks")
+def _faulted(tmp_path, mode: str) -> tuple[dict, dict, dict]:
+    """(result, the span of ``bad``, the span of ``sync``) of a fault run that ended in the
+    device-side assert."""
+    result = _fault_run(tmp_path, mode)
     assert result["error"] and "device-side assert" in result["error"], result["error"]
     by_name: dict = {}
     for s in result["spans"]:
         by_name.setdefault(s["name"], []).append(s)
     (bad,) = by_name["bad"]
     (sync,) = by_name["sync"]
+    return result, bad, sync
+
+
+def test_a_device_side_assert_is_blamed_on_the_call_that_launched_it(tmp_path):
+    """Without CUDA_LAUNCH_BLOCKING: ``bad`` launches an out-of-range index (a device-side
+    assert) two calls before ``sync`` raises it. The resolver saw ``bad`` running: its span is
+    ERROR with fault = "kernel", and ``sync``'s span names it as the suspect."""
+    result, bad, sync = _faulted(tmp_path, "looks")
     assert bad["attributes"].get(CUDA_FAULT) == "kernel", result
     assert bad["status"] == "ERROR"
     assert sync["attributes"].get(CUDA_FAULT_SUSPECT) == bad["id"], result
@@ -218,13 +219,7 @@ def test_a_device_side_assert_is_blamed_on_the_call_that_launched_it(tmp_path):
 def test_a_fault_the_resolver_never_saw_names_the_range_of_candidates(tmp_path):
     """The same assert with no pause: the resolver never looked between the launches and the
     error, so ``sync`` names the candidates (``bad`` among them) and says so."""
-    result = _fault_run(tmp_path, "quick")
-    assert result["error"] and "device-side assert" in result["error"], result["error"]
-    by_name: dict = {}
-    for s in result["spans"]:
-        by_name.setdefault(s["name"], []).append(s)
-    (bad,) = by_name["bad"]
-    (sync,) = by_name["sync"]
+    result, bad, sync = _faulted(tmp_path, "quick")
     suspect = sync["attributes"].get(CUDA_FAULT_SUSPECT)
     candidates = sync["attributes"].get(CUDA_FAULT_CANDIDATES) or []
     # either the resolver happened to look (a single suspect: bad), or it names the range

@@ -9,7 +9,7 @@ import json
 import socket
 
 import pytest
-from test_hostile_journals import crafted_journal, dead_pid
+from crafted_journals import crafted_journal, dead_pid
 
 from otel_gpu.attributes import CUDA_FAULT, CUDA_FAULT_CANDIDATES, CUDA_FAULT_SUSPECT
 from otel_gpu.journal import reader, recover

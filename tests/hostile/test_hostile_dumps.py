@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import Any
 
 import pytest
 import torch
+from commands import python_command
 from crafted_dumps import crafted_manifest, write_call
 
 import otel_gpu
@@ -169,10 +169,8 @@ def _replay_cli(tmp_path: Path, dump: Path, *flags: str) -> tuple[int, dict[str,
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env.get("PYTHONPATH", "")])
     before = _snapshot(tmp_path)
-    proc = subprocess.run(
-        [sys.executable, "-m", "otel_gpu", "replay", "--dir", str(dump), "--json", *flags],
-        capture_output=True,
-        text=True,
+    proc = python_command(
+        ["-m", "otel_gpu", "replay", "--dir", str(dump), "--json", *flags],
         env=env,
         cwd=str(tmp_path),
         timeout=120,
@@ -577,10 +575,8 @@ def test_escapes_in_a_dump_are_printed_visibly(tmp_path, victim):
         [],  # nothing allowed: the refusal lists the recorded modules
     ]
     for flags in runs:
-        proc = subprocess.run(
-            [sys.executable, "-m", "otel_gpu", "replay", "--dir", str(dump), *flags],
-            capture_output=True,
-            text=True,
+        proc = python_command(
+            ["-m", "otel_gpu", "replay", "--dir", str(dump), *flags],
             env=env,
             cwd=str(tmp_path),
             timeout=120,

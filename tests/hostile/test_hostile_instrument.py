@@ -66,6 +66,14 @@ def _run(cmd: list[str], env: dict[str, str], cwd: Path) -> subprocess.Completed
         pytest.fail(f"{cmd[-1]!r} hung (no exit in {HANG_GUARD}s): {exc.stderr!r}")
 
 
+def _run_instrumented(
+    targets: str, program: list[str], env: dict[str, str], cwd: Path
+) -> subprocess.CompletedProcess[str]:
+    """`otel-gpu run --instrument TARGETS -- PROGRAM` (see :func:`_run`)."""
+    otel_gpu_run = [sys.executable, "-m", "otel_gpu", "run", "--instrument", targets, "--"]
+    return _run([*otel_gpu_run, *program], env, cwd)
+
+
 @pytest.fixture
 def program(tmp_path: Path) -> Path:
     (tmp_path / "allowedpkg.py").write_text("def work(n):\n    return n + 1\n")
@@ -83,21 +91,7 @@ def test_a_target_otel_gpu_runs_on_is_refused_under_run(program, target):
     stay quiet). The allowed target beside it is still applied."""
     spans = program / "spans.jsonl"
     env = _env(program, OTEL_GPU_LOGDEST=str(spans))
-    done = _run(
-        [
-            sys.executable,
-            "-m",
-            "otel_gpu",
-            "run",
-            "--instrument",
-            f"{target},allowedpkg",
-            "--",
-            sys.executable,
-            "prog.py",
-        ],
-        env,
-        program,
-    )
+    done = _run_instrumented(f"{target},allowedpkg", PYTHON_PROG, env, program)
     assert done.returncode == 0, done.stderr
     assert "done" in done.stdout
     lines = [line for line in done.stderr.splitlines() if "refused" in line]
@@ -113,20 +107,7 @@ def test_a_refusal_is_said_once_when_the_program_is_not_python(program):
     its child. The refusal is still said exactly once, by `otel-gpu run` itself."""
     env = _env(program, OTEL_GPU_LOGDEST=str(program / "spans.jsonl"))
     shell = ["sh", "-c", f"{sys.executable} prog.py"]
-    done = _run(
-        [
-            sys.executable,
-            "-m",
-            "otel_gpu",
-            "run",
-            "--instrument",
-            "logging,allowedpkg",
-            "--",
-            *shell,
-        ],
-        env,
-        program,
-    )
+    done = _run_instrumented("logging,allowedpkg", shell, env, program)
     assert done.returncode == 0, done.stderr
     lines = [line for line in done.stderr.splitlines() if "refused" in line]
     assert lines == [
@@ -241,11 +222,7 @@ def test_a_target_torch_imports_while_it_initialises_is_instrumented_after(tmp_p
         pytest.importorskip("tqdm")
     (tmp_path / "prog.py").write_text(IMPORTS_TORCH_AT_INIT)
     env = _env(tmp_path, OTEL_GPU_LOGDEST=str(tmp_path / "spans.jsonl"))
-    done = _run(
-        [sys.executable, "-m", "otel_gpu", "run", "--instrument", target, "--", *PYTHON_PROG],
-        env,
-        tmp_path,
-    )
+    done = _run_instrumented(target, PYTHON_PROG, env, tmp_path)
     assert done.returncode == 0, done.stderr
     assert "could not instrument" not in done.stderr, done.stderr
     patched = int(done.stdout.split("patched", 1)[1].split()[0])

@@ -4,6 +4,7 @@ A journal's header says how big its parts are; a crafted one says "a million slo
 file" or "180 MB of metadata", or is no file at all but a FIFO that never answers. The promise:
 the reader looks only at what the writer can produce (:data:`otel_gpu.journal.reader.MAX_SIZE`),
 refuses the rest in one line naming the file and the limit, and never blocks on a planted file.
+The payloads are built by :mod:`crafted_journals`.
 """
 
 from __future__ import annotations
@@ -11,77 +12,14 @@ from __future__ import annotations
 import json
 import os
 import socket
-import subprocess
-import sys
 from pathlib import Path
 
-from commands import otel_gpu_command, without_otel
+from commands import otel_gpu_command, python_command, without_otel
+from crafted_journals import crafted_journal, dead_pid
 
-from otel_gpu.journal import layout, reader, recover, writer
+from otel_gpu.journal import reader, recover, writer
 
-# --------------------------------------------------------------------------- payloads
-
-
-def crafted_journal(
-    path: Path,
-    pid: int,
-    *,
-    count: int = 1,
-    stride: int = writer.SMALL_SLOT,
-    header_size: int = writer.HEADER_SIZE,
-    meta: bytes | None = None,
-    committed: int = 1,
-    size: int | None = None,
-) -> Path:
-    """A journal with a header that says what the caller wants: ``count`` slots of ``stride``
-    bytes, the first ``committed`` of them calls in flight, ``meta`` after the header, and the
-    file extended (sparse) to ``size`` bytes."""
-    meta = meta if meta is not None else json.dumps({"host": socket.gethostname()}).encode()
-    plans_size = writer.PLANS_SIZE
-    head = bytearray(header_size)
-    layout.HEADER.pack_into(
-        head,
-        0,
-        writer.MAGIC,
-        writer.VERSION,
-        header_size,
-        plans_size,
-        stride,
-        count,
-        1,
-        pid,
-        1,  # start ticks that no live process has
-        bytes(16),
-        10**18,
-        10**18 + 5,
-        writer.OPEN,
-        len(meta),
-    )
-    head[layout.META_AT : layout.META_AT + len(meta)] = meta
-    plan = json.dumps(["lib.f", {"code.function.name": "f"}]).encode()
-    plans = bytearray(plans_size)
-    layout.U32.pack_into(plans, 0, len(plan))
-    plans[4 : 4 + len(plan)] = plan
-    slot = bytearray(stride)
-    layout.COMMIT.pack_into(slot, 0, layout.COMMITTED)
-    with open(path, "wb") as f:
-        f.write(head)
-        f.write(plans)
-        for i in range(committed):
-            layout.BODY.pack_into(slot, 8, 1, i + 1, i + 1, 0, 10**18 + i, 1, 0, 0, 0)
-            f.write(slot)
-        if size is not None:
-            f.truncate(size)
-        else:
-            f.truncate(header_size + plans_size + stride * count)
-    return path
-
-
-def dead_pid() -> int:
-    child = subprocess.Popen([sys.executable, "-c", "pass"])
-    child.wait()
-    return child.pid
-
+# --------------------------------------------------------------------------- measuring
 
 _MEASURE = """
 import resource, sys, time
@@ -100,13 +38,7 @@ def recover_in_child(path: Path, tmp_path: Path, timeout: float = 300) -> tuple[
     """Recover ``path`` in a fresh process (destination: a file under ``tmp_path``): the
     outcome lines and the child's peak RSS in KiB."""
     env = without_otel(OTEL_GPU_LOGDEST=str(tmp_path / "out.jsonl"))
-    done = subprocess.run(
-        [sys.executable, "-c", _MEASURE, str(path)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    done = python_command(["-c", _MEASURE, str(path)], env=env, timeout=timeout)
     assert done.returncode == 0, done.stderr[-2000:]
     lines = done.stdout.splitlines()
     return lines[:-1], int(lines[-1].split()[1])

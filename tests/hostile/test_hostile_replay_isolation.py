@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 import torch
-from commands import without_otel
+from commands import python_command, without_otel
 from dump_files import finish
 
 from otel_gpu import cli
@@ -126,12 +126,10 @@ def test_python_m_replay_of_a_dump_imports_nothing_from_it(
     crashed call does not import the dump's modules either (it starts isolated)."""
     m, root = _dump(tmp_path, otel_gpu_spans, module_factory)
     allow = ["--allow-module", m.__name__]
-    proc = subprocess.run(
-        [sys.executable, "-P", "-m", "otel_gpu", "replay", "--dir", ".", "--json", *allow],
-        cwd=root,
+    proc = python_command(
+        ["-P", "-m", "otel_gpu", "replay", "--dir", ".", "--json", *allow],
         env=without_otel(PYTHONPATH=str(tmp_path)),
-        capture_output=True,
-        text=True,
+        cwd=root,
         timeout=300,
     )
     assert _ran(root) == [], proc.stderr

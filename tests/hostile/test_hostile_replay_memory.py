@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
-from commands import without_otel
+from commands import python_command, without_otel
 from crafted_dumps import crafted_manifest, write_call
 from dump_files import finish
 
@@ -121,12 +121,10 @@ def _replay_peak(tmp_path: Path, dump: Path, module: str) -> tuple[int, int, dic
     out = tmp_path / "report.json"
     argv = [sys.executable, "-m", "otel_gpu", "replay", "--dir", str(dump), "--json"]
     argv += ["--allow-module", module, "--no-progress"]
-    proc = subprocess.run(
-        [sys.executable, "-c", _PEAK, sys.executable, "-c", _TEE, str(out), *argv],
+    proc = python_command(
+        ["-c", _PEAK, sys.executable, "-c", _TEE, str(out), *argv],
         env=without_otel(PYTHONPATH=str(tmp_path)),
         cwd=tmp_path,
-        capture_output=True,
-        text=True,
         timeout=600,
     )
     peak, code = (int(v) for v in proc.stdout.split()[-2:])
@@ -145,15 +143,22 @@ def _module(tmp_path: Path) -> str:
     return "memlib"
 
 
+def _refused(tmp_path: Path, craft: Callable[[Path, str, int], object], size: int):
+    """(peak RSS in KiB, exit code, result) of replaying in a child the dump that
+    ``craft(folder, module, size)`` wrote; its one call must be an error."""
+    module = _module(tmp_path)
+    craft(tmp_path / "dump", module, size)
+    peak, code, report = _replay_peak(tmp_path, tmp_path / "dump", module)
+    (result,) = report["results"]
+    assert result["verdict"] == "error", result
+    return peak, code, result
+
+
 def test_an_expanded_view_in_the_outputs_file_is_refused_unmaterialised(tmp_path):
     """outputs.pt holds zeros(1, 1).expand(12000, 12000) (4 bytes of storage; 576 MB as
     float32, 1.2 GB as float64): the call is an error naming the expanded view, never a pass,
     and the peak RSS stays under 1 GiB."""
-    module = _module(tmp_path)
-    expanded_output_dump(tmp_path / "dump", module, 12000)
-    peak, code, report = _replay_peak(tmp_path, tmp_path / "dump", module)
-    (result,) = report["results"]
-    assert result["verdict"] == "error", result
+    peak, code, result = _refused(tmp_path, expanded_output_dump, 12000)
     assert "expanded or overlapping view" in result["detail"]
     assert code == 1 and peak < BOUND_KB, peak
 
@@ -162,11 +167,7 @@ def test_a_sparse_tensor_file_is_refused_unread(tmp_path):
     """inputs.pt is a sparse file of 1 GiB where the manifest states 32 bytes of tensors: an
     error naming the size and what the manifest states, read no further than its size; the
     peak RSS stays under 1 GiB (reading it whole cost over 2 GB)."""
-    module = _module(tmp_path)
-    sparse_inputs_dump(tmp_path / "dump", module, 1 << 30)
-    peak, code, report = _replay_peak(tmp_path, tmp_path / "dump", module)
-    (result,) = report["results"]
-    assert result["verdict"] == "error", result
+    peak, code, result = _refused(tmp_path, sparse_inputs_dump, 1 << 30)
     assert "1073741824 bytes on disk, more than the 32 bytes of tensors" in result["detail"]
     assert code == 1 and peak < BOUND_KB, peak
 
@@ -174,22 +175,14 @@ def test_a_sparse_tensor_file_is_refused_unread(tmp_path):
 def test_a_manifest_of_empty_objects_is_refused_before_it_is_parsed(tmp_path):
     """A 48 MB manifest of '{},' (16 million dicts once parsed): refused as holding too many
     JSON values for a manifest, before json parses it; the peak RSS stays under 1 GiB."""
-    module = _module(tmp_path)
-    empty_objects_manifest_dump(tmp_path / "dump", module, 48 * MiB)
-    peak, _, report = _replay_peak(tmp_path, tmp_path / "dump", module)
-    (result,) = report["results"]
-    assert result["verdict"] == "error", result
+    peak, _, result = _refused(tmp_path, empty_objects_manifest_dump, 48 * MiB)
     assert "JSON values, over the 2000000 replay parses" in result["detail"]
     assert peak < BOUND_KB, peak
 
 
 def test_a_manifest_over_the_size_cap_is_refused_unread(tmp_path):
     """A sparse 100 MB manifest: refused by its size (over 64 MiB) before a byte is read."""
-    module = _module(tmp_path)
-    sparse_manifest_dump(tmp_path / "dump", module, 100 * MiB)
-    peak, _, report = _replay_peak(tmp_path, tmp_path / "dump", module)
-    (result,) = report["results"]
-    assert result["verdict"] == "error", result
+    peak, _, result = _refused(tmp_path, sparse_manifest_dump, 100 * MiB)
     assert f"{100 * MiB} bytes, over the {64 * MiB} replay reads" in result["detail"]
     assert peak < BOUND_KB, peak
 
@@ -215,11 +208,9 @@ def test_a_dtype_tag_resolves_from_the_table_of_dtypes_and_imports_nothing(tmp_p
         torch_state={"default_dtype": "_inductor", "grad_enabled": True},
     )
     write_call(tmp_path / "dump", manifest)
-    proc = subprocess.run(
-        [sys.executable, "-c", DTYPE_PROBE, str(tmp_path / "dump"), module],
+    proc = python_command(
+        ["-c", DTYPE_PROBE, str(tmp_path / "dump"), module],
         env=without_otel(PYTHONPATH=str(tmp_path)),
-        capture_output=True,
-        text=True,
         timeout=300,
     )
     assert proc.stdout.split("\n")[-2] == "error []", proc.stdout + proc.stderr

@@ -14,11 +14,11 @@ import logging
 import os
 import re
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from commands import python_command
 from opentelemetry.sdk.trace.export import SpanExportResult
 from otel_gpu.exporters.destinations import CountingExporter, FileStream, build_provider
 from otel_gpu.exporters.otlp_json import JsonLinesSpanExporter
@@ -143,14 +143,7 @@ def test_cli_exits_2_with_one_line_on_a_hostile_number(tmp_path, environment):
     """Attack: a hostile number in the environment of `otel-gpu info`. Outcome: exit 2 and one
     line on stderr naming the variable, no traceback."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")} | environment
-    proc = subprocess.run(
-        [sys.executable, "-m", "otel_gpu", "info"],
-        env=env,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = python_command(["-m", "otel_gpu", "info"], env=env, cwd=tmp_path, timeout=120)
     (name,) = [k for k in environment if k != "OTEL_GPU_LOGDEST"]
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
@@ -211,14 +204,7 @@ def _run_against(tmp_path: Path, dest: str, **extra: str) -> subprocess.Complete
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     env |= {"OTEL_GPU_LOGLEVEL": "1", "OTEL_GPU_LOGDEST": dest, "OTEL_GPU_STRICT": "false"}
     env |= extra
-    return subprocess.run(
-        [sys.executable, str(script)],
-        env=env,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return python_command([str(script)], env=env, cwd=tmp_path, timeout=300)
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux)")

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
-from commands import otel_gpu_command, without_otel
+from commands import otel_gpu_command, python_command, without_otel
 
 import otel_gpu
 from otel_gpu.anomalies import snapshot
@@ -56,11 +56,9 @@ def test_a_fifo_planted_at_the_reply_path_does_not_hang_snapshot(tmp_path: Path)
     planter = threading.Thread(target=plant, daemon=True)
     planter.start()
     try:
-        done = subprocess.run(
-            [sys.executable, "-m", "otel_gpu", "snapshot", str(target.pid), "--timeout", "3"],
+        done = python_command(
+            ["-m", "otel_gpu", "snapshot", str(target.pid), "--timeout", "3"],
             env=without_otel(OTEL_GPU_JOURNAL_DIR=str(journal)),
-            capture_output=True,
-            text=True,
             timeout=60,
         )
     finally:

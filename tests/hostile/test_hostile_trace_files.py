@@ -17,18 +17,19 @@ import pickle
 import re
 import socket
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 from commands import otel_gpu_command, without_otel
+from crafted_journals import dead_pid, pack_header
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanContext, Status, StatusCode
 from otel_gpu.exporters.console import ConsoleSpanExporter
+from recording_exporter import RecordingExporter
 
 from otel_gpu import config
 from otel_gpu.cli import main
@@ -163,26 +164,10 @@ def test_a_file_name_with_escapes_is_escaped_in_messages(tmp_path: Path) -> None
     err = io.StringIO()
     assert show([str(path)], out=io.StringIO(), err=err) == 2
     out = io.StringIO()
-    result = ship.ship([str(path)], exporter_factory=_Sink, out=out)
+    result = ship.ship([str(path)], exporter_factory=RecordingExporter, out=out)
     assert result.exit_code == 2
     for text in (err.getvalue(), out.getvalue()):
         assert raw_controls(text) == [] and "t\\x1b]0;owned\\x07.jsonl:1: not JSON" in text
-
-
-class _Sink:
-    """An exporter that keeps what it is given (ship's seam)."""
-
-    def __init__(self) -> None:
-        self.spans: list[Any] = []
-
-    def export(self, spans: Any) -> Any:
-        from opentelemetry.sdk.trace.export import SpanExportResult
-
-        self.spans.extend(spans)
-        return SpanExportResult.SUCCESS
-
-    def shutdown(self) -> None:
-        pass
 
 
 def test_ship_messages_escape_span_names_and_values(tmp_path: Path) -> None:
@@ -193,7 +178,7 @@ def test_ship_messages_escape_span_names_and_values(tmp_path: Path) -> None:
     bad["resourceSpans"][0]["scopeSpans"][0]["spans"][0]["traceId"] = EVIL
     path.write_text(otlp_line(name=EVIL, text=EVIL) + "\n" + json.dumps(bad) + "\n")
     out = io.StringIO()
-    sink = _Sink()
+    sink = RecordingExporter()
     result = ship.ship([str(path)], exporter_factory=lambda: sink, skip_invalid=True, out=out)
     assert (result.sent, result.exit_code) == (1, 1)
     assert raw_controls(out.getvalue()) == []
@@ -308,7 +293,7 @@ def test_binary_garbage_is_one_line_per_problem(tmp_path: Path, capsys, garbage:
     assert rc == 2 and out == ""
     assert err.startswith(f"otel-gpu show: {path}") and "Traceback" not in err
     assert raw_controls(err) == []
-    result = ship.ship([str(path)], exporter_factory=_Sink, out=io.StringIO())
+    result = ship.ship([str(path)], exporter_factory=RecordingExporter, out=io.StringIO())
     assert result.exit_code == 2 and result.invalid
     assert all(p.startswith(str(path)) for p in result.invalid)
 
@@ -320,7 +305,7 @@ def test_an_empty_file_is_no_spans_not_an_error(tmp_path: Path, capsys) -> None:
     path.write_bytes(b"")
     rc, out, err = _show(str(path), capsys=capsys)
     assert (rc, out) == (1, "") and f"no spans in {path}" in err
-    result = ship.ship([str(path)], exporter_factory=_Sink, out=io.StringIO())
+    result = ship.ship([str(path)], exporter_factory=RecordingExporter, out=io.StringIO())
     assert (result.spans, result.exit_code) == (0, 0)
 
 
@@ -453,25 +438,9 @@ def _journal_bytes(
     """A journal as a dead process leaves it: header, plans, one committed slot."""
     header_size, plans_size, stride = writer.HEADER_SIZE, 4096, writer.LARGE_SLOT
     data = bytearray(header_size + plans_size + stride)
-    layout.HEADER.pack_into(
-        data,
-        0,
-        magic,
-        writer.VERSION,
-        header_size,
-        plans_size,
-        stride,
-        count,
-        3,
-        pid,
-        1,  # start ticks that no live process has
-        bytes(16),
-        10**18,
-        10**18 + 5,
-        writer.OPEN,
-        len(meta),
+    pack_header(
+        data, pid, meta, plans_size=plans_size, stride=stride, slots=count, level=3, magic=magic
     )
-    data[layout.META_AT : layout.META_AT + len(meta)] = meta
     at = header_size
     for plan in plans:
         layout.U32.pack_into(data, at, len(plan))
@@ -484,12 +453,6 @@ def _journal_bytes(
         data[slot + layout.INPUTS_AT : slot + layout.INPUTS_AT + len(inputs)] = inputs
     layout.COMMIT.pack_into(data, slot, layout.COMMITTED)
     return bytes(data)
-
-
-def _dead_pid() -> int:
-    child = subprocess.Popen([sys.executable, "-c", "pass"])
-    child.wait()
-    return child.pid
 
 
 def _meta(**extra: Any) -> bytes:
@@ -533,7 +496,7 @@ def test_recover_reads_each_hostile_journal_or_names_it_in_one_line(tmp_path: Pa
     in the host name). Each gets one outcome and no exception: the broken ones are named
     ``invalid`` and left alone, the others are recovered with what could be read, and the
     good journal's call is recovered."""
-    pid = _dead_pid()
+    pid = dead_pid()
     for i, data in enumerate(_hostile_journals(pid).values()):
         (tmp_path / f"otel-gpu-{pid}-{i:08x}.journal").write_bytes(data)
     names = dict(enumerate(_hostile_journals(pid)))
@@ -562,7 +525,7 @@ def test_recover_reads_each_hostile_journal_or_names_it_in_one_line(tmp_path: Pa
 def test_recover_command_prints_hostile_journals_escaped_without_traceback(tmp_path: Path) -> None:
     """Attack: the same journals, and one whose file name holds an OSC title, through the
     real command: one line per journal, no raw control character, no traceback."""
-    pid = _dead_pid()
+    pid = dead_pid()
     jdir = tmp_path / "journal"
     jdir.mkdir(mode=0o700)
     for i, data in enumerate(_hostile_journals(pid).values()):
@@ -587,7 +550,7 @@ def test_a_journal_rank_cannot_steer_the_output_file(tmp_path: Path) -> None:
     """Attack: a journal whose resource says ``otel_gpu.rank = "../../escaped"`` with a
     destination naming ``%r``: the journal is refused as invalid, and nothing is written
     outside the destination's folder."""
-    pid = _dead_pid()
+    pid = dead_pid()
     jdir = tmp_path / "journal"
     jdir.mkdir()
     meta = _meta(resource={"otel_gpu.rank": "../../escaped"})

@@ -15,7 +15,6 @@ from __future__ import annotations
 import math
 import os
 import subprocess
-import sys
 import textwrap
 import time
 import warnings
@@ -23,6 +22,7 @@ from typing import Any
 
 import pytest
 import torch
+from commands import python_command
 
 import otel_gpu
 from otel_gpu.attributes import (
@@ -51,13 +51,11 @@ import torch
 import otel_gpu
 DUMPS = {str(tmp_path / "dumps")!r}
 """
-    return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(prelude) + textwrap.dedent(script)],
-        capture_output=True,
-        text=True,
-        timeout=CHILD_TIMEOUT_S,
+    return python_command(
+        ["-c", textwrap.dedent(prelude) + textwrap.dedent(script)],
         env=full_env,
         cwd=str(tmp_path),
+        timeout=CHILD_TIMEOUT_S,
     )
 
 
