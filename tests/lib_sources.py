@@ -38,3 +38,39 @@ class Factory:
     def make(cls, n):
         return torch.arange(n)
 """
+
+# A program that calls alpha(x) = x * 2 and beta(x) = x + 1 every 10 ms until sys.argv[1] +
+# ".stop" exists, writing how many rounds it made to sys.argv[1] (read it with progress()):
+# the running process that live control and OpAMP tests turn up and down.
+ALPHA_BETA_LOOP = """
+import os, sys, time
+import torch
+import otel_gpu
+
+@otel_gpu.api
+def alpha(x):
+    return x * 2
+
+@otel_gpu.api
+def beta(x):
+    return x + 1
+
+t = torch.ones(3)
+done, deadline = 0, time.time() + 600
+while time.time() < deadline and not os.path.exists(sys.argv[1] + ".stop"):
+    alpha(t); beta(t)
+    done += 1
+    with open(sys.argv[1] + ".tmp", "w") as f:
+        f.write(str(done))
+    os.replace(sys.argv[1] + ".tmp", sys.argv[1])
+    time.sleep(0.01)
+otel_gpu.flush()
+"""
+
+
+def progress(path) -> int:  # type: ignore[no-untyped-def]
+    """The rounds ALPHA_BETA_LOOP has made so far (0 before its first)."""
+    try:
+        return int(path.read_text() or 0)
+    except (OSError, ValueError):
+        return 0

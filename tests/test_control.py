@@ -19,6 +19,8 @@ import torch
 from commands import otel_gpu_command, without_otel
 from distributed_job import wait_for
 from jsonl_spans import read_spans
+from lib_sources import ALPHA_BETA_LOOP
+from lib_sources import progress as _progress
 
 import otel_gpu
 from otel_gpu.calls import armed
@@ -335,38 +337,7 @@ def test_the_armed_registry_is_weak(controlled):
 
 # --------------------------------------------------------------------------- the command
 
-CHILD = """
-import os, sys, time
-import torch
-import otel_gpu
-
-@otel_gpu.api
-def alpha(x):
-    return x * 2
-
-@otel_gpu.api
-def beta(x):
-    return x + 1
-
-t = torch.ones(3)
-done = 0
-deadline = time.time() + 600
-while time.time() < deadline and not os.path.exists(sys.argv[1] + ".stop"):
-    alpha(t); beta(t)
-    done += 1
-    with open(sys.argv[1] + ".tmp", "w") as f:
-        f.write(str(done))
-    os.replace(sys.argv[1] + ".tmp", sys.argv[1])
-    time.sleep(0.01)
-otel_gpu.flush()
-"""
-
-
-def _progress(path):
-    try:
-        return int(path.read_text() or 0)
-    except (OSError, ValueError):
-        return 0
+CHILD = ALPHA_BETA_LOOP
 
 
 def test_otel_gpu_control_turns_one_function_of_a_running_process_to_level_5_for_a_window(

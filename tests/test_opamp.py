@@ -20,6 +20,8 @@ from typing import Any
 import pytest
 from commands import without_otel
 from jsonl_spans import read_spans
+from lib_sources import ALPHA_BETA_LOOP
+from lib_sources import progress as _progress
 from opamp_server import APPLIED, FAILED, FakeState, OpAMPServer, agent_of
 
 from otel_gpu import config
@@ -414,39 +416,7 @@ def test_fork_children_do_not_share_the_parents_agent():
 
 # ---------------------------------------------------------------------- the fleet
 
-_FLEET_CHILD = textwrap.dedent(
-    """
-    import os, sys, time
-    import torch
-    import otel_gpu
-
-    @otel_gpu.api
-    def alpha(x):
-        return x * 2
-
-    @otel_gpu.api
-    def beta(x):
-        return x + 1
-
-    t = torch.ones(3)
-    done, deadline = 0, time.time() + 600
-    while time.time() < deadline and not os.path.exists(sys.argv[1] + ".stop"):
-        alpha(t); beta(t)
-        done += 1
-        with open(sys.argv[1] + ".tmp", "w") as f:
-            f.write(str(done))
-        os.replace(sys.argv[1] + ".tmp", sys.argv[1])
-        time.sleep(0.01)
-    otel_gpu.flush()
-    """
-)
-
-
-def _progress(path) -> int:
-    try:
-        return int(path.read_text() or 0)
-    except (OSError, ValueError):
-        return 0
+_FLEET_CHILD = ALPHA_BETA_LOOP
 
 
 def _fleet(tmp_path, endpoint: str, count: int) -> list[tuple[subprocess.Popen[bytes], Any]]:

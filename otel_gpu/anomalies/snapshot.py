@@ -31,13 +31,11 @@ from __future__ import annotations
 import glob
 import json
 import os
-import random
 import stat
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
-
-from opentelemetry.trace import SpanContext, TraceFlags
 
 from otel_gpu import _files, _guard
 from otel_gpu.attributes import (
@@ -55,12 +53,23 @@ from otel_gpu.attributes import (
 )
 from otel_gpu.config import Settings
 from otel_gpu.core.plan import Plan
-from otel_gpu.core.record import Call, CallSpan
+from otel_gpu.core.record import CallSpan, standalone
 
 if TYPE_CHECKING:
     from otel_gpu.core.protocols import Host
 
-__all__ = ["REQUEST_SUFFIX", "Reply", "Responder", "reply_path", "request", "request_path"]
+__all__ = [
+    "REQUEST_SUFFIX",
+    "Reply",
+    "Responder",
+    "collect_replies",
+    "live_pids",
+    "live_processes",
+    "read_reply",
+    "reply_path",
+    "request",
+    "request_path",
+]
 
 REQUEST_SUFFIX = ".snapshot"
 REPLY_SUFFIX = ".snapshot-done"
@@ -111,15 +120,8 @@ class Responder:
         from otel_gpu.anomalies.watchdog import add_thread_stacks
 
         now = time.time_ns()
-        plan = Plan(SNAPSHOT_SPAN_NAME, self.level)  # the plan of a snapshot span
-        ctx = SpanContext(
-            random.getrandbits(128) or 1,
-            random.getrandbits(64) or 1,
-            False,
-            TraceFlags(TraceFlags.SAMPLED),
-        )
-        record = Call(plan, CallSpan(ctx, plan.name), None, now)
-        record.end_ns = now
+        record = standalone(Plan(SNAPSHOT_SPAN_NAME, self.level), now)  # a snapshot span
+        ctx = record.span.get_span_context()
         threads = add_thread_stacks(record.span, None, now)
         calls = self._calls_in_flight(record.span, now)
         attrs: dict[str, Any] = {SNAPSHOT: True}
@@ -212,15 +214,22 @@ class Reply:
 def live_processes(directory: str) -> list[int]:
     """Pids of this user's live otel-gpu processes on this host: those whose crash journal is
     in ``directory`` and whose process runs (this command excluded)."""
+    pattern = os.path.join(glob.escape(directory), f"{_PREFIX}*.journal")
+    return live_pids(pattern, lambda name: name[len(_PREFIX) :].split("-", 1)[0])
+
+
+def live_pids(pattern: str, pid_text: Callable[[str], str]) -> list[int]:
+    """The pids named by the files matching the glob ``pattern`` (``pid_text`` takes a file's
+    name to its pid's digits) that are this user's files and live processes of this user, this
+    command excluded: how ``snapshot --all`` and ``control --all`` find their processes."""
     from otel_gpu.journal import recover
 
     pids = set()
-    for path in glob.glob(os.path.join(glob.escape(directory), f"{_PREFIX}*.journal")):
-        name = os.path.basename(path)[len(_PREFIX) :]
-        head = name.split("-", 1)[0]
+    for path in glob.glob(pattern):
+        head = pid_text(os.path.basename(path))
         if not head.isdigit() or int(head) == os.getpid():
             continue
-        try:  # in a shared directory, other users' journals (and their pids) are not ours
+        try:  # in a shared directory, other users' files (and their pids) are not ours
             if os.lstat(path).st_uid != os.getuid():
                 continue
         except OSError:
@@ -266,30 +275,56 @@ def request(directory: str, pids: list[int], timeout: float, *, chosen: bool = T
             os.write(fd, str(os.getpid()).encode())
         finally:
             os.close(fd)
-    answers: dict[int, dict[str, Any]] = {}
-    deadline = time.monotonic() + timeout
-    while len(answers) < len(pids) and time.monotonic() < deadline:
-        for pid in pids:
-            if pid not in answers:
-                got = _read_reply(reply_path(directory, pid))
-                if got is not None:
-                    answers[pid] = got
-        time.sleep(0.05)
-    for pid in pids:
-        if pid not in answers:  # unanswered: withdrawn, so a late process does not answer
-            try:
-                os.unlink(request_path(directory, pid))
-            except FileNotFoundError:
-                pass
+    answers = collect_replies(
+        pids,
+        lambda pid: reply_path(directory, pid),
+        lambda pid: request_path(directory, pid),
+        timeout,
+        _REPLY_LIMIT,
+    )
     return [Reply(pid, answers.get(pid)) for pid in pids]
 
 
 _REPLY_LIMIT = 64 * 1024  # a reply is a few hundred bytes of JSON
 
 
+def collect_replies(
+    pids: list[int],
+    reply_at: Callable[[int], str],
+    request_at: Callable[[int], str],
+    timeout: float,
+    limit: int,
+) -> dict[int, dict[str, Any]]:
+    """Wait up to ``timeout`` seconds for each pid's JSON reply at ``reply_at(pid)`` (a regular
+    file of this user's, at most ``limit`` bytes: :func:`read_reply`); a request left unanswered
+    is withdrawn (``request_at(pid)`` removed), so a late process does not act on it. The file
+    channel of ``otel-gpu snapshot`` and ``otel-gpu control``."""
+    answers: dict[int, dict[str, Any]] = {}
+    deadline = time.monotonic() + timeout
+    while len(answers) < len(pids) and time.monotonic() < deadline:
+        for pid in pids:
+            if pid not in answers:
+                got = read_reply(reply_at(pid), limit)
+                if got is not None:
+                    answers[pid] = got
+        time.sleep(0.05)
+    for pid in pids:
+        if pid not in answers:
+            try:
+                os.unlink(request_at(pid))
+            except FileNotFoundError:
+                pass
+    return answers
+
+
 def _read_reply(path: str) -> dict[str, Any] | None:
-    """The reply at ``path`` once it is there; None until then, and for anything but a small
-    regular file of this user's (a FIFO planted there must not block the wait in open())."""
+    return read_reply(path, _REPLY_LIMIT)
+
+
+def read_reply(path: str, limit: int) -> dict[str, Any] | None:
+    """The JSON object at ``path`` once it is there (then removed); None until then, and for
+    anything but a regular file of this user's of at most ``limit`` bytes (a FIFO planted there
+    must not block the wait in open())."""
     flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
         fd = os.open(path, flags)
@@ -297,13 +332,9 @@ def _read_reply(path: str) -> dict[str, Any] | None:
         return None
     try:
         info = os.fstat(fd)
-        if (
-            not stat.S_ISREG(info.st_mode)
-            or info.st_uid != os.getuid()
-            or info.st_size > _REPLY_LIMIT
-        ):
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid() or info.st_size > limit:
             return None
-        got = json.loads(os.read(fd, _REPLY_LIMIT + 1))
+        got = json.loads(os.read(fd, limit + 1))
     except (OSError, ValueError, RecursionError):
         return None
     finally:

@@ -29,13 +29,10 @@ from __future__ import annotations
 import fnmatch
 import functools
 import json
-import random
 import threading
 import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
-
-from opentelemetry.trace import SpanContext, TraceFlags
 
 from otel_gpu import _guard, config
 from otel_gpu.attributes import (
@@ -50,7 +47,7 @@ from otel_gpu.attributes import (
 from otel_gpu.calls import armed
 from otel_gpu.core import sink
 from otel_gpu.core.plan import Plan
-from otel_gpu.core.record import Call, CallSpan
+from otel_gpu.core.record import Call, standalone
 from otel_gpu.devices import device_time
 from otel_gpu.trigger_rules import Trigger
 
@@ -267,16 +264,7 @@ def emit_control_span(
         pipe = sink.get()
         if pipe is None:
             return
-        now = time.time_ns()
-        plan = Plan(CONTROL_SPAN_NAME, 1)
-        ctx = SpanContext(
-            random.getrandbits(128) or 1,
-            random.getrandbits(64) or 1,
-            False,
-            TraceFlags(TraceFlags.SAMPLED),
-        )
-        record = Call(plan, CallSpan(ctx, plan.name), None, now)
-        record.end_ns = now
+        record = standalone(Plan(CONTROL_SPAN_NAME, 1), time.time_ns())
         attrs: dict[str, Any] = {
             CONTROL_SOURCE: source,
             CONTROL_CHANGE: json.dumps(dict(fields), sort_keys=True, default=str),

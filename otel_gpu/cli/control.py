@@ -14,6 +14,8 @@ import sys
 import time
 from typing import Any
 
+from otel_gpu.cli.snapshot import pid_argument, seconds_argument
+
 __all__ = ["EXIT_APPLIED", "EXIT_REFUSED", "EXIT_USAGE", "register"]
 
 EXIT_APPLIED = 0
@@ -189,12 +191,6 @@ def _summary(effective: Any) -> str:
     return ", ".join(parts)
 
 
-def _pid(raw: str) -> int:
-    if not raw.isdigit() or int(raw) <= 0:
-        raise argparse.ArgumentTypeError(f"must be a process id (a whole number > 0), not {raw!r}")
-    return int(raw)
-
-
 def _level(raw: str) -> int:
     from otel_gpu.config import LEVELS
 
@@ -231,16 +227,6 @@ def _window(raw: str) -> str | float:
     return raw
 
 
-def _seconds(raw: str) -> float:
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not 0 < value <= 3600:
-        raise argparse.ArgumentTypeError(f"must be a number of seconds in (0, 3600], not {raw!r}")
-    return value
-
-
 def register(sub: Any) -> None:
     p = sub.add_parser(
         "control",
@@ -256,7 +242,7 @@ def register(sub: Any) -> None:
         "answered, or not an otel-gpu process listening for control; 2 usage errors.",
     )
     which = p.add_mutually_exclusive_group(required=True)
-    which.add_argument("pid", nargs="?", type=_pid, help="the process id")
+    which.add_argument("pid", nargs="?", type=pid_argument, help="the process id")
     which.add_argument(
         "--all",
         action="store_true",
@@ -315,7 +301,7 @@ def register(sub: Any) -> None:
     p.add_argument("--json", action="store_true", help="print each answer as one JSON line")
     p.add_argument(
         "--timeout",
-        type=_seconds,
+        type=seconds_argument,
         default=5.0,
         help="seconds to wait for the answers (default 5)",
     )

@@ -9,7 +9,7 @@ from typing import Any
 
 from otel_gpu.cli import add_command
 
-__all__ = ["register"]
+__all__ = ["pid_argument", "register", "seconds_argument"]
 
 EXIT_ANSWERED = 0
 EXIT_UNANSWERED = 1
@@ -71,13 +71,15 @@ def _calls(count: Any) -> str:
     return f"{count} call(s) in flight"
 
 
-def _pid(raw: str) -> int:
+def pid_argument(raw: str) -> int:
+    """argparse type: a process id (also ``otel-gpu control``'s)."""
     if not raw.isdigit() or int(raw) <= 0:
         raise argparse.ArgumentTypeError(f"must be a process id (a whole number > 0), not {raw!r}")
     return int(raw)
 
 
-def _seconds(raw: str) -> float:
+def seconds_argument(raw: str) -> float:
+    """argparse type: a wait in seconds, in (0, 3600] (also ``otel-gpu control``'s)."""
     try:
         value = float(raw)
     except ValueError:
@@ -100,13 +102,13 @@ def register(sub: Any) -> None:
         "none); 2 usage errors (not a process of this user).",
     )
     which = p.add_mutually_exclusive_group(required=True)
-    which.add_argument("pid", nargs="?", type=_pid, help="the process id")
+    which.add_argument("pid", nargs="?", type=pid_argument, help="the process id")
     which.add_argument(
         "--all", action="store_true", help="every live otel-gpu process of this user on this host"
     )
     p.add_argument(
         "--timeout",
-        type=_seconds,
+        type=seconds_argument,
         default=5.0,
         help="seconds to wait for the answers (default 5)",
     )

@@ -33,10 +33,10 @@ import json
 import os
 import stat
 import threading
-import time
 from typing import Any
 
 from otel_gpu import _files, _guard
+from otel_gpu.anomalies import snapshot
 from otel_gpu.config import Settings
 from otel_gpu.control import document, state
 
@@ -266,22 +266,8 @@ def listening(directory: str) -> list[int]:
     ``directory`` (their marker is there; this command excluded)."""
     import glob
 
-    from otel_gpu.anomalies.snapshot import same_user
-    from otel_gpu.journal.recover import pid_state
-
-    pids = set()
-    for path in glob.glob(os.path.join(glob.escape(directory), f"{_PREFIX}*{MARKER_SUFFIX}")):
-        head = os.path.basename(path)[len(_PREFIX) : -len(MARKER_SUFFIX)]
-        if not head.isdigit() or int(head) == os.getpid():
-            continue
-        try:  # in a shared directory, other users' markers (and their pids) are not ours
-            if os.lstat(path).st_uid != os.getuid():
-                continue
-        except OSError:
-            continue
-        if pid_state(int(head)) == "alive" and same_user(int(head)):
-            pids.add(int(head))
-    return sorted(pids)
+    pattern = os.path.join(glob.escape(directory), f"{_PREFIX}*{MARKER_SUFFIX}")
+    return snapshot.live_pids(pattern, lambda name: name[len(_PREFIX) : -len(MARKER_SUFFIX)])
 
 
 def is_listening(directory: str, pid: int) -> bool:
@@ -317,21 +303,13 @@ def ask(
             pass
         # written whole under a fresh name, then renamed: the process never reads half of it
         _files.write_atomic_bytes(directory, os.path.basename(request_path(directory, pid)), data)
-    answers: dict[int, dict[str, Any]] = {}
-    deadline = time.monotonic() + timeout
-    while len(answers) < len(pids) and time.monotonic() < deadline:
-        for pid in pids:
-            if pid not in answers:
-                got = _read_reply(reply_path(directory, pid))
-                if got is not None:
-                    answers[pid] = got
-        time.sleep(0.05)
-    for pid in pids:
-        if pid not in answers:
-            try:
-                os.unlink(request_path(directory, pid))
-            except FileNotFoundError:
-                pass
+    answers = snapshot.collect_replies(
+        pids,
+        lambda pid: reply_path(directory, pid),
+        lambda pid: request_path(directory, pid),
+        timeout,
+        _REPLY_LIMIT,
+    )
     return [(pid, answers.get(pid)) for pid in pids]
 
 
@@ -339,28 +317,4 @@ _REPLY_LIMIT = 256 * 1024
 
 
 def _read_reply(path: str) -> dict[str, Any] | None:
-    """The reply at ``path`` once it is there; None until then, and for anything but a small
-    regular file of this user's (a FIFO planted there must not block the wait in open())."""
-    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-    try:
-        fd = os.open(path, flags)
-    except OSError:
-        return None
-    try:
-        info = os.fstat(fd)
-        if (
-            not stat.S_ISREG(info.st_mode)
-            or info.st_uid != os.getuid()
-            or info.st_size > _REPLY_LIMIT
-        ):
-            return None
-        got = json.loads(os.read(fd, _REPLY_LIMIT + 1))
-    except (OSError, ValueError, RecursionError):
-        return None
-    finally:
-        os.close(fd)
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
-    return got if isinstance(got, dict) else None
+    return snapshot.read_reply(path, _REPLY_LIMIT)

@@ -40,6 +40,7 @@ __all__ = [
     "ExceptionText",
     "exception_attributes",
     "new_context",
+    "standalone",
 ]
 
 ExceptionText = Callable[[BaseException, Any], tuple[str, str]]
@@ -276,3 +277,14 @@ class Call:
         self.bound: list[tuple[str, Any, bool]] | None = None
         self.args: tuple[Any, ...] | None = None  # the positional arguments as passed (self first)
         self.result: Any = None
+
+
+def standalone(plan: Plan, now_ns: int) -> Call:
+    """A record of its own trace, started and ended at ``now_ns``, with no parent: a span that
+    reports an event rather than a call (``otel-gpu snapshot``'s, a control change's)."""
+    import random
+
+    ctx = SpanContext(random.getrandbits(128) or 1, random.getrandbits(64) or 1, False, _SAMPLED)
+    record = Call(plan, CallSpan(ctx, plan.name), None, now_ns)
+    record.end_ns = now_ns
+    return record
