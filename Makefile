@@ -45,7 +45,7 @@ lint: install-test
 test: lint
 	@echo "==> installing arize-phoenix$(PHOENIX_VERSION) into $(PHOENIX_VENV), the end-to-end tests' backend (an existing install is kept)"
 	PHOENIX_VENV=$(PHOENIX_VENV) PHOENIX_VERSION="$(PHOENIX_VERSION)" PHOENIX_CONSTRAINTS=$(abspath $(PHOENIX_CONSTRAINTS)) bash .ci/install-phoenix.sh
-	@echo "==> the full test suite, end-to-end Phoenix tests included: about 15 minutes on 2 cores, pytest shows progress"
+	@echo "==> the full test suite, end-to-end Phoenix tests included: about 20 minutes on 2 cores, pytest shows progress"
 	OTEL_GPU_TEST_PHOENIX=$(abspath $(PHOENIX_VENV))/bin/phoenix $(PYTHON) -m pytest tests --benchmark-disable
 
 ## test-quick: the tests without the end-to-end Phoenix suite
