@@ -297,6 +297,27 @@ def fsync_dir(directory: str) -> None:
         os.close(fd)
 
 
+def read_own_file(path: str, limit: int) -> bytes | None:
+    """The bytes of ``path`` if it is a regular file of this user's of at most ``limit`` bytes,
+    checked on what was opened (never following a link, never blocking on a FIFO planted
+    there); None for anything else or an error. The file channels of ``otel-gpu snapshot`` and
+    ``otel-gpu control`` read requests and replies with it."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != _uid() or info.st_size > limit:
+            return None
+        return os.read(fd, limit + 1)[:limit]
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
 def _uid() -> int:
     return os.getuid() if hasattr(os, "getuid") else 0  # Windows: st_uid is 0 too
 

@@ -340,6 +340,16 @@ def test_the_armed_registry_is_weak(controlled):
 CHILD = ALPHA_BETA_LOOP
 
 
+def _stop(child, progress) -> None:
+    """Ask the looping child to finish (its ``.stop`` file) and wait for it; kill it if not."""
+    progress.with_name(progress.name + ".stop").touch()
+    try:
+        child.wait(timeout=240)
+    finally:
+        if child.poll() is None:
+            child.kill()
+
+
 def test_otel_gpu_control_turns_one_function_of_a_running_process_to_level_5_for_a_window(
     tmp_path,
 ):
@@ -385,12 +395,7 @@ def test_otel_gpu_control_turns_one_function_of_a_running_process_to_level_5_for
         after = _progress(progress)
         wait_for(lambda: _progress(progress) > after + 20, "calls after the window")
     finally:
-        (tmp_path / "n.stop").touch()
-        try:
-            child.wait(timeout=240)
-        finally:
-            if child.poll() is None:
-                child.kill()
+        _stop(child, tmp_path / "n")
     spans = read_spans(spans_file, plain=True)
     controls = [s for s in spans if s["name"] == "otel_gpu.control"]
     sources = [c["attrs"]["otel_gpu.control.source"] for c in controls]
@@ -434,12 +439,7 @@ def test_control_show_and_reset_of_a_running_process(tmp_path):
         assert reset.returncode == 0, reset.stderr
         assert "configured state (level 0)" in reset.stdout
     finally:
-        (tmp_path / "n.stop").touch()
-        try:
-            child.wait(timeout=240)
-        finally:
-            if child.poll() is None:
-                child.kill()
+        _stop(child, tmp_path / "n")
     assert not list(journal.glob("*.controllable"))  # the marker leaves with the process
 
 

@@ -325,20 +325,13 @@ def read_reply(path: str, limit: int) -> dict[str, Any] | None:
     """The JSON object at ``path`` once it is there (then removed); None until then, and for
     anything but a regular file of this user's of at most ``limit`` bytes (a FIFO planted there
     must not block the wait in open())."""
-    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-    try:
-        fd = os.open(path, flags)
-    except OSError:
+    data = _files.read_own_file(path, limit)
+    if data is None:
         return None
     try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid() or info.st_size > limit:
-            return None
-        got = json.loads(os.read(fd, limit + 1))
-    except (OSError, ValueError, RecursionError):
+        got = json.loads(data)
+    except (ValueError, RecursionError):
         return None
-    finally:
-        os.close(fd)
     try:
         os.unlink(path)
     except OSError:

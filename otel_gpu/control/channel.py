@@ -166,24 +166,7 @@ def _refused(reason: str) -> dict[str, Any]:
 def _read_request(path: str, info: os.stat_result) -> bytes | None:
     if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid() or info.st_size > REQUEST_LIMIT:
         return None
-    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-    try:
-        fd = os.open(path, flags)
-    except OSError:
-        return None
-    try:
-        info = os.fstat(fd)  # what was opened, not what was lstat'ed
-        if (
-            not stat.S_ISREG(info.st_mode)
-            or info.st_uid != os.getuid()
-            or info.st_size > REQUEST_LIMIT
-        ):
-            return None
-        return os.read(fd, REQUEST_LIMIT + 1)[:REQUEST_LIMIT]
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
+    return _files.read_own_file(path, REQUEST_LIMIT)  # checked again on what was opened
 
 
 def _mark(directory: str, pid: int) -> None:
