@@ -39,7 +39,6 @@ _begin = lifecycle.begin
 _attach_span = lifecycle.attach_span
 _detach = lifecycle.detach
 _time_ns = lifecycle.time_ns
-_traceback_of = lifecycle.traceback_of
 _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
 
 
@@ -100,52 +99,34 @@ _new_context, _FAST_CONTEXT = record.new_context, record.FAST_CONTEXT
 def _make_wrapper(
     fn: Callable[..., Any], plan: Plan, settings: config.Settings
 ) -> Callable[..., Any]:
+    """The wrapper of ``plan``'s level. Each body is the lifecycle (calls/lifecycle.py): begin,
+    start, the call, finish; the level 1-2 body inlines start's and finish's observer loops."""
     level = plan.level
     get_pipeline = sink.getter()  # the pipeline's own get(): one call per call, as before
     internal = _guard.internal_error
-    # the lifecycle's start and finish (calls/lifecycle.py), bound once: as cheap as closures
-    before, after, end = lifecycle.start, lifecycle.finish, lifecycle.end
-
-    heavy = level >= 3  # metadata (and stats) to capture around every call
+    # the lifecycle's functions, bound once: as cheap as closures
+    start, finish, run_unsampled = lifecycle.start, lifecycle.finish, lifecycle.run_unsampled
 
     if inspect.iscoroutinefunction(fn):
 
         @functools.wraps(fn)
         async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
             pipe = get_pipeline()
-            call = _begin(plan, pipe) if pipe is not None else None
-            if call is None or pipe is None:
+            if pipe is None or (call := _begin(plan, pipe)) is None:
                 return await fn(*args, **kwargs)
             if not isinstance(call, Call):  # not sampled: children must see the decision
-                token = _attach_span(call)
+                unsampled = _attach_span(call)
                 try:
                     return await fn(*args, **kwargs)
                 finally:
-                    _detach(token)
-            # Level 1 with no observer skips start/finish, as the sync wrapper does. The body
-            # repeats the sync wrapper's with `await`: a shared helper would cost a call per call.
-            busy = heavy or pipe.observers_at[level]
-            pending = before(call, pipe, args, kwargs) if busy else None
-            token = _attach_span(call.span)
-            call.start_ns = _time_ns()
+                    _detach(unsampled)
+            token = start(call, pipe, args, kwargs)
             try:
                 result = await fn(*args, **kwargs)
             except BaseException as exc:
-                call.end_ns = _time_ns()
-                _detach(token)
-                call.exc = exc
-                call.tb = _traceback_of(exc)
-                if busy:
-                    after(call, pipe, None, pending)
-                else:
-                    pipe.submit(call)
+                finish(call, pipe, None, token, exc)
                 raise
-            call.end_ns = _time_ns()
-            _detach(token)
-            if busy:
-                after(call, pipe, result, pending)
-            else:
-                pipe.submit(call)
+            finish(call, pipe, result, token)
             return result
 
         return async_wrapper
@@ -154,20 +135,24 @@ def _make_wrapper(
     plan_id = compiled.register(plan)
     compiled_call = compiled.call
 
-    if not heavy:
+    heavy = level >= 3  # metadata (and statistics) captured around every call
 
-        @functools.wraps(fn)
-        def light_wrapper(*args: Any, **kwargs: Any) -> Any:
-            # Levels 1-2: no metadata, so the observers (the crash journal by default) are told
-            # inline; lifecycle.start/finish cost two calls and their checks, ~0.4 µs a call.
-            if is_compiling():
-                return compiled_call(plan_id, plan, fn, args, kwargs)
-            pipe = get_pipeline()
-            call = _begin(plan, pipe) if pipe is not None else None
-            if call is None or pipe is None:
-                return fn(*args, **kwargs)
-            if not isinstance(call, Call):
-                return lifecycle.run_unsampled(call, fn, args, kwargs, plan, pipe)
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        # While Dynamo traces: graph operators instead of locks and clocks (calls/compiled.py);
+        # the check costs ~0.07 µs per eager call
+        if is_compiling():
+            return compiled_call(plan_id, plan, fn, args, kwargs)
+        pipe = get_pipeline()
+        if pipe is None or (call := _begin(plan, pipe)) is None:
+            return fn(*args, **kwargs)
+        if not isinstance(call, Call):
+            return run_unsampled(call, fn, args, kwargs, plan, pipe)
+        if heavy:
+            token = start(call, pipe, args, kwargs)
+        else:
+            # Levels 1-2: no metadata, so start's and finish's observer loops are inlined (the
+            # crash journal observes by default): two Python calls and their checks fewer.
             observers = pipe.observers_at[level]
             if observers:
                 call.args = args
@@ -178,66 +163,26 @@ def _make_wrapper(
                         internal("observer", exc)
             token = _attach_span(call.span)
             call.start_ns = _time_ns()
-            try:
-                result = fn(*args, **kwargs)
-            except BaseException as exc:
-                call.end_ns = _time_ns()
-                _detach(token)
-                call.exc = exc
-                call.tb = _traceback_of(exc)
-                end(call, pipe, observers)
-                raise
-            call.end_ns = _time_ns()
-            _detach(token)
-            if observers:
-                call.result = result
-                for observer in observers:
-                    try:
-                        observer.end(call)
-                    except BaseException as exc:  # user hooks run here
-                        internal("observer", exc)
-                call.result = None
-                call.args = None
-            pipe.submit(call)
-            return result
-
-        return light_wrapper
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        # While Dynamo traces: graph operators instead of locks and clocks (calls/compiled.py);
-        # the check costs ~0.07 µs per eager call
-        if is_compiling():
-            return compiled_call(plan_id, plan, fn, args, kwargs)
-        pipe = get_pipeline()
-        call = _begin(plan, pipe) if pipe is not None else None
-        if call is None or pipe is None:
-            return fn(*args, **kwargs)
-        if not isinstance(call, Call):
-            return lifecycle.run_unsampled(call, fn, args, kwargs, plan, pipe)
-        # Level 1 with no observer skips start/finish: ids, clocks and one append.
-        busy = heavy or pipe.observers_at[level]
-        pending = before(call, pipe, args, kwargs) if busy else None
-        token = _attach_span(call.span)
-        call.start_ns = _time_ns()
         try:
             result = fn(*args, **kwargs)
         except BaseException as exc:
-            call.end_ns = _time_ns()
-            _detach(token)
-            call.exc = exc
-            call.tb = _traceback_of(exc)
-            if busy:
-                after(call, pipe, None, pending)
-            else:
-                pipe.submit(call)
+            finish(call, pipe, None, token, exc)
             raise
+        if heavy:
+            finish(call, pipe, result, token)
+            return result
         call.end_ns = _time_ns()
         _detach(token)
-        if busy:
-            after(call, pipe, result, pending)
-        else:
-            pipe.submit(call)
+        if observers:
+            call.result = result
+            for observer in observers:
+                try:
+                    observer.end(call)
+                except BaseException as exc:  # user hooks run here
+                    internal("observer", exc)
+            call.result = None
+            call.args = None
+        pipe.submit(call)
         return result
 
     return wrapper

@@ -1,19 +1,20 @@
 """One call's lifecycle on the caller's thread: begin, start, finish.
 
 Every way a call becomes a span goes through these functions: the decorator's wrappers
-(:mod:`otel_gpu.calls.decorator`), calls inside compiled graphs (:mod:`otel_gpu.calls.compiled`)
-and asynchronous collectives (:mod:`otel_gpu.instrumentation.torch_distributed`).
+(:mod:`otel_gpu.calls.decorator`), calls inside compiled graphs (:mod:`otel_gpu.calls.compiled`),
+asynchronous collectives (:mod:`otel_gpu.instrumentation.torch_distributed`) and CUDA graph
+replays (:func:`replayed`, which :mod:`otel_gpu.devices.cuda_graphs` calls).
 
 - :func:`begin`: ids and context for a new call, or the decision that it is not sampled;
 - :func:`start`: before the call runs: inputs captured and statistics launched (level 3 and up),
-  the observers' ``start``;
-- :func:`finish`: after it returned or raised: outputs and statistics, the non-finite policy,
-  the observers' ``end``, the record queued;
-- :func:`end`: the observers' ``end`` and the record queued, for a call with nothing more to
-  capture (a level-1 call that raised, an asynchronous collective's completion).
+  the observers' ``start``; then the call's span made current and its clock started;
+- :func:`finish`: after it returned or raised: its clock stopped and its span no longer current,
+  outputs and statistics (level 3 and up), the non-finite policy, the observers' ``end``, the
+  record queued;
+- :func:`replayed`: the record of a call that a CUDA graph replay ran again, queued.
 
-The level-1 wrapper inlines :func:`start` and :func:`end` for the observers (two Python calls
-fewer per call); every other body calls them.
+The level 1-2 wrapper inlines the observers' ``start`` and ``end`` (two Python calls fewer per
+call, see the decorator); every other body calls :func:`start` and :func:`finish`.
 """
 
 from __future__ import annotations
@@ -32,9 +33,9 @@ from otel_gpu.attributes import STATS_INF_COUNT, STATS_NAN_COUNT
 from otel_gpu.calls import _context, memory, metadata, stats
 from otel_gpu.core import record
 from otel_gpu.core.plan import Plan
-from otel_gpu.core.protocols import Observer, SpanSink
+from otel_gpu.core.protocols import SpanSink
 from otel_gpu.core.record import Call, CallSpan
-from otel_gpu.devices import device_time
+from otel_gpu.devices import cuda_graphs, device_time
 
 __all__ = [
     "NonFiniteError",
@@ -42,10 +43,10 @@ __all__ = [
     "begin",
     "capture_inputs",
     "detach",
-    "end",
     "finish",
     "launch_stats",
     "nonfinite",
+    "replayed",
     "run_unsampled",
     "start",
     "time_ns",
@@ -207,22 +208,25 @@ def launch_stats(plan: Plan, prefix: str, tensors: list[tuple[str, Any]]) -> lis
     return [stats.compute(prefix + k, t) for k, t in tensors]
 
 
-def start(call: Call, pipe: SpanSink, args: tuple, kwargs: dict) -> list | None:
-    """Work before the call runs: inputs captured and stats launched (level 3+), observers told.
+def start(call: Call, pipe: SpanSink, args: tuple, kwargs: dict, deferred: bool = False) -> Any:
+    """Work before the call runs: inputs captured and stats launched (level 3+), observers told;
+    then the call's span made current and its start time taken, last.
 
-    Returns the statistics launched, for :func:`finish`."""
+    Returns the context token that :func:`finish` detaches. The statistics launched wait in
+    ``call.stats`` until :func:`finish` reads them. ``deferred``: the call's work completes
+    later, on another thread (an asynchronous collective): no statistics and no memory reading,
+    which would measure the wrong moment."""
     plan = call.plan
     level = plan.level
     internal = _guard.internal_error
-    pending = None
     call.args = args
     if level >= 3:
         try:
-            tensors: list | None = [] if level >= 5 else None
+            tensors: list | None = [] if level >= 5 and not deferred else None
             call.bound = plan.binder(args, kwargs)  # type: ignore[misc]
             call.inputs = capture_inputs(plan, call.bound, tensors)
             if tensors:
-                pending = launch_stats(plan, "input.", tensors)
+                call.stats = launch_stats(plan, "input.", tensors)
         except BaseException as exc:  # user hooks run here
             internal("metadata", exc)
     for observer in pipe.observers_at[level]:
@@ -230,58 +234,72 @@ def start(call: Call, pipe: SpanSink, args: tuple, kwargs: dict) -> list | None:
             observer.start(call)
         except BaseException as exc:  # user hooks run here
             internal("observer", exc)
-    if plan.memory:  # last, so nothing of otel-gpu's own is counted in the call's memory
+    if plan.memory and not deferred:  # last, so nothing of our own counts in the call's memory
         try:
             call.memory = memory.begin()
         except BaseException as exc:
             internal("memory", exc)
-    return pending
+    token = attach_span(call.span)
+    call.start_ns = time_ns()
+    return token
 
 
-def finish(call: Call, pipe: SpanSink, result: Any, pending: list | None) -> None:
-    """Work after the call returned (``result``) or raised (``call.exc``): outputs captured and
-    statistics read (level 3+), the non-finite policy, the observers' ``end``, the record queued.
+def finish(
+    call: Call, pipe: SpanSink, result: Any, token: Any = None, exc: BaseException | None = None
+) -> None:
+    """Work after the call returned ``result`` or raised ``exc``: its end time taken and ``token``
+    (from :func:`start`; None where the caller detached it already) detached, first; then outputs
+    captured and statistics read (level 3+), the non-finite policy, the observers' ``end``, the
+    record queued.
 
     Raises :class:`NonFiniteError` after the record is queued, with
     ``OTEL_GPU_ON_NONFINITE=raise``, when the call itself did not raise."""
+    call.end_ns = time_ns()
+    if token is not None:
+        detach(token)
+    if exc is not None:
+        call.exc = exc
+        call.tb = traceback_of(exc)
     plan = call.plan
     level = plan.level
     internal = _guard.internal_error
+    pending = call.stats  # launched by start(): never seen by an observer as results
+    call.stats = None
     if call.device is not None:  # device time: its end event before any statistics kernel
         device_time.stop(call)
     if plan.memory:  # first, before the output statistics allocate
         try:
             memory.end(call, getattr(call, "memory", None))
-        except BaseException as exc:
-            internal("memory", exc)
+        except BaseException as exc_:
+            internal("memory", exc_)
         call.memory = None
     if level >= 3 and call.exc is None:
         tensors: list | None = [] if level >= 5 else None
         try:
             call.outputs = tuple(metadata.capture_output(result, plan.max_items, tensors))
-        except BaseException as exc:  # user hooks run here
-            internal("metadata", exc)
+        except BaseException as exc_:  # user hooks run here
+            internal("metadata", exc_)
         if tensors:
             try:
                 pending = (pending or []) + launch_stats(plan, "output.", tensors)
-            except BaseException as exc:  # user hooks run here
-                internal("statistics", exc)
+            except BaseException as exc_:  # user hooks run here
+                internal("statistics", exc_)
     bad: NonFiniteError | None = None
     if pending:
         try:
             call.stats = stats.finish(pending, call)
             if plan.on_nonfinite != "mark":
                 bad = nonfinite(call, result)
-        except BaseException as exc:  # user hooks run here
-            internal("statistics", exc)
+        except BaseException as exc_:  # user hooks run here
+            internal("statistics", exc_)
     observers = pipe.observers_at[level]
     if observers:
         call.result = result
         for observer in observers:
             try:
                 observer.end(call)
-            except BaseException as exc:  # user hooks run here
-                internal("observer", exc)
+            except BaseException as exc_:  # user hooks run here
+                internal("observer", exc_)
         call.result = None
     call.bound = None
     call.args = None
@@ -292,17 +310,27 @@ def finish(call: Call, pipe: SpanSink, result: Any, pending: list | None) -> Non
         raise bad
 
 
-def end(call: Call, pipe: SpanSink, observers: tuple[Observer, ...], result: Any = None) -> None:
-    """The observers' ``end`` and the record queued: a call with nothing more to capture (a
-    level 1-2 call that raised, an asynchronous collective when its work completes)."""
-    if observers:
-        call.result = result
-        for observer in observers:
-            try:
-                observer.end(call)
-            except BaseException as exc:  # user hooks run here
-                _guard.internal_error("observer", exc)
-        call.result = None
-    call.bound = None
-    call.args = None
+def replayed(
+    pipe: SpanSink,
+    captured: cuda_graphs.CapturedCall,
+    context: SpanContext,
+    job: cuda_graphs.Job,
+    results: list,
+    attributes: dict[str, Any],
+) -> None:
+    """Queue the record of a call that a CUDA graph replay ran again (the reader thread of
+    :mod:`otel_gpu.devices.cuda_graphs` calls this): ``context`` holds the span's ids, reserved
+    at the replay; ``job`` the replay's parent and clocks; ``captured`` the metadata kept at
+    capture and the capture span, which the span links to; ``results`` the statistics the replay
+    computed. Nothing runs on the host at a replay: no start, no observer."""
+    call = Call(captured.plan, CallSpan(context, captured.name), job.parent, job.start_ns)
+    call.end_ns = job.end_ns
+    call.inputs = captured.inputs
+    call.outputs = captured.outputs
+    call.span.set_attributes(attributes)
+    call.span.add_link(captured.context)
+    call.stats = results
     pipe.submit(call)
+
+
+cuda_graphs.set_replayed(replayed)

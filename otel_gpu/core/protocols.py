@@ -30,7 +30,8 @@ class Observer(Protocol):
     """What the pipeline calls. ``start``/``end`` run on the caller's thread, so they stay cheap.
 
     While ``start``/``end`` run, ``call.bound`` holds the bound arguments and ``call.result``
-    the return value; both are cleared before the record is queued.
+    the return value; both are cleared before the record is queued. ``call.stats`` is read at
+    ``end``: at ``start`` it holds the statistics still being computed.
     """
 
     min_level: int

@@ -26,6 +26,7 @@ call is captured, and removed by :func:`uninstall` (the original methods are put
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import queue
 import random
@@ -56,12 +57,15 @@ __all__ = [
     "ATTR_CAPTURE",
     "ATTR_REPLAY",
     "CapturedCall",
+    "Job",
+    "Replayed",
     "flush",
     "graph_class",
     "install",
     "installed",
     "record",
     "replays",
+    "set_replayed",
     "uninstall",
 ]
 
@@ -140,6 +144,7 @@ class _Graph:
         "free",
         "lock",
         "replays",
+        "set_replayed",
         "skipped",
         "stats_every",
         "timers",
@@ -300,8 +305,7 @@ def _after_replay(graph: _Graph, start_ns: int, timer: list[Any] | None = None) 
         for i, c in enumerate(graph.calls):
             if c.snapshot is not None:
                 dirs[i] = c.snapshot(n, contexts[i], parent, start_ns, end_ns)
-    job = _Job(pipe, graph, n, contexts, parent, start_ns, end_ns, host, event, dirs)
-    job.timer = timer
+    job = Job(pipe, graph, n, contexts, parent, start_ns, end_ns, host, event, dirs, timer)
     if not _reader.put(job):
         graph.skipped += 1
         replay_timing.give_back(graph.timers, timer)
@@ -310,45 +314,21 @@ def _after_replay(graph: _Graph, start_ns: int, timer: list[Any] | None = None) 
                 graph.free.append(host)
 
 
-class _Job:
-    __slots__ = (
-        "contexts",
-        "dirs",
-        "end_ns",
-        "event",
-        "graph",
-        "host",
-        "n",
-        "parent",
-        "pipe",
-        "start_ns",
-        "timer",
-    )
+@dataclasses.dataclass(slots=True)
+class Job:
+    """One read replay, queued for the reader thread: its parent and clocks for every span."""
 
-    def __init__(
-        self,
-        pipe: SpanSink,
-        graph: _Graph,
-        n: int,
-        contexts: list[SpanContext],
-        parent: SpanContext | None,
-        start_ns: int,
-        end_ns: int,
-        host: torch.Tensor | None,
-        event: Any,
-        dirs: list[str | None],
-    ) -> None:
-        self.pipe = pipe
-        self.graph = graph
-        self.n = n
-        self.contexts = contexts
-        self.parent = parent
-        self.start_ns = start_ns
-        self.end_ns = end_ns
-        self.host = host
-        self.event = event
-        self.dirs = dirs
-        self.timer: list[Any] | None = None  # the replay's device-time events (replay_timing)
+    pipe: SpanSink
+    graph: _Graph
+    n: int
+    contexts: list[SpanContext]
+    parent: SpanContext | None
+    start_ns: int
+    end_ns: int
+    host: torch.Tensor | None
+    event: Any
+    dirs: list[str | None]
+    timer: list[Any] | None = None  # the replay's device-time events (replay_timing)
 
 
 # --------------------------------------------------------------------------- reader thread
@@ -358,7 +338,7 @@ class _Reader:
     """The thread that waits for each read replay's copy and turns its calls into spans."""
 
     def __init__(self) -> None:
-        self._queue: queue.Queue[_Job] = queue.Queue(_QUEUE)
+        self._queue: queue.Queue[Job] = queue.Queue(_QUEUE)
         self._thread: threading.Thread | None = None
         self._pid = 0
         self._lock = threading.Lock()
@@ -367,7 +347,7 @@ class _Reader:
     def busy(self, graph: _Graph) -> int:
         return self._busy.get(id(graph), 0)
 
-    def put(self, job: _Job) -> bool:
+    def put(self, job: Job) -> bool:
         with self._lock:
             if self._thread is None or self._pid != os.getpid() or not self._thread.is_alive():
                 self._queue = queue.Queue(_QUEUE)  # a forked child starts with no reader
@@ -392,7 +372,7 @@ class _Reader:
             time.sleep(0.002)
         return True
 
-    def _loop(self, jobs: queue.Queue[_Job]) -> None:
+    def _loop(self, jobs: queue.Queue[Job]) -> None:
         while True:
             job = jobs.get()
             try:
@@ -411,11 +391,27 @@ class _Reader:
 _reader = _Reader()
 
 
-def _emit(job: _Job) -> None:
+Replayed = Callable[["SpanSink", "CapturedCall", SpanContext, "Job", list, dict], None]
+"""Queues the record of one replayed call: ``(pipe, captured, context, job, statistics,
+attributes)``, where ``context`` holds the replay span's ids and ``job`` its parent and clocks."""
+_replayed: Replayed | None = None
+
+
+def set_replayed(fn: Replayed) -> None:
+    """Install what queues each replayed call's record: the call lifecycle's
+    :func:`otel_gpu.calls.lifecycle.replayed`, installed by the calls layer (which sits above
+    this one) when it is imported."""
+    global _replayed
+    _replayed = fn
+
+
+def _emit(job: Job) -> None:
     """One span per captured call of the job's replay, statistics read from the host copy."""
-    from otel_gpu.core.record import Call, CallSpan
     from otel_gpu.core.stats import TensorStats, captured_stats
 
+    replayed = _replayed
+    if replayed is None:  # no decorated call was ever made: nothing was captured to replay
+        raise RuntimeError("CUDA graph replay read before the call lifecycle was installed")
     flat: list[float] = []
     if job.host is not None:
         cuda.wait_copy(job.event)
@@ -424,16 +420,11 @@ def _emit(job: _Job) -> None:
     device = replay_timing.seconds(job.graph.timers, job.timer)
     offset = 0
     for c, ctx, directory in zip(job.graph.calls, job.contexts, job.dirs):
-        call = Call(c.plan, CallSpan(ctx, c.name), job.parent, job.start_ns)
-        call.end_ns = job.end_ns
-        call.inputs = c.inputs
-        call.outputs = c.outputs
-        call.span.set_attribute(ATTR_REPLAY, job.n)
+        attributes: dict[str, Any] = {ATTR_REPLAY: job.n}
         if device is not None:
-            call.span.set_attribute(CUDA_GRAPH_REPLAY_DEVICE_DURATION, device)
-        call.span.add_link(c.context)
+            attributes[CUDA_GRAPH_REPLAY_DEVICE_DURATION] = device
         if directory is not None:
-            call.span.set_attribute(DUMP_DIR, directory)  # the flight recorder's key
+            attributes[DUMP_DIR] = directory  # the flight recorder's key
         results = []
         for key, numel, note, integer, span, extras, moments in c.layout:
             if span is None:
@@ -443,8 +434,7 @@ def _emit(job: _Job) -> None:
                 results.append(captured_stats(key, numel, note, integer, row, extras, moments))
         if c.buffer is not None:
             offset += c.buffer.shape[0]
-        call.stats = results
-        job.pipe.submit(call)
+        replayed(job.pipe, c, ctx, job, results, attributes)
 
 
 def flush(timeout: float = 10.0) -> bool:

@@ -37,7 +37,6 @@ import inspect
 import itertools
 import sys
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -235,30 +234,12 @@ def _run_async(
         return original(*args, **kwargs)
     if not isinstance(call, Call):
         return lifecycle.run_unsampled(call, original, args, kwargs, plan, pipe)
-    call.args = args
-    if plan.level >= 3:
-        try:
-            call.bound = plan.binder(args, kwargs)
-            call.inputs = lifecycle.capture_inputs(plan, call.bound, None)
-        except Exception as exc:
-            internal("metadata", exc)
-    observers = pipe.observers_at[plan.level]
-    for observer in observers:
-        try:
-            observer.start(call)
-        except Exception as exc:
-            internal("observer", exc)
     call.span.set_attributes(attrs)
-    token = lifecycle.attach_span(call.span)
-    call.start_ns = time.time_ns()
+    token = lifecycle.start(call, pipe, args, kwargs, deferred=True)
     try:
         work = original(*args, **kwargs)
     except BaseException as exc:
-        call.end_ns = time.time_ns()
-        lifecycle.detach(token)
-        call.exc = exc
-        call.tb = lifecycle.traceback_of(exc)
-        lifecycle.end(call, pipe, observers)
+        lifecycle.finish(call, pipe, None, token, exc)
         raise
     lifecycle.detach(token)
     call.bound = None
@@ -269,30 +250,27 @@ def _run_async(
     except Exception:  # the backend's work has no future (gloo's send/recv work, say)
         future = None
     if future is None:
-        call.end_ns = time.time_ns()
         call.span.set_attribute(COLLECTIVE_ASYNC_END, "call_returned")
-        lifecycle.end(call, pipe, observers)
+        lifecycle.finish(call, pipe, None)
         return work
 
     def done(fut: Any) -> None:
         # on the thread that completes the work, or here when it is complete already
-        call.end_ns = time.time_ns()
         call.span.set_attribute(COLLECTIVE_ASYNC_END, "work_completed")
+        failed = None
         try:
             fut.value()
         # the work failed: the span says so, and the program's own wait() raises
         except BaseException as exc:
-            call.exc = exc
-            call.tb = lifecycle.traceback_of(exc)
-        lifecycle.end(call, pipe, observers)
+            failed = exc
+        lifecycle.finish(call, pipe, None, None, failed)
 
     try:
         future.add_done_callback(done)
     except Exception as exc:
         internal("collective", exc)
-        call.end_ns = time.time_ns()
         call.span.set_attribute(COLLECTIVE_ASYNC_END, "call_returned")
-        lifecycle.end(call, pipe, observers)
+        lifecycle.finish(call, pipe, None)
     return work
 
 

@@ -90,8 +90,6 @@ def receiver(call: Call, enc: values.Encoder) -> dict[str, Any]:
     obj = call.plan.receiver
     if obj is None:
         args = call.args
-        if args is None:
-            args = _args_from_wrapper_frame()
         if not args:
             return {
                 "t": "unsupported",
@@ -128,7 +126,6 @@ def receiver(call: Call, enc: values.Encoder) -> dict[str, Any]:
 
 def _module_receiver(module: torch.nn.Module, enc: values.Encoder) -> dict[str, Any]:
     """A module receiver: rebuilt by replay from its state_dict when OTEL_GPU_DUMP_MODULES is on."""
-    import os
 
     from otel_gpu import config
     from otel_gpu.recorder import module_state
@@ -146,19 +143,3 @@ def _module_receiver(module: torch.nn.Module, enc: values.Encoder) -> dict[str, 
         return module_state.record(module, root, enc, int(settings.dump_modules_max_mb * 2**20))
     except module_state.CannotRebuild as exc:
         return {"t": "unsupported", "type": ref, "why": f"{ref} cannot be rebuilt: {exc}"}
-
-
-_DECORATOR_FILE = os.path.join("calls", "decorator.py")
-
-
-def _args_from_wrapper_frame() -> tuple | None:
-    """The positional arguments of the decorator's ``before()``, until ``Call`` carries them itself."""
-    frame: Any = sys._getframe(2)
-    for _ in range(6):
-        if frame is None:
-            return None
-        if frame.f_code.co_name == "before" and frame.f_code.co_filename.endswith(_DECORATOR_FILE):
-            args = frame.f_locals.get("args")
-            return args if isinstance(args, tuple) else None
-        frame = frame.f_back
-    return None
