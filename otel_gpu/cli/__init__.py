@@ -23,6 +23,8 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NoReturn
 
+from otel_gpu.cli.flags import dest_flag, level_flag, whole_number
+
 __all__ = [
     "COMMANDS",
     "EXIT_USAGE",
@@ -188,50 +190,6 @@ def _broken(sub: Any, command: str, module: str, exc: BaseException) -> None:
         return EXIT_USAGE
 
     sub.add_parser(command, help=f"(unavailable: {type(exc).__name__})").set_defaults(func=fail)
-
-
-# --------------------------------------------------------------------------- flags of settings
-
-
-def _setting_flag(field: str, raw: str) -> None:
-    """Validate a flag as the setting it overrides; ArgumentTypeError names what is allowed."""
-    from otel_gpu import config
-
-    try:
-        config.load({field: raw}, env={})  # this value alone: the environment is checked later
-    except config.ConfigError as exc:
-        message = str(exc)
-        # config names the setting and blames configure(); argparse names the flag instead
-        why = message.partition(" is invalid: ")[2] or message
-        raise argparse.ArgumentTypeError(f"{raw!r} is invalid: {why}") from None
-
-
-def level_flag(raw: str) -> int:
-    """``--level``: validated as ``OTEL_GPU_LOGLEVEL`` is, at parse time, naming the flag."""
-    _setting_flag("level", raw)
-    return int(raw)
-
-
-def dest_flag(raw: str) -> str:
-    """``--dest``: validated as ``OTEL_GPU_LOGDEST`` is (unwritable paths too), naming the flag."""
-    _setting_flag("dest", raw)
-    return raw
-
-
-def whole_number(least: int) -> Callable[[str], int]:
-    """An argparse type: a whole number ``>= least``, whose error says so (argparse's own names
-    the type function instead)."""
-
-    def parse(raw: str) -> int:
-        try:
-            value = int(raw)
-        except ValueError:
-            value = least - 1
-        if value < least:
-            raise argparse.ArgumentTypeError(f"must be a whole number >= {least}, not {raw!r}")
-        return value
-
-    return parse
 
 
 # --------------------------------------------------------------------------- the front door

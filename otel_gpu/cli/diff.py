@@ -8,18 +8,14 @@ import math
 from typing import Any
 
 from otel_gpu.cli import add_command
+from otel_gpu.cli.flags import add_json, checked
 
 __all__ = ["register"]
 
 
-def _tolerance(raw: str) -> float:
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not (math.isfinite(value) and value >= 0):
-        raise argparse.ArgumentTypeError(f"must be a number >= 0, not {raw!r}")
-    return value
+_tolerance = checked(
+    float, lambda value: math.isfinite(value) and value >= 0, "must be a number >= 0, not {raw!r}"
+)
 
 
 def _main(args: argparse.Namespace) -> int:
@@ -66,5 +62,5 @@ def register(sub: Any) -> None:
         help="compare level-5 tensors by their statistics within tolerance even where both "
         "runs carry fingerprints (runs whose bytes differ by rounding: eager and compiled)",
     )
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    add_json(p)
     p.set_defaults(func=_main, reads_settings=False)  # trace files, never the environment

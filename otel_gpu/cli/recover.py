@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from otel_gpu._text import printable
 from otel_gpu.cli import add_command
+from otel_gpu.cli.flags import checked
 
 if TYPE_CHECKING:
     from otel_gpu.journal.recover import Outcome
@@ -115,15 +116,8 @@ def _main(args: argparse.Namespace) -> int:
     return 1 if any(o.state in failures for o in outcomes) else 0
 
 
-def _seconds(raw: str) -> float:
-    # ArgumentTypeError, not ValueError: argparse would name this function in the message.
-    try:
-        value = float(raw)
-    except ValueError:
-        value = float("nan")
-    if not value >= 0:  # also refuses nan
-        raise argparse.ArgumentTypeError(f"must be a number of seconds >= 0, not {raw!r}")
-    return value
+# nan >= 0 is False: nan is refused too
+_seconds = checked(float, lambda value: value >= 0, "must be a number of seconds >= 0, not {raw!r}")
 
 
 def register(sub: Any) -> None:

@@ -7,6 +7,7 @@ import gc
 from typing import Any
 
 from otel_gpu.cli import add_command, whole_number
+from otel_gpu.cli.flags import add_json, add_trace_files
 
 __all__ = ["register"]
 
@@ -47,7 +48,7 @@ def register(sub: Any) -> None:
         "shown; 1 no call recorded at level 3 or more; 2 bad input (a missing or invalid file, "
         "an --emit folder that cannot be written). See docs/workloads.md.",
     )
-    p.add_argument("files", nargs="+", metavar="TRACE.jsonl", help="OTLP JSON Lines files")
+    add_trace_files(p)
     p.add_argument(
         "--top", type=whole_number(0), default=0, metavar="N", help="the N largest (0: all)"
     )
@@ -66,7 +67,7 @@ def register(sub: Any) -> None:
         "parameter names) count in the signature; GLOB= for none (default: all; repeatable, "
         "the first matching rule applies)",
     )
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    add_json(p)
     p.add_argument(
         "--emit",
         metavar="DIR",
