@@ -33,6 +33,7 @@ __all__ = [
     "dest_flag",
     "level_flag",
     "main",
+    "say",
     "version_line",
     "whole_number",
 ]
@@ -98,7 +99,7 @@ SettingsFromFlags = Callable[[argparse.Namespace], Mapping[str, Any]]
 """What a command sets from its flags (``{"level": args.level}``): checked instead of the
 environment's value, as :func:`otel_gpu.configure` arguments beat the environment. A command
 registers it with ``parser.set_defaults(settings_from_flags=...)``. A command that reads no
-setting (``show``) registers ``reads_settings=False``: a bad variable it never uses is not its
+setting (``show``: :func:`otel_gpu.cli.flags.reads_trace_files`) registers ``reads_settings=False``: a bad variable it never uses is not its
 error."""
 
 
@@ -206,11 +207,11 @@ def _check_settings(args: argparse.Namespace) -> None:
 
 
 def _usage_error(prog: str, message: str) -> int:
-    _say(f"{prog}: {message} (see: {prog} --help)")
+    say(f"{prog}: {message} (see: {prog} --help)")
     return EXIT_USAGE
 
 
-def _say(line: str) -> None:
+def say(line: str) -> None:
     """One line on stderr, whatever the arguments or the environment held: a newline or an
     escape sequence in a value is shown escaped, and cannot forge a second line."""
     from otel_gpu._text import printable
@@ -236,7 +237,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _check_settings(args)
         return int(args.func(args) or 0)
     except ConfigError as exc:
-        _say(f"{prog}: {exc}")
+        say(f"{prog}: {exc}")
         return EXIT_USAGE
     except KeyboardInterrupt:
         return 130

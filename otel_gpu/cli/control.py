@@ -13,6 +13,7 @@ import os
 import time
 from typing import Any
 
+from otel_gpu import cli
 from otel_gpu.cli import add_command, live
 from otel_gpu.cli.flags import add_json, checked, digits
 from otel_gpu.config import LEVELS
@@ -72,7 +73,7 @@ def _main(args: argparse.Namespace) -> int:
     from otel_gpu.journal.writer import journal_dir
 
     def say(line: str) -> None:
-        live.say("control", line)
+        cli.say(f"otel-gpu control: {line}")
 
     changes = [
         args.level is not None,

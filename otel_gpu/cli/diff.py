@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import gc
 import math
 from typing import Any
 
 from otel_gpu.cli import add_command
-from otel_gpu.cli.flags import add_json, checked
+from otel_gpu.cli.flags import add_json, checked, reads_trace_files
 
 __all__ = ["register"]
 
@@ -20,10 +19,6 @@ _tolerance = checked(
 
 def _main(args: argparse.Namespace) -> int:
     from otel_gpu.traces.diff import diff
-
-    # a short-lived reader: its records are freed at exit, and a collection after reading
-    # would only walk the millions of objects a large trace makes
-    gc.disable()
 
     return diff(
         args.a,
@@ -63,4 +58,4 @@ def register(sub: Any) -> None:
         "runs carry fingerprints (runs whose bytes differ by rounding: eager and compiled)",
     )
     add_json(p)
-    p.set_defaults(func=_main, reads_settings=False)  # trace files, never the environment
+    reads_trace_files(p, _main, gc_off=True)

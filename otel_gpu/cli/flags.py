@@ -8,6 +8,7 @@ as one line, ``otel-gpu COMMAND: argument --flag: message (see: otel-gpu COMMAND
 from __future__ import annotations
 
 import argparse
+import gc
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -18,6 +19,7 @@ __all__ = [
     "dest_flag",
     "digits",
     "level_flag",
+    "reads_trace_files",
     "whole_number",
 ]
 
@@ -89,3 +91,21 @@ def add_trace_files(parser: argparse.ArgumentParser, help: str = "OTLP JSON Line
 def add_json(parser: argparse.ArgumentParser, help: str = "machine-readable output") -> Any:
     """``--json``: the command prints JSON instead of its text, as ``json``."""
     return parser.add_argument("--json", action="store_true", help=help)
+
+
+def reads_trace_files(
+    parser: argparse.ArgumentParser,
+    main: Callable[[argparse.Namespace], int],
+    *,
+    gc_off: bool = False,
+) -> None:
+    """``main`` runs the command, which reads trace files and never the environment (a bad
+    variable it does not use is not its error). ``gc_off``: no garbage collection while it runs."""
+
+    def without_collection(args: argparse.Namespace) -> int:
+        # a short-lived reader: its records are freed at exit, and a collection after reading
+        # would only walk the millions of objects a large trace makes
+        gc.disable()
+        return main(args)
+
+    parser.set_defaults(func=without_collection if gc_off else main, reads_settings=False)

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from collections.abc import Callable
 from typing import TypeVar
 
 from otel_gpu.cli.flags import checked, digits
 
-__all__ = ["Refused", "add_targets", "add_timeout", "ask", "say", "targets"]
+__all__ = ["Refused", "add_targets", "add_timeout", "ask", "targets"]
 
 T = TypeVar("T")
 
@@ -36,13 +35,6 @@ class Refused(Exception):
     def __init__(self, line: str, code: int) -> None:
         super().__init__(line)
         self.code = code
-
-
-def say(command: str, line: str) -> None:
-    """``otel-gpu COMMAND: line`` on stderr; escaped, as the line may hold a process's words."""
-    from otel_gpu._text import printable
-
-    print(printable(f"otel-gpu {command}: {line}"), file=sys.stderr)
 
 
 def targets(

@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from otel_gpu.cli import add_command
-from otel_gpu.cli.flags import add_json, add_trace_files
+from otel_gpu.cli.flags import add_json, add_trace_files, reads_trace_files
 
 __all__ = ["register"]
 
@@ -32,4 +32,4 @@ def register(sub: Any) -> None:
     )
     add_trace_files(p, "every rank's trace files")
     add_json(p)
-    p.set_defaults(func=_main, reads_settings=False)  # trace files, never the environment
+    reads_trace_files(p, _main)

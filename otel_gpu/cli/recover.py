@@ -11,8 +11,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
-from otel_gpu._text import printable
-from otel_gpu.cli import add_command
+from otel_gpu.cli import add_command, say
 from otel_gpu.cli.flags import checked
 
 if TYPE_CHECKING:
@@ -107,11 +106,11 @@ def _main(args: argparse.Namespace) -> int:
         return 2
     # Paths come from a directory listing, hosts and reasons from the journals: escaped.
     for o in outcomes:
-        print(printable(f"{o.path}: {_line(o, args.dry_run)}"), file=sys.stderr)
+        say(f"{o.path}: {_line(o, args.dry_run)}")
         if o.fault:
-            print(printable(f"{o.path}: {o.fault}"), file=sys.stderr)
+            say(f"{o.path}: {o.fault}")
     summary = _summary(outcomes, where, args.dry_run)
-    print(printable(f"otel-gpu recover: {summary}"), file=sys.stderr)
+    say(f"otel-gpu recover: {summary}")
     failures = ("unconfirmed", "failed", "unreadable")
     return 1 if any(o.state in failures for o in outcomes) else 0
 

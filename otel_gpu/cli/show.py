@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from otel_gpu.cli import add_command
-from otel_gpu.cli.flags import add_trace_files, checked
+from otel_gpu.cli.flags import add_trace_files, checked, reads_trace_files
 from otel_gpu.traces import show as traces_show  # torch-free, as every trace tool
 
 __all__ = ["register"]
@@ -89,4 +89,4 @@ def register(sub: Any) -> None:
         "metadata and dump directory, or the candidates when it could not be singled out",
     )
     p.add_argument("--no-color", action="store_true", help="plain text (also when NO_COLOR is set)")
-    p.set_defaults(func=_main, reads_settings=False)  # a trace file, never the environment
+    reads_trace_files(p, _main)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from otel_gpu import cli
 from otel_gpu.cli import add_command, live
 
 __all__ = ["register"]
@@ -20,6 +21,9 @@ def _main(args: argparse.Namespace) -> int:
     from otel_gpu.anomalies import snapshot
     from otel_gpu.journal.writer import journal_dir
 
+    def say(line: str) -> None:
+        cli.say(f"otel-gpu snapshot: {line}")
+
     settings = config.current()
     directory = journal_dir(settings)
     nobody = f"no live otel-gpu process of this user has a journal in {directory}"
@@ -33,15 +37,14 @@ def _main(args: argparse.Namespace) -> int:
             EXIT_USAGE,
         )
     except live.Refused as refused:
-        live.say("snapshot", str(refused))
+        say(str(refused))
         return refused.code
     code = EXIT_ANSWERED
     for reply in replies:
         answer = reply.answer
         if answer is None:
             code = EXIT_UNANSWERED
-            live.say(
-                "snapshot",
+            say(
                 f"pid {reply.pid} did not answer within {args.timeout:g} s: it has made no "
                 "otel-gpu call yet, uses another OTEL_GPU_JOURNAL_DIR, or its export thread "
                 "cannot run (a thread holding the GIL in C code, or the process is stopped)",

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import gc
 from typing import Any
 
 from otel_gpu.cli import add_command, whole_number
-from otel_gpu.cli.flags import add_json, add_trace_files
+from otel_gpu.cli.flags import add_json, add_trace_files, reads_trace_files
 
 __all__ = ["register"]
 
@@ -21,10 +20,6 @@ def _rule(raw: str) -> str:
 
 def _main(args: argparse.Namespace) -> int:
     from otel_gpu.traces.workloads import parse_rules, workloads
-
-    # a short-lived reader: its records are freed at exit, and a collection after reading
-    # would only walk the millions of objects a large trace makes
-    gc.disable()
 
     return workloads(
         args.files,
@@ -74,4 +69,4 @@ def register(sub: Any) -> None:
         help="write a definition JSON per signature and a workload JSON Lines file per function "
         "(and FlashInfer's own definition where its API has fi_trace) under DIR",
     )
-    p.set_defaults(func=_main, reads_settings=False)  # trace files, never the environment
+    reads_trace_files(p, _main, gc_off=True)
