@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 __all__ = [
     "add_json",
+    "add_level_and_dest",
     "add_trace_files",
     "checked",
     "dest_flag",
@@ -81,6 +82,18 @@ def dest_flag(raw: str) -> str:
     """``--dest``: validated as ``OTEL_GPU_LOGDEST`` is (unwritable paths too), naming the flag."""
     _setting_flag("dest", raw)
     return raw
+
+
+def add_level_and_dest(parser: argparse.ArgumentParser, level_help: str, dest_help: str) -> None:
+    """``--level`` and ``--dest``, checked as the settings they override, whose values beat the
+    environment's when the settings are checked (``settings_from_flags``)."""
+    parser.add_argument("--level", type=level_flag, default=None, help=level_help)
+    parser.add_argument("--dest", type=dest_flag, default=None, help=dest_help)
+    parser.set_defaults(settings_from_flags=_level_and_dest)
+
+
+def _level_and_dest(args: argparse.Namespace) -> dict[str, Any]:
+    return {"level": args.level, "dest": args.dest}
 
 
 def add_trace_files(parser: argparse.ArgumentParser, help: str = "OTLP JSON Lines files") -> None:
