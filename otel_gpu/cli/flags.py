@@ -1,4 +1,5 @@
-"""The argument types and the flags several commands share.
+"""The argument types, and what several commands declare alike: flags, and how a trace reader
+registers.
 
 An argument type raises :class:`argparse.ArgumentTypeError` with the message the user sees
 (argparse names the type function instead when it gets a ValueError); the front door prints it
