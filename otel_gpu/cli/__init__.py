@@ -23,6 +23,8 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NoReturn
 
+from otel_gpu.cli.flags import dest_flag, level_flag, whole_number
+
 __all__ = [
     "COMMANDS",
     "EXIT_USAGE",
@@ -31,6 +33,7 @@ __all__ = [
     "dest_flag",
     "level_flag",
     "main",
+    "say",
     "version_line",
     "whole_number",
 ]
@@ -96,7 +99,7 @@ SettingsFromFlags = Callable[[argparse.Namespace], Mapping[str, Any]]
 """What a command sets from its flags (``{"level": args.level}``): checked instead of the
 environment's value, as :func:`otel_gpu.configure` arguments beat the environment. A command
 registers it with ``parser.set_defaults(settings_from_flags=...)``. A command that reads no
-setting (``show``) registers ``reads_settings=False``: a bad variable it never uses is not its
+setting (``show``: :func:`otel_gpu.cli.flags.reads_trace_files`) registers ``reads_settings=False``: a bad variable it never uses is not its
 error."""
 
 
@@ -190,50 +193,6 @@ def _broken(sub: Any, command: str, module: str, exc: BaseException) -> None:
     sub.add_parser(command, help=f"(unavailable: {type(exc).__name__})").set_defaults(func=fail)
 
 
-# --------------------------------------------------------------------------- flags of settings
-
-
-def _setting_flag(field: str, raw: str) -> None:
-    """Validate a flag as the setting it overrides; ArgumentTypeError names what is allowed."""
-    from otel_gpu import config
-
-    try:
-        config.load({field: raw}, env={})  # this value alone: the environment is checked later
-    except config.ConfigError as exc:
-        message = str(exc)
-        # config names the setting and blames configure(); argparse names the flag instead
-        why = message.partition(" is invalid: ")[2] or message
-        raise argparse.ArgumentTypeError(f"{raw!r} is invalid: {why}") from None
-
-
-def level_flag(raw: str) -> int:
-    """``--level``: validated as ``OTEL_GPU_LOGLEVEL`` is, at parse time, naming the flag."""
-    _setting_flag("level", raw)
-    return int(raw)
-
-
-def dest_flag(raw: str) -> str:
-    """``--dest``: validated as ``OTEL_GPU_LOGDEST`` is (unwritable paths too), naming the flag."""
-    _setting_flag("dest", raw)
-    return raw
-
-
-def whole_number(least: int) -> Callable[[str], int]:
-    """An argparse type: a whole number ``>= least``, whose error says so (argparse's own names
-    the type function instead)."""
-
-    def parse(raw: str) -> int:
-        try:
-            value = int(raw)
-        except ValueError:
-            value = least - 1
-        if value < least:
-            raise argparse.ArgumentTypeError(f"must be a whole number >= {least}, not {raw!r}")
-        return value
-
-    return parse
-
-
 # --------------------------------------------------------------------------- the front door
 
 
@@ -248,11 +207,11 @@ def _check_settings(args: argparse.Namespace) -> None:
 
 
 def _usage_error(prog: str, message: str) -> int:
-    _say(f"{prog}: {message} (see: {prog} --help)")
+    say(f"{prog}: {message} (see: {prog} --help)")
     return EXIT_USAGE
 
 
-def _say(line: str) -> None:
+def say(line: str) -> None:
     """One line on stderr, whatever the arguments or the environment held: a newline or an
     escape sequence in a value is shown escaped, and cannot forge a second line."""
     from otel_gpu._text import printable
@@ -278,7 +237,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _check_settings(args)
         return int(args.func(args) or 0)
     except ConfigError as exc:
-        _say(f"{prog}: {exc}")
+        say(f"{prog}: {exc}")
         return EXIT_USAGE
     except KeyboardInterrupt:
         return 130

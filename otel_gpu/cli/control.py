@@ -10,11 +10,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from typing import Any
 
-from otel_gpu.cli.snapshot import pid_argument, seconds_argument
+from otel_gpu import cli
+from otel_gpu.cli import add_command, live
+from otel_gpu.cli.flags import add_json, checked, digits
+from otel_gpu.config import LEVELS
 
 __all__ = ["EXIT_APPLIED", "EXIT_REFUSED", "EXIT_USAGE", "register"]
 
@@ -67,12 +69,11 @@ def _document(args: argparse.Namespace) -> dict[str, Any] | None:
 def _main(args: argparse.Namespace) -> int:
     from otel_gpu import config
     from otel_gpu._text import printable
-    from otel_gpu.anomalies.snapshot import same_user
     from otel_gpu.control import channel, document
     from otel_gpu.journal.writer import journal_dir
 
     def say(line: str) -> None:
-        print(printable(f"otel-gpu control: {line}"), file=sys.stderr)
+        cli.say(f"otel-gpu control: {line}")
 
     changes = [
         args.level is not None,
@@ -104,39 +105,34 @@ def _main(args: argparse.Namespace) -> int:
             return EXIT_USAGE
     settings = config.current()
     directory = journal_dir(settings)
-    if args.all:
-        pids = channel.listening(directory)
-        if not pids:
-            say(
-                f"no live otel-gpu process of this user listens for control in {directory} "
-                "(it needs OTEL_GPU_CONTROL=on and one decorated function)"
-            )
-            return EXIT_REFUSED
-    else:
-        pid = args.pid
-        if pid == os.getpid() or not same_user(pid):
-            say(f"pid {pid} is not a running process of this user (only the same user may ask)")
-            return EXIT_REFUSED
-        if not channel.is_listening(directory, pid):
-            say(
-                f"pid {pid} is not an otel-gpu process listening for control in {directory}: "
-                "it needs OTEL_GPU_CONTROL=on and one decorated function, and the same "
-                "OTEL_GPU_JOURNAL_DIR"
-            )
-            return EXIT_REFUSED
-        pids = [pid]
+    nobody = (
+        f"no live otel-gpu process of this user listens for control in {directory} "
+        "(it needs OTEL_GPU_CONTROL=on and one decorated function)"
+    )
     request: dict[str, Any] = {"from": os.getpid()}
     if doc is None:
         request["show"] = True
     else:
         request["document"] = doc
     try:
-        replies = channel.ask(
-            directory, pids, request, args.timeout, chosen=bool(settings.journal_dir)
+        pids = live.targets(args, directory, channel.listening, nobody, EXIT_REFUSED)
+        if not args.all and not channel.is_listening(directory, args.pid):
+            raise live.Refused(
+                f"pid {args.pid} is not an otel-gpu process listening for control in {directory}: "
+                "it needs OTEL_GPU_CONTROL=on and one decorated function, and the same "
+                "OTEL_GPU_JOURNAL_DIR",
+                EXIT_REFUSED,
+            )
+        replies = live.ask(
+            directory,
+            lambda: channel.ask(
+                directory, pids, request, args.timeout, chosen=bool(settings.journal_dir)
+            ),
+            EXIT_REFUSED,
         )
-    except OSError as exc:
-        say(f"cannot write the request in {directory}: {exc.strerror or exc}")
-        return EXIT_REFUSED
+    except live.Refused as refused:
+        say(str(refused))
+        return refused.code
     code = EXIT_APPLIED
     for pid, reply in replies:
         if reply is None:
@@ -191,30 +187,13 @@ def _summary(effective: Any) -> str:
     return ", ".join(parts)
 
 
-def _level(raw: str) -> int:
-    from otel_gpu.config import LEVELS
-
-    if not raw.isdigit() or int(raw) not in LEVELS:
-        raise argparse.ArgumentTypeError(
-            f"must be one of {', '.join(map(str, LEVELS))}, not {raw!r}"
-        )
-    return int(raw)
-
-
-def _ratio(raw: str) -> float:
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not 0 <= value <= 1:
-        raise argparse.ArgumentTypeError(f"must be a ratio from 0 to 1, not {raw!r}")
-    return value
-
-
-def _count(raw: str) -> int:
-    if not raw.isdigit():
-        raise argparse.ArgumentTypeError(f"must be a whole number of calls >= 0, not {raw!r}")
-    return int(raw)
+_level = checked(
+    digits,
+    lambda level: level in LEVELS,
+    f"must be one of {', '.join(map(str, LEVELS))}, not {{raw!r}}",
+)
+_ratio = checked(float, lambda share: 0 <= share <= 1, "must be a ratio from 0 to 1, not {raw!r}")
+_count = checked(digits, lambda _: True, "must be a whole number of calls >= 0, not {raw!r}")
 
 
 def _window(raw: str) -> str | float:
@@ -228,10 +207,10 @@ def _window(raw: str) -> str | float:
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser(
+    p = add_command(
+        sub,
         "control",
-        help="turn a live otel-gpu process's recording up or down, per function, for a while",
-        description="Change what a running otel-gpu process of this user records, without a "
+        "Change what a running otel-gpu process of this user records, without a "
         "restart: its level, globally or for the functions whose module.qualname or span name "
         "matches --include and not --exclude, head sampling for the spans it turns on, the "
         "ring's size; for --for (default 60 s), then the process goes back to its configured "
@@ -241,12 +220,8 @@ def register(sub: Any) -> None:
         "Exit codes: 0 applied (or shown) everywhere; 1 refused (the reason is printed), not "
         "answered, or not an otel-gpu process listening for control; 2 usage errors.",
     )
-    which = p.add_mutually_exclusive_group(required=True)
-    which.add_argument("pid", nargs="?", type=pid_argument, help="the process id")
-    which.add_argument(
-        "--all",
-        action="store_true",
-        help="every live otel-gpu process of this user on this host that listens for control",
+    live.add_targets(
+        p, "every live otel-gpu process of this user on this host that listens for control"
     )
     p.add_argument("--level", type=_level, help="the level to record at: 0, 1, 3, 5 or 10")
     p.add_argument(
@@ -298,11 +273,6 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--reset", action="store_true", help="back to the configured state now")
     p.add_argument("--show", action="store_true", help="print the configuration in force")
-    p.add_argument("--json", action="store_true", help="print each answer as one JSON line")
-    p.add_argument(
-        "--timeout",
-        type=seconds_argument,
-        default=5.0,
-        help="seconds to wait for the answers (default 5)",
-    )
+    add_json(p, "print each answer as one JSON line")
+    live.add_timeout(p)
     p.set_defaults(func=_main)

@@ -51,12 +51,9 @@ def _main(args: argparse.Namespace) -> int:
     return run(level=level, dest=args.dest)
 
 
-def _settings_from_flags(args: argparse.Namespace) -> dict[str, Any]:
-    return {"level": args.level, "dest": args.dest}
-
-
 def register(sub: Any) -> None:
-    from otel_gpu.cli import add_command, dest_flag, level_flag
+    from otel_gpu.cli import add_command
+    from otel_gpu.cli.flags import add_level_and_dest
 
     p = add_command(
         sub,
@@ -64,11 +61,7 @@ def register(sub: Any) -> None:
         "Run a demo workload of decorated torch functions. Level defaults to 5 unless "
         "OTEL_GPU_LOGLEVEL is set; destination follows OTEL_GPU_LOGDEST (default stdout).",
     )
-    p.add_argument("--level", type=level_flag, default=None, help="0, 1, 3, 5 or 10 (default: 5)")
-    p.add_argument(
-        "--dest",
-        type=dest_flag,
-        default=None,
-        help="stdout, stderr, otlp, FILE.jsonl or FILE (text)",
+    add_level_and_dest(
+        p, "0, 1, 3, 5 or 10 (default: 5)", "stdout, stderr, otlp, FILE.jsonl or FILE (text)"
     )
-    p.set_defaults(func=_main, settings_from_flags=_settings_from_flags)
+    p.set_defaults(func=_main)

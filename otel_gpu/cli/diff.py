@@ -3,31 +3,22 @@
 from __future__ import annotations
 
 import argparse
-import gc
 import math
 from typing import Any
 
 from otel_gpu.cli import add_command
+from otel_gpu.cli.flags import add_json, checked, reads_trace_files
 
 __all__ = ["register"]
 
 
-def _tolerance(raw: str) -> float:
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not (math.isfinite(value) and value >= 0):
-        raise argparse.ArgumentTypeError(f"must be a number >= 0, not {raw!r}")
-    return value
+_tolerance = checked(
+    float, lambda value: math.isfinite(value) and value >= 0, "must be a number >= 0, not {raw!r}"
+)
 
 
 def _main(args: argparse.Namespace) -> int:
     from otel_gpu.traces.diff import diff
-
-    # a short-lived reader: its records are freed at exit, and a collection after reading
-    # would only walk the millions of objects a large trace makes
-    gc.disable()
 
     return diff(
         args.a,
@@ -66,5 +57,5 @@ def register(sub: Any) -> None:
         help="compare level-5 tensors by their statistics within tolerance even where both "
         "runs carry fingerprints (runs whose bytes differ by rounding: eager and compiled)",
     )
-    p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.set_defaults(func=_main, reads_settings=False)  # trace files, never the environment
+    add_json(p)
+    reads_trace_files(p, _main, gc_off=True)

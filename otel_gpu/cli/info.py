@@ -172,7 +172,8 @@ def _main(args: argparse.Namespace) -> int:
 
 def register(sub: Any) -> None:
     from otel_gpu.cli import add_command
+    from otel_gpu.cli.flags import add_json
 
     p = add_command(sub, "info", "Show the settings in force and the resource spans will carry.")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    add_json(p)
     p.set_defaults(func=_main)

@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 from otel_gpu.cli import add_command
+from otel_gpu.cli.flags import add_json, add_trace_files, reads_trace_files
 
 __all__ = ["register"]
 
@@ -29,6 +30,6 @@ def register(sub: Any) -> None:
         "same one with different shapes or dtypes. Exit codes: 0 all ranks agree; 1 a rank "
         "behind or a divergence; 2 bad input (a missing or invalid file, no call spans).",
     )
-    p.add_argument("files", nargs="+", metavar="TRACE.jsonl", help="every rank's trace files")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.set_defaults(func=_main, reads_settings=False)  # trace files, never the environment
+    add_trace_files(p, "every rank's trace files")
+    add_json(p)
+    reads_trace_files(p, _main)

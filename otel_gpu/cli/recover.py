@@ -11,8 +11,8 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
-from otel_gpu._text import printable
-from otel_gpu.cli import add_command
+from otel_gpu.cli import add_command, say
+from otel_gpu.cli.flags import checked
 
 if TYPE_CHECKING:
     from otel_gpu.journal.recover import Outcome
@@ -106,24 +106,17 @@ def _main(args: argparse.Namespace) -> int:
         return 2
     # Paths come from a directory listing, hosts and reasons from the journals: escaped.
     for o in outcomes:
-        print(printable(f"{o.path}: {_line(o, args.dry_run)}"), file=sys.stderr)
+        say(f"{o.path}: {_line(o, args.dry_run)}")
         if o.fault:
-            print(printable(f"{o.path}: {o.fault}"), file=sys.stderr)
+            say(f"{o.path}: {o.fault}")
     summary = _summary(outcomes, where, args.dry_run)
-    print(printable(f"otel-gpu recover: {summary}"), file=sys.stderr)
+    say(f"otel-gpu recover: {summary}")
     failures = ("unconfirmed", "failed", "unreadable")
     return 1 if any(o.state in failures for o in outcomes) else 0
 
 
-def _seconds(raw: str) -> float:
-    # ArgumentTypeError, not ValueError: argparse would name this function in the message.
-    try:
-        value = float(raw)
-    except ValueError:
-        value = float("nan")
-    if not value >= 0:  # also refuses nan
-        raise argparse.ArgumentTypeError(f"must be a number of seconds >= 0, not {raw!r}")
-    return value
+# nan >= 0 is False: nan is refused too
+_seconds = checked(float, lambda value: value >= 0, "must be a number of seconds >= 0, not {raw!r}")
 
 
 def register(sub: Any) -> None:

@@ -19,7 +19,8 @@ import shutil
 import sys
 from typing import Any
 
-from otel_gpu.cli import add_command, dest_flag, level_flag
+from otel_gpu.cli import add_command
+from otel_gpu.cli.flags import add_level_and_dest
 from otel_gpu.instrumentation.run import PROGRAM_PID, build_env, with_bootstrap
 
 __all__ = ["register"]
@@ -76,10 +77,6 @@ def _main(args: argparse.Namespace) -> int:
     return 0  # not reached: execve replaced this process
 
 
-def _settings_from_flags(args: argparse.Namespace) -> dict[str, Any]:
-    return {"level": args.level, "dest": args.dest}
-
-
 _DESCRIPTION = (
     "Run a Python program so that the targets of --instrument and OTEL_GPU_INSTRUMENT "
     "(modules, classes, functions, globs, flashinfer) make spans, in it and in every "
@@ -97,12 +94,9 @@ def register(sub: Any) -> None:
         metavar="TARGET",
         help="a target to instrument (repeatable or comma-separated), added to OTEL_GPU_INSTRUMENT",
     )
-    p.add_argument(
-        "--level", type=level_flag, default=None, help="sets OTEL_GPU_LOGLEVEL for the program"
-    )
-    p.add_argument(
-        "--dest", type=dest_flag, default=None, help="sets OTEL_GPU_LOGDEST for the program"
+    add_level_and_dest(
+        p, "sets OTEL_GPU_LOGLEVEL for the program", "sets OTEL_GPU_LOGDEST for the program"
     )
     p.add_argument("-m", dest="module", default=None, help="run a module, as python -m does")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- program [args]")
-    p.set_defaults(func=_main, settings_from_flags=_settings_from_flags)
+    p.set_defaults(func=_main)

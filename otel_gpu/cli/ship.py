@@ -7,8 +7,7 @@ import io
 import sys
 from typing import Any
 
-from otel_gpu._text import printable
-from otel_gpu.cli import add_command, whole_number
+from otel_gpu.cli import add_command, say, whole_number
 from otel_gpu.traces import ship  # imports protobuf and the exporters only when it sends
 
 __all__ = ["register"]
@@ -32,7 +31,7 @@ def _main(args: argparse.Namespace) -> int:
             target=ship.describe_target(env),
         )
     except ConfigError as exc:
-        print(printable(f"otel-gpu ship: {exc}"), file=sys.stderr)
+        say(f"otel-gpu ship: {exc}")
         return 2
     return result.exit_code
 

@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 from otel_gpu.cli import add_command
+from otel_gpu.cli.flags import add_trace_files, checked, reads_trace_files
 from otel_gpu.traces import show as traces_show  # torch-free, as every trace tool
 
 __all__ = ["register"]
@@ -19,14 +20,7 @@ def _trace_id(raw: str) -> str:
     return raw.lower()
 
 
-def _limit(raw: str) -> int:
-    try:
-        value = int(raw)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{raw!r}: a number of spans >= 0 (0: no limit)")
-    return value
+_limit = checked(int, lambda value: value >= 0, "{raw!r}: a number of spans >= 0 (0: no limit)")
 
 
 def _main(args: argparse.Namespace) -> int:
@@ -58,7 +52,7 @@ def register(sub: Any) -> None:
         "(--nonfinite: no producer found), or lines skipped (a torn last line, or invalid lines "
         "with --skip-invalid); 2 usage errors (missing file, invalid line).",
     )
-    p.add_argument("files", nargs="+", metavar="TRACE.jsonl", help="OTLP JSON Lines files")
+    add_trace_files(p)
     p.add_argument(
         "--nonfinite",
         action="store_true",
@@ -95,4 +89,4 @@ def register(sub: Any) -> None:
         "metadata and dump directory, or the candidates when it could not be singled out",
     )
     p.add_argument("--no-color", action="store_true", help="plain text (also when NO_COLOR is set)")
-    p.set_defaults(func=_main, reads_settings=False)  # a trace file, never the environment
+    reads_trace_files(p, _main)

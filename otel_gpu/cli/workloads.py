@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import gc
 from typing import Any
 
 from otel_gpu.cli import add_command, whole_number
+from otel_gpu.cli.flags import add_json, add_trace_files, reads_trace_files
 
 __all__ = ["register"]
 
@@ -20,10 +20,6 @@ def _rule(raw: str) -> str:
 
 def _main(args: argparse.Namespace) -> int:
     from otel_gpu.traces.workloads import parse_rules, workloads
-
-    # a short-lived reader: its records are freed at exit, and a collection after reading
-    # would only walk the millions of objects a large trace makes
-    gc.disable()
 
     return workloads(
         args.files,
@@ -47,7 +43,7 @@ def register(sub: Any) -> None:
         "shown; 1 no call recorded at level 3 or more; 2 bad input (a missing or invalid file, "
         "an --emit folder that cannot be written). See docs/workloads.md.",
     )
-    p.add_argument("files", nargs="+", metavar="TRACE.jsonl", help="OTLP JSON Lines files")
+    add_trace_files(p)
     p.add_argument(
         "--top", type=whole_number(0), default=0, metavar="N", help="the N largest (0: all)"
     )
@@ -66,11 +62,11 @@ def register(sub: Any) -> None:
         "parameter names) count in the signature; GLOB= for none (default: all; repeatable, "
         "the first matching rule applies)",
     )
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    add_json(p)
     p.add_argument(
         "--emit",
         metavar="DIR",
         help="write a definition JSON per signature and a workload JSON Lines file per function "
         "(and FlashInfer's own definition where its API has fi_trace) under DIR",
     )
-    p.set_defaults(func=_main, reads_settings=False)  # trace files, never the environment
+    reads_trace_files(p, _main, gc_off=True)

@@ -60,30 +60,27 @@ def add_parser(sub: Any) -> None:
         help="the dump root (OTEL_GPU_DUMP_DIR) or one call's directory",
     )
     p.add_argument("--dir", default=None, help="the same as DIR")
-    p.add_argument(
+    _repeatable(
+        p,
         "--path",
-        action="append",
-        default=[],
-        metavar="DIR",
-        help="a folder of your own modules to import allowed modules from (repeatable; appended "
+        "DIR",
+        "a folder of your own modules to import allowed modules from (repeatable; appended "
         "to the import path, as PYTHONPATH's entries are); replay never imports from the "
         "current directory or the dump",
     )
-    p.add_argument(
+    _repeatable(
+        p,
         "--allow-module",
-        action="append",
-        default=[],
-        metavar="PREFIX",
-        help="import modules named PREFIX or PREFIX.*, and rebuild their classes (repeatable, or "
+        "PREFIX",
+        "import modules named PREFIX or PREFIX.*, and rebuild their classes (repeatable, or "
         "comma-separated); denylisted modules (os, subprocess, builtins, importlib, pickle...) "
         "are refused",
     )
-    p.add_argument(
+    _repeatable(
+        p,
         "--instrument",
-        action="append",
-        default=[],
-        metavar="TARGET",
-        help="an otel_gpu.instrument() target replay may apply again, for calls recorded through "
+        "TARGET",
+        "an otel_gpu.instrument() target replay may apply again, for calls recorded through "
         "it (repeatable or comma-separated; OTEL_GPU_INSTRUMENT's targets are allowed too)",
     )
     p.add_argument(
@@ -93,12 +90,11 @@ def add_parser(sub: Any) -> None:
         "its instrumentation targets, without asking (only for dumps you made; never a "
         "denylisted module)",
     )
-    p.add_argument(
+    _repeatable(
+        p,
         "--device",
-        action="append",
-        default=[],
-        metavar="FROM=TO",
-        help="map recorded devices: cuda=cpu, cuda:1=cuda:0, or TO alone for all (repeatable)",
+        "FROM=TO",
+        "map recorded devices: cuda=cpu, cuda:1=cuda:0, or TO alone for all (repeatable)",
     )
     p.add_argument(
         "--rtol", type=float, default=None, help="relative tolerance (default: per dtype)"
@@ -109,20 +105,8 @@ def add_parser(sub: Any) -> None:
         default=None,
         help="absolute tolerance (default: per dtype, scaled down for outputs below 1)",
     )
-    p.add_argument(
-        "--include",
-        action="append",
-        default=[],
-        metavar="PATTERN",
-        help="only span names matching (fnmatch)",
-    )
-    p.add_argument(
-        "--exclude",
-        action="append",
-        default=[],
-        metavar="PATTERN",
-        help="skip span names matching (fnmatch)",
-    )
+    _repeatable(p, "--include", "PATTERN", "only span names matching (fnmatch)")
+    _repeatable(p, "--exclude", "PATTERN", "skip span names matching (fnmatch)")
     p.add_argument("--fail-fast", action="store_true", help="stop at the first failed call")
     p.add_argument(
         "--allow-unverified",
@@ -145,6 +129,12 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--_child", action="store_true", help=argparse.SUPPRESS)
     # replay runs at level 1 without a journal whatever the environment says (see _provider)
     p.set_defaults(func=main, settings_from_flags=_forced_settings)
+
+
+def _repeatable(parser: argparse.ArgumentParser, flag: str, metavar: str, help: str) -> None:
+    """A flag given any number of times, collected in a list (read back with :func:`_split`
+    where its items may also be comma-separated)."""
+    parser.add_argument(flag, action="append", default=[], metavar=metavar, help=help)
 
 
 def _split(values: list[str]) -> tuple[str, ...]:
