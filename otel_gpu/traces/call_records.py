@@ -31,6 +31,7 @@ from otel_gpu.attributes import (
 )
 from otel_gpu.traces import reader
 from otel_gpu.traces.decode import int64, unix_nano
+from otel_gpu.traces.trees import closes_cycle
 
 __all__ = [
     "DEVICE_DURATION",
@@ -119,19 +120,11 @@ def link(calls: list[CallRecord]) -> None:
         by_id.setdefault((call.trace_id, call.span_id), call)
     for call in calls:
         parent = by_id.get((call.trace_id, call.parent_id or ""))
-        if parent is not None and parent is not call and not _above(call, parent):
+        if parent is not None and not closes_cycle(call, parent):
             call.parent = parent
             parent.children.append(call)
     for call in calls:
         call.children.sort(key=lambda c: (c.start, c.span_id))
-
-
-def _above(call: CallRecord, node: CallRecord | None) -> bool:
-    while node is not None:
-        if node is call:
-            return True
-        node = node.parent
-    return False
 
 
 def _line(payload: Any, where: str) -> Iterator[CallRecord]:
