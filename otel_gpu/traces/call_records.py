@@ -46,6 +46,7 @@ DEVICE_DURATION = "otel_gpu.device.duration"
 RANK_KEY = "otel_gpu.rank"
 """Resource attribute naming the process's rank (as ``otel-gpu ranks`` reads it)."""
 _SERVICE, _VERSION = "service.name", "otel_gpu.version"
+# as this reader has always taken them: its own keys, not quite the span reader's defaults
 _SCOPES = ("scopeSpans", "scope_spans", "instrumentationLibrarySpans")
 _OTHER_SIGNALS = ("resourceMetrics", "resource_metrics", "resourceLogs", "resource_logs")
 _DOUBLES = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
@@ -128,13 +129,7 @@ def link(calls: list[CallRecord]) -> None:
 
 
 def _line(payload: Any, where: str) -> Iterator[CallRecord]:
-    if not isinstance(payload, dict):
-        raise reader.TraceFileError(f"{where}: expected a JSON object (OTLP TracesData)")
-    if "resourceSpans" not in payload and "resource_spans" not in payload:
-        if any(k in payload for k in _OTHER_SIGNALS):
-            return
-        raise reader.TraceFileError(f"{where}: not OTLP trace data (no resourceSpans)")
-    for rs in reader.list_at(payload, ("resourceSpans", "resource_spans"), where):
+    for rs in reader.resource_spans(payload, where, _OTHER_SIGNALS):
         resource = rs.get("resource") if isinstance(rs, dict) else None
         res = _attributes(resource, where) if isinstance(resource, dict) else {}
         rank = res.get(RANK_KEY)
@@ -144,16 +139,13 @@ def _line(payload: Any, where: str) -> Iterator[CallRecord]:
             raise reader.TraceFileError(
                 f"{where}: resource attribute {RANK_KEY} is {brief(rank)}, not a whole number"
             ) from None
-        for ss in reader.list_at(rs, _SCOPES, where):
-            for raw in reader.list_at(ss, ("spans",), where):
-                if not isinstance(raw, dict):
-                    raise reader.TraceFileError(f"{where}: a span is not a JSON object")
-                call = _span(raw, where)
-                if call is not None:
-                    call.service = str(res.get(_SERVICE, ""))
-                    call.version = str(res.get(_VERSION, ""))
-                    call.rank = number
-                    yield call
+        for raw in reader.spans_in(rs, where, _SCOPES):
+            call = _span(raw, where)
+            if call is not None:
+                call.service = str(res.get(_SERVICE, ""))
+                call.version = str(res.get(_VERSION, ""))
+                call.rank = number
+                yield call
 
 
 def _get(node: dict[str, Any], camel: str, snake: str, default: Any = None) -> Any:
