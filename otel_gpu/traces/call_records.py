@@ -30,7 +30,7 @@ from otel_gpu.attributes import (
     STUCK,
 )
 from otel_gpu.traces import reader
-from otel_gpu.traces.decode import int64, unix_nano
+from otel_gpu.traces.decode import unix_nano
 from otel_gpu.traces.trees import closes_cycle
 
 __all__ = [
@@ -195,7 +195,7 @@ def _span(raw: dict[str, Any], where: str) -> CallRecord | None:
 
 
 def _time(raw: Any, where: str) -> int:
-    if type(raw) is str and raw.isdigit() and len(raw) < 20:
+    if type(raw) is str and raw.isdecimal() and len(raw) < 20:
         return int(raw)  # below 10**19: inside fixed64 without a range check
     try:
         return unix_nano(raw)
@@ -265,7 +265,7 @@ def _span_attributes(
                     value = _value(cell, where, 0)
             elif kind == "boolValue" and type(raw) is bool:
                 value = raw
-            elif kind == "intValue" and type(raw) is str and raw.isdigit() and len(raw) < 19:
+            elif kind == "intValue" and type(raw) is str and raw.isdecimal() and len(raw) < 19:
                 value = int(raw)
             else:
                 value = _value(cell, where, 0)
@@ -308,18 +308,6 @@ def _digits(raw: Any) -> list[int] | None:
 _ARRAYS: dict[tuple[str, ...], tuple[int, ...]] = {}
 
 
-def _int(raw: Any, where: str) -> int:
-    """An ``intValue`` as ``ship`` takes it: a whole number in int64 (fast for a plain one)."""
-    if type(raw) is str and raw.isdigit() and len(raw) < 19:
-        return int(raw)  # below 10**18: inside int64 without a range check
-    try:
-        return int64(raw)
-    except ValueError as exc:
-        raise reader.TraceFileError(
-            f"{where}: intValue {brief(raw)} is not a 64-bit integer ({exc})"
-        ) from None
-
-
 def _attributes(node: dict[str, Any], where: str) -> dict[str, Any]:
     out = {}
     for kv in reader.list_at(node, ("attributes",), where):
@@ -338,7 +326,7 @@ def _value(node: Any, where: str, depth: int) -> Any:
         return raw if isinstance(raw, str) else None
     kind = kind.replace("_value", "Value")
     if kind == "intValue":
-        return _int(raw, where)
+        return reader._int(raw, where)
     if kind == "doubleValue":
         try:
             return _DOUBLES[raw] if isinstance(raw, str) and raw in _DOUBLES else float(raw)
@@ -351,7 +339,7 @@ def _value(node: Any, where: str, depth: int) -> Any:
         if not isinstance(values, list):
             return []
         try:  # a shape or a stride: whole numbers, without a call per element
-            return [_int(v["intValue"], where) for v in values if len(v) == 1]
+            return [reader._int(v["intValue"], where) for v in values if len(v) == 1]
         except (KeyError, TypeError):
             return [_value(v, where, depth + 1) for v in values]
     if kind == "kvlistValue":
