@@ -29,6 +29,7 @@ import sys
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import IO, Any
 
 from otel_gpu._text import printable
@@ -480,10 +481,7 @@ def ranks(
     err = sys.stderr if err is None else err
     problems: list[reader.TraceFileError] = []
     loaded = load(paths, problems.append)
-    for problem in problems[:10]:
-        _say(err, str(problem))
-    if any(not p.torn for p in problems):
-        _say(err, "nothing analysed: fix or leave out the files above")
+    if reader.refused(problems, partial(_say, err), "analysed"):
         return EXIT_USAGE
     if not any(r.calls for r in loaded.values()):
         _say(err, f"no otel-gpu call spans in {', '.join(paths)}")

@@ -61,6 +61,7 @@ __all__ = [
     "read_all",
     "read_lines",
     "read_spans",
+    "refused",
     "resource_spans",
     "spans_in",
     "too_deep",
@@ -117,6 +118,18 @@ class TraceFileError(ValueError):
 
 Problem = Callable[[TraceFileError], None]
 """Told about each invalid line or unreadable file; the reader goes on with the next line."""
+
+
+def refused(problems: list[TraceFileError], say: Callable[[str], None], what: str) -> bool:
+    """Whether a command that reads whole runs stops at ``problems``: each of the first ten is
+    said, and any but a torn last line (a writer killed mid-line) stops it, saying ``nothing
+    {what}``."""
+    for problem in problems[:10]:
+        say(str(problem))
+    if any(not p.torn for p in problems):
+        say(f"nothing {what}: fix or leave out the files above")
+        return True
+    return False
 
 
 @dataclass(eq=False, slots=True)
