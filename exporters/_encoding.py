@@ -64,8 +64,8 @@ def plain(v: Any) -> Any:
 class CachingEncoder:
     """What both native encoders keep: the caches, the per-attribute loop and the once-per-key
     warning. A format supplies its pieces: :attr:`_pack` or :attr:`_close` (a float after its
-    key's prefix), :attr:`_sep`, :meth:`_double_prefix`, :meth:`_nonfinite` and
-    :meth:`_fragment`. ``tag`` is the field that holds the attributes (the protobuf encoder's
+    key's prefix), :attr:`_sep`, :meth:`_double_prefix`, :meth:`_nonfinite`,
+    :meth:`_fragment`, :meth:`_encode_resource` and :meth:`_encode_scope`. ``tag`` is the field that holds the attributes (the protobuf encoder's
     KeyValue fields differ by it; the JSON encoder passes one tag for all)."""
 
     _pack: Callable[[float], bytes] | None = None
@@ -81,6 +81,8 @@ class CachingEncoder:
         # and the prefixes of float-valued ones by key
         self._caches: dict[Any, tuple[dict[Any, Any], dict[str, Any]]] = {}
         self._fixed: dict[Any, Any] = {}
+        self._resources: dict[int, tuple[Any, Any]] = {}
+        self._scopes: dict[int, tuple[Any, Any]] = {}
 
     def _double_prefix(self, tag: Any, key: str) -> Any:
         """Everything of a float-valued attribute before the float, kept in
@@ -165,6 +167,30 @@ class CachingEncoder:
                 return  # all constant (level 1): no loop over nothing
             items = islice(items, fixed[1], None)
         self._attributes(tag, items, out)
+
+    def _resource(self, resource: Any) -> Any:
+        """:meth:`_encode_resource`, once per resource object."""
+        hit = self._resources.get(id(resource))
+        if hit is not None and hit[0] is resource:  # the entry holds the object: no id reuse
+            return hit[1]
+        encoded = self._encode_resource(resource)
+        self._remember(self._resources, id(resource), (resource, encoded))
+        return encoded
+
+    def _scope(self, scope: Any) -> Any:
+        """:meth:`_encode_scope`, once per scope object."""
+        hit = self._scopes.get(id(scope))
+        if hit is not None and hit[0] is scope:
+            return hit[1]
+        encoded = self._encode_scope(scope)
+        self._remember(self._scopes, id(scope), (scope, encoded))
+        return encoded
+
+    def _encode_resource(self, resource: Any) -> Any:
+        raise NotImplementedError
+
+    def _encode_scope(self, scope: Any) -> Any:
+        raise NotImplementedError
 
     def _skip(self, key: str, exc: Exception) -> None:
         """An attribute that cannot be encoded is left out, with one warning per key."""

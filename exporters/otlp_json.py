@@ -114,8 +114,6 @@ class JsonEncoder(_encoding.CachingEncoder):
         self._names: dict[str, str] = {}
         self._quoted: dict[str, str] = {}
         self._keys: dict[str, str] = {}
-        self._resources: dict[int, tuple[Any, str]] = {}
-        self._scopes: dict[int, tuple[Any, str]] = {}
         self._last_status: tuple[Any, str] = (self, "")  # (status object, its text + "}")
 
     # ------------------------------------------------------------------ attributes
@@ -214,19 +212,11 @@ class JsonEncoder(_encoding.CachingEncoder):
 
     # ------------------------------------------------------------------ resource and scope
 
-    def _resource(self, resource: Any) -> str:
-        hit = self._resources.get(id(resource))
-        if hit is not None and hit[0] is resource:  # the entry holds the object: no id reuse
-            return hit[1]
+    def _encode_resource(self, resource: Any) -> str:
         attributes = self._joined(_TAG, getattr(resource, "attributes", None))
-        text = '{"resource":{' + ('"attributes":[' + attributes + "]" if attributes else "") + "}"
-        self._remember(self._resources, id(resource), (resource, text))
-        return text
+        return '{"resource":{' + ('"attributes":[' + attributes + "]" if attributes else "") + "}"
 
-    def _scope(self, scope: Any) -> str:
-        hit = self._scopes.get(id(scope))
-        if hit is not None and hit[0] is scope:
-            return hit[1]
+    def _encode_scope(self, scope: Any) -> str:
         fields = []
         if scope is not None:
             if scope.name:
@@ -236,9 +226,7 @@ class JsonEncoder(_encoding.CachingEncoder):
             attributes = self._joined(_TAG, scope.attributes)
             if attributes:
                 fields.append('"attributes":[' + attributes + "]")
-        text = '{"scope":{' + ",".join(fields) + "}"
-        self._remember(self._scopes, id(scope), (scope, text))
-        return text
+        return '{"scope":{' + ",".join(fields) + "}"
 
     # ------------------------------------------------------------------ request
 

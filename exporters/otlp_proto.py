@@ -132,8 +132,6 @@ class ProtoEncoder(_encoding.CachingEncoder):
         super().__init__()
         self._names: dict[str, bytes] = {}
         self._event_names: dict[str, bytes] = {}
-        self._resources: dict[int, tuple[Any, bytes]] = {}
-        self._scopes: dict[int, tuple[Any, bytes]] = {}
 
     # ------------------------------------------------------------------ attributes
 
@@ -229,21 +227,13 @@ class ProtoEncoder(_encoding.CachingEncoder):
 
     # ------------------------------------------------------------------ resource and scope
 
-    def _resource(self, resource: Any) -> bytes:
+    def _encode_resource(self, resource: Any) -> bytes:
         """ResourceSpans.resource as a whole field (always present, as the official sets it)."""
-        hit = self._resources.get(id(resource))
-        if hit is not None and hit[0] is resource:  # the entry holds the object: no id reuse
-            return hit[1]
         attributes = getattr(resource, "attributes", None)
-        encoded = _field(b"\x0a", self._joined(b"\x0a", attributes))
-        self._remember(self._resources, id(resource), (resource, encoded))
-        return encoded
+        return _field(b"\x0a", self._joined(b"\x0a", attributes))
 
-    def _scope(self, scope: Any) -> bytes:
+    def _encode_scope(self, scope: Any) -> bytes:
         """ScopeSpans.scope as a whole field, plus ScopeSpans.schema_url."""
-        hit = self._scopes.get(id(scope))
-        if hit is not None and hit[0] is scope:
-            return hit[1]
         body = b""
         schema = b""
         if scope is not None:
@@ -254,9 +244,7 @@ class ProtoEncoder(_encoding.CachingEncoder):
             body += self._joined(b"\x1a", scope.attributes)
             if scope.schema_url:
                 schema = _string(b"\x1a", scope.schema_url)
-        encoded = _field(b"\x0a", body) + schema
-        self._remember(self._scopes, id(scope), (scope, encoded))
-        return encoded
+        return _field(b"\x0a", body) + schema
 
     # ------------------------------------------------------------------ request
 
