@@ -21,7 +21,6 @@ import os
 import sys
 import threading
 from collections.abc import Iterable, Mapping, Sequence
-from itertools import islice
 from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
 from typing import IO, Any
 
@@ -39,12 +38,14 @@ _logger = logging.getLogger(__name__)
 _quote = encode_basestring_ascii  # the C escaper json.dumps uses: same text, no dict walk
 _INTERNAL = SpanKind.INTERNAL
 _UNSET = StatusCode.UNSET
+_TAG = ""  # JSON attributes are encoded alike in every field that holds them
 
 
-def _special_float(v: float) -> str:
+def _nonfinite_text(v: float) -> str:
+    """NaN and the infinities as OTLP/JSON spells them: strings."""
     if v != v:
-        return '{"doubleValue":"NaN"}'
-    return '{"doubleValue":"Infinity"}' if v > 0 else '{"doubleValue":"-Infinity"}'
+        return '"NaN"'
+    return '"Infinity"' if v > 0 else '"-Infinity"'
 
 
 def _value(v: Any) -> str:
@@ -59,7 +60,9 @@ def _value(v: Any) -> str:
             return f'{{"intValue":"{v}"}}'
         raise _encoding.Unencodable(f"int {v} is outside int64")
     if t is float:
-        return f'{{"doubleValue":{v!r}}}' if v - v == 0 else _special_float(v)
+        if v - v == 0:
+            return f'{{"doubleValue":{v!r}}}'
+        return '{"doubleValue":' + _nonfinite_text(v) + "}"
     if t is list or t is tuple:
         if not v:
             return '{"arrayValue":{}}'
@@ -103,55 +106,17 @@ class JsonEncoder(_encoding.CachingEncoder):
     Fragment cache keys assume valid OTel values: a sequence holds one element type.
     """
 
+    _close = "}}"  # a float's doubleValue, then its KeyValue
+    _sep = ","
+
     def __init__(self) -> None:
         super().__init__()
-        self._fragments: dict[Any, str] = {}
-        self._fixed: dict[Any, str] = {}
         self._names: dict[str, str] = {}
         self._quoted: dict[str, str] = {}
         self._keys: dict[str, str] = {}
-        self._resources: dict[int, tuple[Any, str]] = {}
-        self._scopes: dict[int, tuple[Any, str]] = {}
         self._last_status: tuple[Any, str] = (self, "")  # (status object, its text + "}")
 
     # ------------------------------------------------------------------ attributes
-
-    def _attributes(self, items: Iterable[tuple[str, Any]], out: list[str]) -> None:
-        """Append one ``{"key":..,"value":..}`` per attribute; floats are never cached (-0.0 == 0.0)."""
-        cache = self._fragments
-        keys = self._keys
-        for k, v in items:
-            t = type(v)
-            if t is float:  # statistics: never repeat, so skip the cache and the dispatch
-                prefix = keys.get(k) or self._key_prefix(k)
-                if v - v == 0:
-                    out.append(f'{prefix}{{"doubleValue":{v!r}}}}}')
-                else:
-                    out.append(prefix + _special_float(v) + "}")
-                continue
-            # The cache key inline, as in the other native encoder: a shared helper would cost
-            # a Python call per attribute on the export thread's hottest loop.
-            if t is str:
-                ck: Any = (k, v)
-            elif t is int or t is bool:
-                ck = (k, v, t)
-            elif (t is list or t is tuple) and v and type(v[0]) is not float:
-                ck = (k, tuple(v), type(v[0]))
-            else:
-                ck = None
-            if ck is not None:
-                fragment = cache.get(ck)
-                if fragment is not None:  # hit: a dict lookup instead of escaping and formatting
-                    out.append(fragment)
-                    continue
-            try:
-                fragment = (keys.get(k) or self._key_prefix(k)) + _value(v) + "}"
-            except Exception as exc:
-                self._skip(k, exc)
-                continue
-            if ck is not None:  # a miss: the call is paid once per new fragment
-                self._remember(cache, ck, fragment, CACHE_MAX)
-            out.append(fragment)
 
     def _key_prefix(self, key: str) -> str:
         prefix = '{"key":' + _quote(key) + ',"value":'
@@ -159,12 +124,16 @@ class JsonEncoder(_encoding.CachingEncoder):
             self._keys[key] = prefix
         return prefix
 
-    def _attribute_list(self, attributes: Any) -> str:
-        if not attributes:
-            return ""
-        out: list[str] = []
-        self._attributes(_encoding.attribute_items(attributes), out)
-        return ",".join(out)
+    def _double_prefix(self, tag: Any, key: str) -> str:
+        prefix = (self._keys.get(key) or self._key_prefix(key)) + '{"doubleValue":'
+        self._remember(self._caches[tag][1], key, prefix, CACHE_MAX)
+        return prefix
+
+    def _nonfinite(self, prefix: str, value: float) -> str:
+        return prefix + _nonfinite_text(value) + "}}"
+
+    def _fragment(self, tag: Any, key: str, value: Any) -> str:
+        return (self._keys.get(key) or self._key_prefix(key)) + _value(value) + "}"
 
     # ------------------------------------------------------------------ spans
 
@@ -193,25 +162,9 @@ class JsonEncoder(_encoding.CachingEncoder):
             head += f',"startTimeUnixNano":"{start}"' if start else ""
             head += f',"endTimeUnixNano":"{end}"' if end else ""
         parts = [head]
-        attributes = span.attributes
-        if attributes:
+        if span.attributes:
             out: list[str] = []
-            fixed = getattr(span, "fixed", None)
-            items = _encoding.attribute_items(attributes)
-            if fixed is not None and fixed[1] > 0:
-                constant = self._fixed.get(fixed)
-                if constant is None:  # first span of this key: encode its constant head once
-                    self._attributes(islice(items, fixed[1]), out)
-                    constant = ",".join(out)
-                    self._remember(self._fixed, fixed, constant, CACHE_MAX)
-                    out = []
-                    items = _encoding.attribute_items(attributes)
-                if constant:
-                    out.append(constant)
-                if len(attributes) > fixed[1]:
-                    self._attributes(islice(items, fixed[1], None), out)
-            else:
-                self._attributes(items, out)
+            self._span_attributes(_TAG, span, out)
             parts.append(',"attributes":[' + ",".join(out) + "]")
         if span.dropped_attributes:
             parts.append(f',"droppedAttributesCount":{span.dropped_attributes}')
@@ -238,7 +191,7 @@ class JsonEncoder(_encoding.CachingEncoder):
                 quoted = _quote(event.name)
                 self._remember(self._quoted, event.name, quoted)
             fields.append('"name":' + quoted)
-        attributes = self._attribute_list(event.attributes)
+        attributes = self._joined(_TAG, event.attributes)
         if attributes:
             fields.append('"attributes":[' + attributes + "]")
         dropped = getattr(event, "dropped_attributes", 0)
@@ -249,7 +202,7 @@ class JsonEncoder(_encoding.CachingEncoder):
     def _link(self, link: Any) -> str:
         ctx = link.context
         text = f'{{"traceId":"{ctx.trace_id:032x}","spanId":"{ctx.span_id:016x}"'
-        attributes = self._attribute_list(link.attributes)
+        attributes = self._joined(_TAG, link.attributes)
         if attributes:
             text += ',"attributes":[' + attributes + "]"
         dropped = getattr(link, "dropped_attributes", 0)
@@ -259,31 +212,21 @@ class JsonEncoder(_encoding.CachingEncoder):
 
     # ------------------------------------------------------------------ resource and scope
 
-    def _resource(self, resource: Any) -> str:
-        hit = self._resources.get(id(resource))
-        if hit is not None and hit[0] is resource:  # the entry holds the object: no id reuse
-            return hit[1]
-        attributes = self._attribute_list(getattr(resource, "attributes", None))
-        text = '{"resource":{' + ('"attributes":[' + attributes + "]" if attributes else "") + "}"
-        self._remember(self._resources, id(resource), (resource, text))
-        return text
+    def _encode_resource(self, resource: Any) -> str:
+        attributes = self._joined(_TAG, getattr(resource, "attributes", None))
+        return '{"resource":{' + ('"attributes":[' + attributes + "]" if attributes else "") + "}"
 
-    def _scope(self, scope: Any) -> str:
-        hit = self._scopes.get(id(scope))
-        if hit is not None and hit[0] is scope:
-            return hit[1]
+    def _encode_scope(self, scope: Any) -> str:
         fields = []
         if scope is not None:
             if scope.name:
                 fields.append('"name":' + _quote(scope.name))
             if scope.version:
                 fields.append('"version":' + _quote(scope.version))
-            attributes = self._attribute_list(scope.attributes)
+            attributes = self._joined(_TAG, scope.attributes)
             if attributes:
                 fields.append('"attributes":[' + attributes + "]")
-        text = '{"scope":{' + ",".join(fields) + "}"
-        self._remember(self._scopes, id(scope), (scope, text))
-        return text
+        return '{"scope":{' + ",".join(fields) + "}"
 
     # ------------------------------------------------------------------ request
 

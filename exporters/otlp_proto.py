@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping, Sequence
-from itertools import islice
 from struct import Struct
 from typing import Any
 
@@ -126,68 +125,25 @@ class ProtoEncoder(_encoding.CachingEncoder):
     sequence holds one element type.
     """
 
+    _pack = _PACK_DOUBLE  # the 8 bytes of a double, after the prefix's tag 0x21
+    _sep = b""
+
     def __init__(self) -> None:
         super().__init__()
-        # one fragment cache per containing field: the tag byte is part of the fragment
-        self._fragments: dict[bytes, dict[Any, bytes]] = {}
-        self._fixed: dict[Any, bytes] = {}
-        self._doubles: dict[tuple[bytes, str], bytes] = {}
         self._names: dict[str, bytes] = {}
         self._event_names: dict[str, bytes] = {}
-        self._resources: dict[int, tuple[Any, bytes]] = {}
-        self._scopes: dict[int, tuple[Any, bytes]] = {}
 
     # ------------------------------------------------------------------ attributes
-
-    def _attributes(self, tag: bytes, items: Iterable[tuple[str, Any]], out: list[bytes]) -> None:
-        """Append one ``tag``-ged KeyValue field per attribute; floats are never cached (-0.0 == 0.0)."""
-        cache = self._fragments.get(tag)
-        if cache is None:
-            cache = self._fragments[tag] = {}
-        doubles = self._doubles
-        for k, v in items:
-            t = type(v)
-            if t is float:  # statistics: never repeat, so skip the cache and the dispatch
-                prefix = doubles.get((tag, k)) or self._double_prefix(tag, k)
-                out.append(prefix + _PACK_DOUBLE(v))
-                continue
-            # The cache key inline, as in the other native encoder: a shared helper would cost
-            # a Python call per attribute on the export thread's hottest loop.
-            if t is str:
-                ck: Any = (k, v)
-            elif t is int or t is bool:
-                ck = (k, v, t)
-            elif (t is list or t is tuple) and v and type(v[0]) is not float:
-                ck = (k, tuple(v), type(v[0]))
-            else:
-                ck = None
-            if ck is not None:
-                fragment = cache.get(ck)
-                if fragment is not None:  # hit: a dict lookup instead of encoding
-                    out.append(fragment)
-                    continue
-            try:
-                fragment = _field(tag, _key_value(k, v))
-            except Exception as exc:
-                self._skip(k, exc)
-                continue
-            if ck is not None:  # a miss: the call is paid once per new fragment
-                self._remember(cache, ck, fragment, CACHE_MAX)
-            out.append(fragment)
 
     def _double_prefix(self, tag: bytes, key: str) -> bytes:
         """Everything of a double-valued KeyValue field before the 8 value bytes."""
         key_field = _string(b"\x0a", key)
         prefix = tag + _varint(len(key_field) + 11) + key_field + b"\x12\x09\x21"
-        self._remember(self._doubles, (tag, key), prefix, CACHE_MAX)
+        self._remember(self._caches[tag][1], key, prefix, CACHE_MAX)
         return prefix
 
-    def _attribute_bytes(self, tag: bytes, attributes: Any) -> bytes:
-        if not attributes:
-            return b""
-        out: list[bytes] = []
-        self._attributes(tag, _encoding.attribute_items(attributes), out)
-        return b"".join(out)
+    def _fragment(self, tag: bytes, key: str, value: Any) -> bytes:
+        return _field(tag, _key_value(key, value))
 
     # ------------------------------------------------------------------ spans
 
@@ -225,21 +181,8 @@ class ProtoEncoder(_encoding.CachingEncoder):
                 parts.append(_FIXED64.pack(0x39, start))
             if end:
                 parts.append(_FIXED64.pack(0x41, end))
-        attributes = span.attributes
-        if attributes:
-            fixed = getattr(span, "fixed", None)
-            items = _encoding.attribute_items(attributes)
-            if fixed is not None and fixed[1] > 0:
-                constant = self._fixed.get(fixed)
-                if constant is None:  # first span of this key: encode its constant head once
-                    head: list[bytes] = []
-                    self._attributes(b"\x4a", islice(items, fixed[1]), head)
-                    constant = b"".join(head)
-                    self._remember(self._fixed, fixed, constant, CACHE_MAX)
-                    items = _encoding.attribute_items(attributes)
-                parts.append(constant)
-                items = islice(items, fixed[1], None)
-            self._attributes(b"\x4a", items, parts)
+        if span.attributes:
+            self._span_attributes(b"\x4a", span, parts)
         if span.dropped_attributes:
             parts.append(b"\x50" + _varint(span.dropped_attributes))
         for event in span.events:
@@ -275,7 +218,7 @@ class ProtoEncoder(_encoding.CachingEncoder):
             + ctx.trace_id.to_bytes(16, "big")
             + b"\x12\x08"
             + ctx.span_id.to_bytes(8, "big")
-            + self._attribute_bytes(b"\x22", link.attributes)
+            + self._joined(b"\x22", link.attributes)
         )
         dropped = getattr(link, "dropped_attributes", 0)
         if dropped:
@@ -284,21 +227,13 @@ class ProtoEncoder(_encoding.CachingEncoder):
 
     # ------------------------------------------------------------------ resource and scope
 
-    def _resource(self, resource: Any) -> bytes:
+    def _encode_resource(self, resource: Any) -> bytes:
         """ResourceSpans.resource as a whole field (always present, as the official sets it)."""
-        hit = self._resources.get(id(resource))
-        if hit is not None and hit[0] is resource:  # the entry holds the object: no id reuse
-            return hit[1]
         attributes = getattr(resource, "attributes", None)
-        encoded = _field(b"\x0a", self._attribute_bytes(b"\x0a", attributes))
-        self._remember(self._resources, id(resource), (resource, encoded))
-        return encoded
+        return _field(b"\x0a", self._joined(b"\x0a", attributes))
 
-    def _scope(self, scope: Any) -> bytes:
+    def _encode_scope(self, scope: Any) -> bytes:
         """ScopeSpans.scope as a whole field, plus ScopeSpans.schema_url."""
-        hit = self._scopes.get(id(scope))
-        if hit is not None and hit[0] is scope:
-            return hit[1]
         body = b""
         schema = b""
         if scope is not None:
@@ -306,12 +241,10 @@ class ProtoEncoder(_encoding.CachingEncoder):
                 body += _string(b"\x0a", scope.name)
             if scope.version:
                 body += _string(b"\x12", scope.version)
-            body += self._attribute_bytes(b"\x1a", scope.attributes)
+            body += self._joined(b"\x1a", scope.attributes)
             if scope.schema_url:
                 schema = _string(b"\x1a", scope.schema_url)
-        encoded = _field(b"\x0a", body) + schema
-        self._remember(self._scopes, id(scope), (scope, encoded))
-        return encoded
+        return _field(b"\x0a", body) + schema
 
     # ------------------------------------------------------------------ request
 

@@ -16,6 +16,7 @@ function's ``code.*`` attributes), so their encoded form can be cached per key.
 from __future__ import annotations
 
 from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from opentelemetry.trace import SpanContext, SpanKind, Status
@@ -23,61 +24,26 @@ from opentelemetry.trace import SpanContext, SpanKind, Status
 __all__ = ["SpanData"]
 
 
+@dataclass(eq=False, slots=True)
 class SpanData:
     """A finished span: plain slots, no validation. Attribute values must already be valid OTel values."""
 
-    __slots__ = (
-        "attributes",
-        "context",
-        "dropped_attributes",
-        "dropped_events",
-        "dropped_links",
-        "end_time",
-        "events",
-        "fixed",
-        "instrumentation_scope",
-        "kind",
-        "links",
-        "name",
-        "parent",
-        "resource",
-        "start_time",
-        "status",
-    )
-
-    def __init__(
-        self,
-        name: str,
-        context: SpanContext,
-        parent: SpanContext | None,
-        start_time: int,
-        end_time: int,
-        attributes: Mapping[str, Any],
-        events: Sequence[Any],
-        links: Sequence[Any],
-        status: Status,
-        resource: Any,
-        instrumentation_scope: Any,
-        kind: SpanKind = SpanKind.INTERNAL,
-        fixed: tuple[Hashable, int] | None = None,
-        dropped_attributes: int = 0,
-    ) -> None:
-        self.name = name
-        self.context = context
-        self.parent = parent
-        self.start_time = start_time
-        self.end_time = end_time
-        self.attributes = attributes
-        self.events = events
-        self.links = links
-        self.status = status
-        self.resource = resource
-        self.instrumentation_scope = instrumentation_scope
-        self.kind = kind
-        self.fixed = fixed
-        self.dropped_attributes = dropped_attributes
-        self.dropped_events = 0
-        self.dropped_links = 0
+    name: str
+    context: SpanContext
+    parent: SpanContext | None
+    start_time: int
+    end_time: int
+    attributes: Mapping[str, Any]
+    events: Sequence[Any]
+    links: Sequence[Any]
+    status: Status
+    resource: Any
+    instrumentation_scope: Any
+    kind: SpanKind = SpanKind.INTERNAL
+    fixed: tuple[Hashable, int] | None = None
+    dropped_attributes: int = 0
+    dropped_events: int = field(default=0, init=False)
+    dropped_links: int = field(default=0, init=False)
 
     def get_span_context(self) -> SpanContext:
         return self.context

@@ -28,41 +28,19 @@ from torch.utils import _pytree  # torch imports it itself; its registry is read
 
 from otel_gpu.calls import _subclass
 
-# the record kinds and their conversion live in the core; re-exported for the capture's readers
-from otel_gpu.core.raw import (
-    CONTAINER,
-    DEFAULT,
-    MAX_VALUE_BYTES,
-    OBJECT,
-    REDACTED,
-    TENSOR,
-    VALUE,
-    enum_value,
-    kind_of,
-    payload_of,
-    scalar_value,
-    to_attributes,
-    truncate,
-)
+# the record kinds and their conversion live in the core; re-exported (its whole ``__all__``)
+# for the capture's readers
+from otel_gpu.core import raw as _raw
+from otel_gpu.core.raw import *  # noqa: F403
+from otel_gpu.core.raw import CONTAINER, OBJECT, REDACTED, TENSOR, VALUE, kind_of, payload_of
 
 __all__ = [
-    "CONTAINER",
-    "DEFAULT",
-    "MAX_VALUE_BYTES",
-    "OBJECT",
-    "REDACTED",
-    "TENSOR",
-    "VALUE",
+    *_raw.__all__,
     "Binder",
     "capture",
     "capture_output",
-    "enum_value",
     "instance_dict",
     "make_binder",
-    "payload_of",
-    "scalar_value",
-    "to_attributes",
-    "truncate",
 ]
 
 MAX_DEPTH = 4

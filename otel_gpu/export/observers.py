@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from otel_gpu import _guard
@@ -69,51 +70,28 @@ class Entry(NamedTuple):
     factory: Factory
 
 
+def _when(wanted: Callable[[Settings], object], target: str) -> Factory:
+    """The factory of a plugin's observer: ``target`` (an import string) imported and called
+    with the settings and the pipeline when ``wanted(settings)`` holds, None otherwise."""
+
+    def factory(settings: Settings, pipeline: Wired) -> Observer | None:
+        if not wanted(settings):
+            return None
+        return _load(target)(settings, pipeline)
+
+    return factory
+
+
 def _console(settings: Settings, pipeline: Wired) -> Observer | None:
     if not pipeline.consoles:  # otel-gpu's own provider with a console or text destination
         return None
     return _load("otel_gpu.exporters.destinations:ConsolePrecall")(pipeline.consoles, settings)
 
 
-def _journal(settings: Settings, pipeline: Wired) -> Observer | None:
-    if not settings.journal:
-        return None
-    return _load("otel_gpu.journal.writer:make_observer")(settings, pipeline)
-
-
-def _watchdog(settings: Settings, pipeline: Wired) -> Observer | None:
-    if not settings.stuck_after:
-        return None
-    return _load(_WATCHDOG)(settings, pipeline)
-
-
 def _snapshot(settings: Settings, pipeline: Wired) -> Observer | None:
     # not a per-call observer: it only adds an export-thread hook (otel-gpu snapshot)
     _load("otel_gpu.anomalies.snapshot:Responder")(settings, pipeline)
     return None
-
-
-def _ring(settings: Settings, pipeline: Wired) -> Observer | None:
-    # a ring of size 0 still dumps the call itself when OTEL_GPU_ON_NONFINITE=dump
-    if not (settings.ring or settings.on_nonfinite == "dump"):
-        return None
-    return _load(_RING)(settings, pipeline)
-
-
-def _workloads_dir(settings: Settings, pipeline: Wired) -> Observer | None:
-    if not settings.workloads_dir:
-        return None
-    return _load("otel_gpu.workloads.folder:make_observer")(settings, pipeline)
-
-
-def _recorder(settings: Settings, pipeline: Wired) -> Observer | None:
-    return _load("otel_gpu.recorder.recorder:make_observer")(settings, pipeline)
-
-
-def _triggers(settings: Settings, pipeline: Wired) -> Observer | None:
-    if not settings.controllable:
-        return None
-    return _load("otel_gpu.anomalies.triggers:make_observer")(settings, pipeline)
 
 
 def _nvtx(settings: Settings, pipeline: Wired) -> Observer | None:
@@ -125,11 +103,14 @@ def _nvtx(settings: Settings, pipeline: Wired) -> Observer | None:
 _RING = "otel_gpu.recorder.ring:Ring"
 _WATCHDOG = "otel_gpu.anomalies.watchdog:Watchdog"
 
-
-def _device_time(settings: Settings, pipeline: Wired) -> Observer | None:
-    if settings.device_time == "off":
-        return None
-    return _load("otel_gpu.devices.device_time:make_observer")(settings, pipeline)
+_journal = _when(attrgetter("journal"), "otel_gpu.journal.writer:make_observer")
+_watchdog = _when(attrgetter("stuck_after"), _WATCHDOG)
+# a ring of size 0 still dumps the call itself when OTEL_GPU_ON_NONFINITE=dump
+_ring = _when(lambda s: s.ring or s.on_nonfinite == "dump", _RING)
+_workloads_dir = _when(attrgetter("workloads_dir"), "otel_gpu.workloads.folder:make_observer")
+_recorder = _when(lambda s: True, "otel_gpu.recorder.recorder:make_observer")
+_triggers = _when(attrgetter("controllable"), "otel_gpu.anomalies.triggers:make_observer")
+_device_time = _when(lambda s: s.device_time != "off", "otel_gpu.devices.device_time:make_observer")
 
 
 REGISTRY: tuple[Entry, ...] = (

@@ -9,6 +9,7 @@ stay in ``pipeline.py``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from itertools import chain, islice
 from typing import Any
 
@@ -122,6 +123,11 @@ class SpanBuilder:
         n = self._heads.get(plan)
         if n is None:
             n = self._head_of(plan)
+        attrs: Mapping[str, Any] | None = None
+        fixed: tuple[Any, int] | None
+        events: list[Event] = []
+        status = span.status or _UNSET
+        dropped = 0
         if (
             n
             and n == len(plan.attributes)
@@ -131,60 +137,42 @@ class SpanBuilder:
         ):
             # Nothing of the call's own (level 1): its attributes are its plan's, checked once
             # per plan (``_head_of``), shared rather than copied and checked again per span.
-            return SpanData(
-                span.name,
-                span.get_span_context(),
-                call.parent,
-                call.start_ns,
-                call.end_ns,
-                plan.attributes,
-                [],
-                span.links or (),
-                span.status or _UNSET,
-                self.resource,
-                SCOPE,
-                fixed=(plan, n),
-            )
-        own = span.attributes
-        if (
-            not (call.stats or span.events or self.notes)
-            and call.exc is None
-            and (not own or _device_readings(own))
-        ):
-            # Level 3 and 4: the attributes are a function of the plan and the captured layout,
-            # which a serving loop or a model repeats: built, checked and encoded once per layout.
-            layout = self._layout(call)
-            if layout is not None:
-                shared, hint, dropped = layout
-                limit = self.max_attributes
-                if own and (limit is None or len(shared) + len(own) <= limit):
-                    if own.keys().isdisjoint(shared):  # after the shared ones: the hint holds
-                        shared, own = {**shared, **own}, None
-                if not own:
-                    return self._span_data(call, shared, [], span.status or _UNSET, hint, dropped)
-        attrs, events, status = self._contents(call)
-        # The plan's attributes lead every span of the plan unchanged unless something was put
-        # before them (the events-omitted count) or a user attribute overwrote one of them.
-        head = (
-            n > 0
-            and next(iter(attrs)) == next(iter(plan.attributes))
-            and not (span.attributes and not span.attributes.keys().isdisjoint(plan.attributes))
-        )
-        # the plan's own attributes, when they lead unchanged, were checked once per plan
-        attrs, dropped, cleaned = self._within_limits(attrs, n if head else 0)
-        fixed = (plan, n) if head and not cleaned else None
-        return self._span_data(call, attrs, events, status, fixed, dropped)
-
-    def _span_data(
-        self,
-        call: Call,
-        attrs: dict[str, Any],
-        events: list[Event],
-        status: Status,
-        fixed: tuple[Any, int] | None,
-        dropped: int,
-    ) -> SpanData:
-        span = call.span
+            attrs, fixed = plan.attributes, (plan, n)
+        else:
+            own = span.attributes
+            if (
+                not (call.stats or span.events or self.notes)
+                and call.exc is None
+                and (not own or _device_readings(own))
+            ):
+                # Level 3 and 4: the attributes are a function of the plan and the captured
+                # layout, which a serving loop or a model repeats: built, checked and encoded
+                # once per layout.
+                layout = self._layout(call)
+                if layout is not None:
+                    shared, hint, dropped = layout
+                    limit = self.max_attributes
+                    if own and (limit is None or len(shared) + len(own) <= limit):
+                        if own.keys().isdisjoint(shared):  # after the shared ones: the hint holds
+                            shared, own = {**shared, **own}, None
+                    if not own:
+                        attrs, fixed = shared, hint
+            if attrs is None:
+                attrs, events, status = self._contents(call)
+                # The plan's attributes lead every span of the plan unchanged unless something
+                # was put before them (the events-omitted count) or a user attribute overwrote
+                # one of them.
+                head = (
+                    n > 0
+                    and next(iter(attrs)) == next(iter(plan.attributes))
+                    and not (
+                        span.attributes and not span.attributes.keys().isdisjoint(plan.attributes)
+                    )
+                )
+                # the plan's own attributes, when they lead unchanged, were checked once per plan
+                attrs, dropped, cleaned = self._within_limits(attrs, n if head else 0)
+                fixed = (plan, n) if head and not cleaned else None
+        # one construction for the three paths: no call of its own on the export thread
         return SpanData(
             span.name,
             span.get_span_context(),

@@ -12,6 +12,7 @@ import contextlib
 import enum
 import inspect
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -240,27 +241,19 @@ def _arguments(
     return args, kwargs
 
 
+@dataclass(eq=False, repr=False)  # a plain record; its repr stays the object's (no tensors)
 class PreparedCall:
     """A recorded call ready to run: ``run()`` then ``compare()``."""
 
-    def __init__(
-        self,
-        directory: str,
-        manifest: dict[str, Any],
-        fn: Callable[..., Any],
-        args: list,
-        kwargs: dict,
-        decoder: _Decoder,
-        notes: list[str],
-    ) -> None:
-        self.directory = directory
-        self.manifest = manifest
-        self.fn = fn
-        self.args = args
-        self.kwargs = kwargs
-        self.decoder = decoder
-        self.notes = notes
-        self.nonfinite_expected = 0  # NaN/Inf values in the recorded outputs (set by compare)
+    directory: str
+    manifest: dict[str, Any]
+    fn: Callable[..., Any]
+    args: list
+    kwargs: dict
+    decoder: _Decoder
+    notes: list[str]
+    nonfinite_expected: int = field(default=0, init=False)
+    """NaN/Inf values in the recorded outputs (set by compare)."""
 
     def run(self) -> tuple[BaseException | None, Any]:
         """Call the function under the recorded grad/inference mode; returns (exception, value)."""

@@ -30,7 +30,8 @@ from otel_gpu.attributes import (
     STUCK,
 )
 from otel_gpu.traces import reader
-from otel_gpu.traces.decode import int64, unix_nano
+from otel_gpu.traces.decode import unix_nano
+from otel_gpu.traces.trees import closes_cycle
 
 __all__ = [
     "DEVICE_DURATION",
@@ -45,6 +46,7 @@ DEVICE_DURATION = "otel_gpu.device.duration"
 RANK_KEY = "otel_gpu.rank"
 """Resource attribute naming the process's rank (as ``otel-gpu ranks`` reads it)."""
 _SERVICE, _VERSION = "service.name", "otel_gpu.version"
+# as this reader has always taken them: its own keys, not quite the span reader's defaults
 _SCOPES = ("scopeSpans", "scope_spans", "instrumentationLibrarySpans")
 _OTHER_SIGNALS = ("resourceMetrics", "resource_metrics", "resourceLogs", "resource_logs")
 _DOUBLES = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
@@ -119,29 +121,15 @@ def link(calls: list[CallRecord]) -> None:
         by_id.setdefault((call.trace_id, call.span_id), call)
     for call in calls:
         parent = by_id.get((call.trace_id, call.parent_id or ""))
-        if parent is not None and parent is not call and not _above(call, parent):
+        if parent is not None and not closes_cycle(call, parent):
             call.parent = parent
             parent.children.append(call)
     for call in calls:
         call.children.sort(key=lambda c: (c.start, c.span_id))
 
 
-def _above(call: CallRecord, node: CallRecord | None) -> bool:
-    while node is not None:
-        if node is call:
-            return True
-        node = node.parent
-    return False
-
-
 def _line(payload: Any, where: str) -> Iterator[CallRecord]:
-    if not isinstance(payload, dict):
-        raise reader.TraceFileError(f"{where}: expected a JSON object (OTLP TracesData)")
-    if "resourceSpans" not in payload and "resource_spans" not in payload:
-        if any(k in payload for k in _OTHER_SIGNALS):
-            return
-        raise reader.TraceFileError(f"{where}: not OTLP trace data (no resourceSpans)")
-    for rs in reader.list_at(payload, ("resourceSpans", "resource_spans"), where):
+    for rs in reader.resource_spans(payload, where, _OTHER_SIGNALS):
         resource = rs.get("resource") if isinstance(rs, dict) else None
         res = _attributes(resource, where) if isinstance(resource, dict) else {}
         rank = res.get(RANK_KEY)
@@ -151,16 +139,13 @@ def _line(payload: Any, where: str) -> Iterator[CallRecord]:
             raise reader.TraceFileError(
                 f"{where}: resource attribute {RANK_KEY} is {brief(rank)}, not a whole number"
             ) from None
-        for ss in reader.list_at(rs, _SCOPES, where):
-            for raw in reader.list_at(ss, ("spans",), where):
-                if not isinstance(raw, dict):
-                    raise reader.TraceFileError(f"{where}: a span is not a JSON object")
-                call = _span(raw, where)
-                if call is not None:
-                    call.service = str(res.get(_SERVICE, ""))
-                    call.version = str(res.get(_VERSION, ""))
-                    call.rank = number
-                    yield call
+        for raw in reader.spans_in(rs, where, _SCOPES):
+            call = _span(raw, where)
+            if call is not None:
+                call.service = str(res.get(_SERVICE, ""))
+                call.version = str(res.get(_VERSION, ""))
+                call.rank = number
+                yield call
 
 
 def _get(node: dict[str, Any], camel: str, snake: str, default: Any = None) -> Any:
@@ -210,7 +195,7 @@ def _span(raw: dict[str, Any], where: str) -> CallRecord | None:
 
 
 def _time(raw: Any, where: str) -> int:
-    if type(raw) is str and raw.isdigit() and len(raw) < 20:
+    if type(raw) is str and raw.isdecimal() and len(raw) < 20:
         return int(raw)  # below 10**19: inside fixed64 without a range check
     try:
         return unix_nano(raw)
@@ -280,7 +265,7 @@ def _span_attributes(
                     value = _value(cell, where, 0)
             elif kind == "boolValue" and type(raw) is bool:
                 value = raw
-            elif kind == "intValue" and type(raw) is str and raw.isdigit() and len(raw) < 19:
+            elif kind == "intValue" and type(raw) is str and raw.isdecimal() and len(raw) < 19:
                 value = int(raw)
             else:
                 value = _value(cell, where, 0)
@@ -323,18 +308,6 @@ def _digits(raw: Any) -> list[int] | None:
 _ARRAYS: dict[tuple[str, ...], tuple[int, ...]] = {}
 
 
-def _int(raw: Any, where: str) -> int:
-    """An ``intValue`` as ``ship`` takes it: a whole number in int64 (fast for a plain one)."""
-    if type(raw) is str and raw.isdigit() and len(raw) < 19:
-        return int(raw)  # below 10**18: inside int64 without a range check
-    try:
-        return int64(raw)
-    except ValueError as exc:
-        raise reader.TraceFileError(
-            f"{where}: intValue {brief(raw)} is not a 64-bit integer ({exc})"
-        ) from None
-
-
 def _attributes(node: dict[str, Any], where: str) -> dict[str, Any]:
     out = {}
     for kv in reader.list_at(node, ("attributes",), where):
@@ -353,7 +326,7 @@ def _value(node: Any, where: str, depth: int) -> Any:
         return raw if isinstance(raw, str) else None
     kind = kind.replace("_value", "Value")
     if kind == "intValue":
-        return _int(raw, where)
+        return reader._int(raw, where)
     if kind == "doubleValue":
         try:
             return _DOUBLES[raw] if isinstance(raw, str) and raw in _DOUBLES else float(raw)
@@ -366,7 +339,7 @@ def _value(node: Any, where: str, depth: int) -> Any:
         if not isinstance(values, list):
             return []
         try:  # a shape or a stride: whole numbers, without a call per element
-            return [_int(v["intValue"], where) for v in values if len(v) == 1]
+            return [reader._int(v["intValue"], where) for v in values if len(v) == 1]
         except (KeyError, TypeError):
             return [_value(v, where, depth + 1) for v in values]
     if kind == "kvlistValue":

@@ -195,44 +195,43 @@ def _table(**fields: tuple[str, int]) -> dict[str, tuple[str, int]]:
     return table
 
 
-_SPAN_FIELDS = _table(
-    traceId=("trace_id", _ID32),
-    spanId=("span_id", _ID16),
-    parentSpanId=("parent_span_id", _PARENT),
-    traceState=("trace_state", _AS_IS),
-    flags=("flags", _UINT),
-    name=("name", _AS_IS),
-    kind=("kind", _AS_IS),
-    startTimeUnixNano=("start_time_unix_nano", _UINT),
-    endTimeUnixNano=("end_time_unix_nano", _UINT),
-    attributes=("attributes", _ATTRS),
-    droppedAttributesCount=("dropped_attributes_count", _UINT),
-    events=("events", _EVENTS),
-    droppedEventsCount=("dropped_events_count", _UINT),
-    links=("links", _LINKS),
-    droppedLinksCount=("dropped_links_count", _UINT),
-    status=("status", _STATUS),
-)
-_EVENT_FIELDS = _table(
-    timeUnixNano=("time_unix_nano", _UINT),
-    name=("name", _AS_IS),
+# every message with attributes carries their count of dropped ones; a link carries the
+# context of the span it points to, with the same fields as the span's own
+_ATTRIBUTED = _table(
     attributes=("attributes", _ATTRS),
     droppedAttributesCount=("dropped_attributes_count", _UINT),
 )
-_LINK_FIELDS = _table(
+_CONTEXT = _table(
     traceId=("trace_id", _ID32),
     spanId=("span_id", _ID16),
     traceState=("trace_state", _AS_IS),
-    attributes=("attributes", _ATTRS),
-    droppedAttributesCount=("dropped_attributes_count", _UINT),
     flags=("flags", _UINT),
 )
-_HEAD_FIELDS = _table(  # resource and scope
-    name=("name", _AS_IS),
-    version=("version", _AS_IS),
-    attributes=("attributes", _ATTRS),
-    droppedAttributesCount=("dropped_attributes_count", _UINT),
-)
+_SPAN_FIELDS = {
+    **_CONTEXT,
+    **_ATTRIBUTED,
+    **_table(
+        parentSpanId=("parent_span_id", _PARENT),
+        name=("name", _AS_IS),
+        kind=("kind", _AS_IS),
+        startTimeUnixNano=("start_time_unix_nano", _UINT),
+        endTimeUnixNano=("end_time_unix_nano", _UINT),
+        events=("events", _EVENTS),
+        droppedEventsCount=("dropped_events_count", _UINT),
+        links=("links", _LINKS),
+        droppedLinksCount=("dropped_links_count", _UINT),
+        status=("status", _STATUS),
+    ),
+}
+_EVENT_FIELDS = {
+    **_ATTRIBUTED,
+    **_table(timeUnixNano=("time_unix_nano", _UINT), name=("name", _AS_IS)),
+}
+_LINK_FIELDS = {**_CONTEXT, **_ATTRIBUTED}
+_HEAD_FIELDS = {  # resource and scope
+    **_ATTRIBUTED,
+    **_table(name=("name", _AS_IS), version=("version", _AS_IS)),
+}
 
 
 def _fields(node: dict[str, Any], table: dict[str, tuple[str, int]]) -> dict[str, Any]:

@@ -29,6 +29,7 @@ import sys
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import IO, Any
 
 from otel_gpu._text import printable
@@ -143,13 +144,7 @@ def load(paths: Sequence[str], problem: reader.Problem) -> dict[int, Rank]:
 
 
 def _line(payload: Any, where: str, position: int, ranks: dict[int, Rank]) -> None:
-    if not isinstance(payload, dict):
-        raise reader.TraceFileError(f"{where}: expected a JSON object (OTLP TracesData)")
-    if "resourceSpans" not in payload and "resource_spans" not in payload:
-        if "resourceMetrics" in payload or "resourceLogs" in payload:
-            return
-        raise reader.TraceFileError(f"{where}: not OTLP trace data (no resourceSpans)")
-    for rs in reader.list_at(payload, ("resourceSpans", "resource_spans"), where):
+    for rs in reader.resource_spans(payload, where):
         resource = rs.get("resource") if isinstance(rs, dict) else None
         raw_rank = reader._attributes(resource, where, RANK_KEY.__eq__).get(RANK_KEY)
         try:
@@ -159,11 +154,8 @@ def _line(payload: Any, where: str, position: int, ranks: dict[int, Rank]) -> No
                 f"{where}: resource attribute {RANK_KEY} is {raw_rank!r}, not a whole number"
             ) from None
         rank = ranks.setdefault(number, Rank(number))
-        for ss in reader.list_at(rs, reader._SCOPE_KEYS, where):
-            for raw in reader.list_at(ss, ("spans",), where):
-                if not isinstance(raw, dict):
-                    raise reader.TraceFileError(f"{where}: a span is not a JSON object")
-                _span(raw, where, rank)
+        for raw in reader.spans_in(rs, where):
+            _span(raw, where, rank)
 
 
 def _wanted(key: str) -> bool:
@@ -489,10 +481,7 @@ def ranks(
     err = sys.stderr if err is None else err
     problems: list[reader.TraceFileError] = []
     loaded = load(paths, problems.append)
-    for problem in problems[:10]:
-        _say(err, str(problem))
-    if any(not p.torn for p in problems):
-        _say(err, "nothing analysed: fix or leave out the files above")
+    if reader.refused(problems, partial(_say, err), "analysed"):
         return EXIT_USAGE
     if not any(r.calls for r in loaded.values()):
         _say(err, f"no otel-gpu call spans in {', '.join(paths)}")

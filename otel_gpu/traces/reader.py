@@ -61,6 +61,9 @@ __all__ = [
     "read_all",
     "read_lines",
     "read_spans",
+    "refused",
+    "resource_spans",
+    "spans_in",
     "too_deep",
 ]
 
@@ -115,6 +118,18 @@ class TraceFileError(ValueError):
 
 Problem = Callable[[TraceFileError], None]
 """Told about each invalid line or unreadable file; the reader goes on with the next line."""
+
+
+def refused(problems: list[TraceFileError], say: Callable[[str], None], what: str) -> bool:
+    """Whether a command that reads whole runs stops at ``problems``: each of the first ten is
+    said, and any but a torn last line (a writer killed mid-line) stops it, saying ``nothing
+    {what}``."""
+    for problem in problems[:10]:
+        say(str(problem))
+    if any(not p.torn for p in problems):
+        say(f"nothing {what}: fix or leave out the files above")
+        return True
+    return False
 
 
 @dataclass(eq=False, slots=True)
@@ -294,25 +309,46 @@ def list_at(node: Any, keys: tuple[str, ...], where: str) -> list[Any]:
     return []
 
 
-def _line_spans(
-    payload: Any, where: str, only: str | None, attributes: bool = True
-) -> Iterator[Span]:
+_OTHER_SIGNALS = ("resourceMetrics", "resourceLogs")
+
+
+def resource_spans(
+    payload: Any, where: str, other_signals: tuple[str, ...] = _OTHER_SIGNALS
+) -> list[Any]:
+    """A line's ``ResourceSpans``: [] for a line of one of ``other_signals`` (a collector file
+    may mix signals; metrics and logs have no spans), a :class:`TraceFileError` for anything else
+    that is not OTLP trace data."""
     if not isinstance(payload, dict):
         raise TraceFileError(f"{where}: expected a JSON object (OTLP TracesData)")
     if "resourceSpans" not in payload and "resource_spans" not in payload:
-        if "resourceMetrics" in payload or "resourceLogs" in payload:
-            return  # a collector file may mix signals; metrics and logs have no spans to show
+        if any(key in payload for key in other_signals):
+            return []
         raise TraceFileError(f"{where}: not OTLP trace data (no resourceSpans)")
-    for rs in list_at(payload, ("resourceSpans", "resource_spans"), where):
+    return list_at(payload, ("resourceSpans", "resource_spans"), where)
+
+
+def spans_in(
+    rs: Any, where: str, scope_keys: tuple[str, ...] = _SCOPE_KEYS
+) -> Iterator[dict[str, Any]]:
+    """The spans of one ``ResourceSpans``, scope by scope; a :class:`TraceFileError` for a span
+    that is not a JSON object."""
+    for ss in list_at(rs, scope_keys, where):
+        for raw in list_at(ss, ("spans",), where):
+            if not isinstance(raw, dict):
+                raise TraceFileError(f"{where}: a span is not a JSON object")
+            yield raw
+
+
+def _line_spans(
+    payload: Any, where: str, only: str | None, attributes: bool = True
+) -> Iterator[Span]:
+    for rs in resource_spans(payload, where):
         resource = rs.get("resource") if isinstance(rs, dict) else None
         service = str(_attributes(resource, where, _SERVICE.__eq__).get(_SERVICE, ""))
-        for ss in list_at(rs, _SCOPE_KEYS, where):
-            for raw in list_at(ss, ("spans",), where):
-                if not isinstance(raw, dict):
-                    raise TraceFileError(f"{where}: a span is not a JSON object")
-                span = _span(raw, where, service, attributes)
-                if only is None or span.trace_id == only:
-                    yield span
+        for raw in spans_in(rs, where):
+            span = _span(raw, where, service, attributes)
+            if only is None or span.trace_id == only:
+                yield span
 
 
 def _span(raw: dict[str, Any], where: str, service: str, attributes: bool = True) -> Span:
@@ -389,7 +425,10 @@ def _time(raw: Any, where: str, key: str) -> int:
 
 
 def _int(raw: Any, where: str) -> int:
-    """An ``intValue`` as ``ship`` takes it (:func:`otel_gpu.traces.decode.int64`)."""
+    """An ``intValue`` as ``ship`` takes it (:func:`otel_gpu.traces.decode.int64`), fast for a
+    plain one. ``isdecimal``, not ``isdigit``: "²" is a digit that ``int()`` refuses."""
+    if type(raw) is str and raw.isdecimal() and len(raw) < 19:
+        return int(raw)  # below 10**18: inside int64 without a range check
     try:
         return int64(raw)
     except ValueError as exc:

@@ -6,10 +6,18 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Protocol
 
 from otel_gpu.traces.reader import Span
 
-__all__ = ["Trace", "build_traces", "tree_path"]
+__all__ = ["Linked", "Trace", "build_traces", "closes_cycle", "tree_path"]
+
+
+class Linked(Protocol):
+    """A node linked to its parent: a span of a tree, or a call of ``workloads`` and ``diff``."""
+
+    @property
+    def parent(self) -> Linked | None: ...
 
 
 @dataclass(eq=False)
@@ -39,7 +47,7 @@ def build_traces(spans: Iterable[Span]) -> list[Trace]:
         roots = []
         for span in members.values():
             parent = members.get(span.parent_id) if span.parent_id else None
-            if parent is not None and not _is_ancestor(span, parent):
+            if parent is not None and not closes_cycle(span, parent):
                 span.parent = parent
                 parent.children.append(span)
             else:
@@ -57,9 +65,12 @@ def _order(span: Span) -> tuple[int, str]:
     return span.start, span.span_id
 
 
-def _is_ancestor(span: Span, node: Span | None) -> bool:
+def closes_cycle(child: Linked, parent: Linked | None) -> bool:
+    """Whether linking ``child`` under ``parent`` closes a cycle: ``child`` is ``parent`` or one
+    of its ancestors (a hostile file's parent ids may loop)."""
+    node = parent
     while node is not None:
-        if node is span:
+        if node is child:
             return True
         node = node.parent
     return False

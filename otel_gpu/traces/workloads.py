@@ -19,6 +19,7 @@ import json
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import IO, Any
 
 from otel_gpu._text import printable
@@ -38,7 +39,6 @@ __all__ = [
 ]
 
 EXIT_OK, EXIT_NONE, EXIT_USAGE = 0, 1, 2
-_SHOWN_PROBLEMS = 10
 
 
 def signature(call: CallRecord, rules: Rules | None = None) -> dict[str, dict[str, Any]]:
@@ -156,10 +156,7 @@ def workloads(
     err = sys.stderr if err is None else err
     problems: list[reader.TraceFileError] = []
     calls = load_calls(paths, problems.append, linked=False)  # no tree walked here
-    for problem in problems[:_SHOWN_PROBLEMS]:
-        _say(err, str(problem))
-    if any(not p.torn for p in problems):
-        _say(err, "nothing counted: fix or leave out the files above")
+    if reader.refused(problems, partial(_say, err), "counted"):
         return EXIT_USAGE
     if problems:
         _say(err, "a torn last line was skipped: the counts may miss the calls it held")
