@@ -108,7 +108,7 @@ def runtime_dir() -> str:
 def rank() -> int | None:
     """The distributed rank, ``RANK``, when it is a non-negative integer; else None."""
     raw = os.environ.get("RANK")
-    return int(raw) if raw and raw.isdigit() else None
+    return int(raw) if raw and raw.isascii() and raw.isdigit() else None
 
 
 def resource_variables() -> dict[str, str]:

@@ -190,7 +190,7 @@ def _requester(path: str, info: os.stat_result) -> int | None:
         text = os.read(fd, 32).decode("ascii", "replace").strip()
     finally:
         os.close(fd)
-    return int(text) if text.isdigit() else None
+    return int(text) if text.isascii() and text.isdigit() else None
 
 
 def _write_reply(path: str, reply: dict[str, Any]) -> None:
@@ -227,7 +227,7 @@ def live_pids(pattern: str, pid_text: Callable[[str], str]) -> list[int]:
     pids = set()
     for path in glob.glob(pattern):
         head = pid_text(os.path.basename(path))
-        if not head.isdigit() or int(head) == os.getpid():
+        if not (head.isascii() and head.isdigit()) or int(head) == os.getpid():
             continue
         try:  # in a shared directory, other users' files (and their pids) are not ours
             if os.lstat(path).st_uid != os.getuid():

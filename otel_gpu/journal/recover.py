@@ -401,7 +401,7 @@ def _recover_journal(
     base, claim, claimer = path.partition(_CLAIM)
     if claim:  # a recoverer claimed it; recover it only if that recoverer died
         owner = claimer.partition("-")[0]
-        if not owner.isdigit():
+        if not (owner.isascii() and owner.isdigit()):  # "²" is a digit int() refuses
             return Outcome(path, "invalid", detail="unexpected file name for a claimed journal")
         if int(owner) == os.getpid() or pid_state(int(owner)) == "alive":
             return Outcome(path, "taken", detail=f"claimed by pid {owner}, which is running")

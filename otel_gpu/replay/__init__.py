@@ -170,6 +170,7 @@ def _looks_like_call(name: str, full: str) -> bool:
     parts = name.split("-", 3)
     return (
         len(parts) == 4
+        and parts[0].isascii()
         and parts[0].isdigit()
         and len(parts[2]) == 16
         and any(f.startswith("inputs.") for f in os.listdir(full))

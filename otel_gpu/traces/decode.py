@@ -154,7 +154,7 @@ def _integer(raw: Any, low: int, high: int, span: str) -> int:
         value = raw
     elif type(raw) is float and raw.is_integer():
         value = int(raw)
-    elif type(raw) is str and raw.strip() == raw and raw.lstrip("-").isdigit():
+    elif type(raw) is str and raw.strip() == raw and raw.lstrip("-").isdecimal():
         try:
             value = int(raw)
         except ValueError:  # more digits than Python converts

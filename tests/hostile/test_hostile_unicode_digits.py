@@ -84,3 +84,52 @@ def test_digits_int_takes_are_still_read_as_numbers(tmp_path):
     code = workloads([trace], as_json=True, out=out, err=io.StringIO())
     assert code == 0
     assert json.loads(out.getvalue())
+
+
+# --------------------------------------------------------------------------- pids and ranks
+# The same characters where otel-gpu reads a process id or a rank: from RANK, and from the file
+# names a shared directory may hold (live processes for snapshot/control, claimed journals).
+
+
+def test_a_superscript_rank_is_no_rank(monkeypatch):
+    """``RANK=²`` is not a non-negative integer: ``config.rank()`` is None, as for any other
+    junk, never a ValueError from ``int()`` wherever the rank is read."""
+    from otel_gpu import config
+
+    monkeypatch.setenv("RANK", "²")
+    assert config.rank() is None
+    monkeypatch.setenv("RANK", "3")
+    assert config.rank() == 3
+
+
+def test_a_superscript_pid_in_a_journal_name_is_passed_over(tmp_path):
+    """A file named like a crash journal whose pid is "²" is not a live process: snapshot and
+    control (``live_processes``) pass over it instead of raising."""
+    from otel_gpu.anomalies import snapshot
+
+    (tmp_path / "otel-gpu-²-deadbeef.journal").write_bytes(b"")
+    (tmp_path / "otel-gpu-١-deadbeef.journal").write_bytes(b"")  # a digit int() takes: pid 1
+    assert snapshot.live_processes(str(tmp_path)) == []
+
+
+def test_a_claimed_journal_with_a_superscript_pid_is_named_and_left_alone(tmp_path, capsys):
+    """A journal claimed by recoverer "²" (``*.journal.recovering.²-abcd``): ``otel-gpu recover``
+    says the name is unexpected, leaves the file and exits 0, never a traceback."""
+    from otel_gpu.cli import main
+
+    claimed = tmp_path / "otel-gpu-1-deadbeef.journal.recovering.²-abcd"
+    claimed.write_bytes(b"\0" * 64)
+    assert main(["recover", str(tmp_path)]) == 0
+    err = capsys.readouterr().err
+    assert "unexpected file name for a claimed journal" in err
+    assert claimed.exists()
+
+
+def test_ship_calls_a_superscript_time_not_a_whole_number():
+    """The trace decoder ``otel-gpu ship`` uses says a time of "²" is "not a whole number", not
+    that it has "more digits than any 64-bit integer"; "٣", a digit ``int()`` takes, is 3."""
+    from otel_gpu.traces import decode
+
+    with pytest.raises(ValueError, match=r"^not a whole number$"):
+        decode.unix_nano("²")
+    assert decode.unix_nano("٣") == 3
