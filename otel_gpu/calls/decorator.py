@@ -99,8 +99,9 @@ _new_context, _FAST_CONTEXT = record.new_context, record.FAST_CONTEXT
 def _make_wrapper(
     fn: Callable[..., Any], plan: Plan, settings: config.Settings
 ) -> Callable[..., Any]:
-    """The wrapper of ``plan``'s level. Each body is the lifecycle (calls/lifecycle.py): begin,
-    start, the call, finish; the level 1-2 body inlines start's and finish's observer loops."""
+    """The wrapper of ``plan``'s level: one body for sync functions, one for coroutine functions,
+    each the lifecycle (calls/lifecycle.py): begin, start, the call, finish. At levels 1-2 the
+    sync body inlines start's and finish's observer loops instead of calling them."""
     level = plan.level
     get_pipeline = sink.getter()  # the pipeline's own get(): one call per call, as before
     internal = _guard.internal_error
