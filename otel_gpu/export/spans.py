@@ -157,21 +157,18 @@ class SpanBuilder:
                             shared, own = {**shared, **own}, None
                     if not own:
                         attrs, fixed = shared, hint
-            if attrs is None:
-                attrs, events, status = self._contents(call)
-                # The plan's attributes lead every span of the plan unchanged unless something
-                # was put before them (the events-omitted count) or a user attribute overwrote
-                # one of them.
-                head = (
-                    n > 0
-                    and next(iter(attrs)) == next(iter(plan.attributes))
-                    and not (
-                        span.attributes and not span.attributes.keys().isdisjoint(plan.attributes)
-                    )
-                )
-                # the plan's own attributes, when they lead unchanged, were checked once per plan
-                attrs, dropped, cleaned = self._within_limits(attrs, n if head else 0)
-                fixed = (plan, n) if head and not cleaned else None
+        if attrs is None:
+            attrs, events, status = self._contents(call)
+            # The plan's attributes lead every span of the plan unchanged unless something was
+            # put before them (the events-omitted count) or a user attribute overwrote one.
+            head = (
+                n > 0
+                and next(iter(attrs)) == next(iter(plan.attributes))
+                and not (span.attributes and not span.attributes.keys().isdisjoint(plan.attributes))
+            )
+            # the plan's own attributes, when they lead unchanged, were checked once per plan
+            attrs, dropped, cleaned = self._within_limits(attrs, n if head else 0)
+            fixed = (plan, n) if head and not cleaned else None
         # one construction for the three paths: no call of its own on the export thread
         return SpanData(
             span.name,
