@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU suite on a machine with a GPU and no network: one command, from the repository root.
 #
-#   bash tests/gpu/run.sh [--out DIR] [--kit DIR] [--suite-only] [--bench]
+#   bash tests/gpu/run.sh [--out DIR] [--kit DIR] [--suite-only] [--bench] [--rounds N] [--short]
 #
 # It installs the wheels of the GPU kit (`make gpu-kit`, made where the package registries are
 # reachable) with --no-index into a temporary folder, builds otel-gpu from this tree into the
@@ -9,7 +9,9 @@
 # used as they are: nothing is installed into them, and the script checks torch still loads
 # from where it did. Then it prints the GPU, driver, CUDA and torch versions, runs tests/gpu,
 # and (unless --suite-only) the short real workload of tests/gpu/workload.py; --bench adds the
-# per-call rows of `otel-gpu bench --device cuda`. Everything goes to DIR (default ./gpu-run):
+# per-call rows of `otel-gpu bench --device cuda` (--rounds N of them, default 5); --short runs the workload without its
+# torch.compile checks and level-10 replay (the timings and identical-output checks only, minutes
+# less, for a short lease of a GPU machine). Everything goes to DIR (default ./gpu-run):
 # run.log (all of it), suite.xml (JUnit), workload.json, bench.json, traces/.
 # PYTHON picks the interpreter (default python3). Exit status: non-zero when anything failed.
 # On a machine without CUDA the GPU tests report skips and the workload says it was skipped.
@@ -21,14 +23,18 @@ OUT=$ROOT/gpu-run
 KIT=$ROOT/.gpu-kit
 WORKLOAD=1
 BENCH=0
+ROUNDS=5
+WORKLOAD_OPTS=()
 while [ $# -gt 0 ]; do
     case "$1" in
         --out) OUT=$2; shift 2 ;;
         --kit) KIT=$2; shift 2 ;;
         --suite-only) WORKLOAD=0; shift ;;
         --bench) BENCH=1; shift ;;
-        -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-        *) echo "run.sh: unknown argument '$1' (allowed: --out DIR, --kit DIR, --suite-only, --bench)" >&2; exit 2 ;;
+        --rounds) ROUNDS=$2; shift 2 ;;
+        --short) WORKLOAD_OPTS=(--no-compile --no-replay); shift ;;
+        -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        *) echo "run.sh: unknown argument '$1' (allowed: --out DIR, --kit DIR, --suite-only, --bench, --rounds N, --short)" >&2; exit 2 ;;
     esac
 done
 if ! ls "$KIT"/*.whl >/dev/null 2>&1; then
@@ -106,12 +112,12 @@ suite=${PIPESTATUS[0]}
 
 if [ "$WORKLOAD" -eq 1 ]; then
     say "==> the workload (tests/gpu/workload.py)"
-    (cd "$STAGE" && "$PYTHON" "$ROOT/tests/gpu/workload.py" "$OUT") 2>&1 | tee -a "$LOG"
+    (cd "$STAGE" && "$PYTHON" "$ROOT/tests/gpu/workload.py" "$OUT" "${WORKLOAD_OPTS[@]}") 2>&1 | tee -a "$LOG"
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 if [ "$BENCH" -eq 1 ]; then
     say "==> otel-gpu bench --device cuda (per-call rows, bare and levels 0-10, the tiny GPT2)"
-    (cd "$STAGE" && timeout 400 "$PYTHON" -m otel_gpu bench --device cuda --rounds 5 --json \
+    (cd "$STAGE" && timeout 400 "$PYTHON" -m otel_gpu bench --device cuda --rounds "$ROUNDS" --json \
         --only bare,ours0,ours1,ours3,ours5,ours10,gpt2_0,gpt2_1,gpt2_3,gpt2_5 \
         > "$OUT/bench.json") 2>>"$LOG"
     # bench exits 1 when a budget is missed: that is a figure to read, not a failed run

@@ -17,7 +17,8 @@ fresh process (the level is read at decoration):
 Spans go to ``OUT/traces/level-N.jsonl``; the summary to ``OUT/workload.json``, with, per level,
 how many spans carry a device time and the model's forward's host and device durations.
 Usage: ``python tests/gpu/workload.py OUT`` (``--device cpu --no-compile`` checks the script
-itself on a machine without a GPU).
+itself on a machine without a GPU; ``--no-compile --no-replay`` keeps only the timings and the
+checks of identical outputs, for a short lease of a GPU machine).
 """
 
 from __future__ import annotations
@@ -127,7 +128,7 @@ def _spans(path: Path) -> dict[str, Any]:
     return figures
 
 
-def main(out: Path, device: str = "cuda", compile_: bool = True) -> int:
+def main(out: Path, device: str = "cuda", compile_: bool = True, replay: bool = True) -> int:
     try:
         import torch
         import transformers  # noqa: F401
@@ -172,7 +173,9 @@ def main(out: Path, device: str = "cuda", compile_: bool = True) -> int:
         if base and row.get("ms_per_forward"):
             row["ratio_to_level_0"] = row["ms_per_forward"] / base
     dumps = traces / "dumps"
-    if dumps.exists():
+    if dumps.exists() and not replay:
+        summary["replay"] = {"skipped": "not asked for (--no-replay)"}
+    elif dumps.exists():
         cmd = [sys.executable, "-m", "otel_gpu", "replay", str(dumps), "--trust-dump"]
         proc = subprocess.run(
             [*cmd, "--json", "--no-progress"], capture_output=True, text=True, timeout=600
@@ -201,8 +204,10 @@ if __name__ == "__main__":
         print(json.dumps(_child(int(level), Path(out), device, compile_ == "True")))
         sys.exit(0)
     # --device cpu --no-compile: a quick check of this script itself on a machine without a GPU
-    args = [a for a in sys.argv[1:] if a not in ("--device", "cpu", "--no-compile")]
+    flags = ("--device", "cpu", "--no-compile", "--no-replay")
+    args = [a for a in sys.argv[1:] if a not in flags]
     if len(args) != 1:
-        sys.exit("usage: python tests/gpu/workload.py OUT [--device cpu] [--no-compile]")
+        sys.exit("usage: python tests/gpu/workload.py OUT [--device cpu] [--no-compile] [--no-replay]")
     device = "cpu" if "cpu" in sys.argv[1:] else "cuda"
-    sys.exit(main(Path(args[0]), device, "--no-compile" not in sys.argv[1:]))
+    compile_, replay = "--no-compile" not in sys.argv[1:], "--no-replay" not in sys.argv[1:]
+    sys.exit(main(Path(args[0]), device, compile_, replay))
