@@ -785,6 +785,15 @@ SETTINGS: tuple[Setting, ...] = (
         '[{"on": "nonfinite", "level": 10, "calls": 20}].',
     ),
     Setting(
+        "trigger_max_fires",
+        "OTEL_GPU_TRIGGER_MAX_FIRES",
+        "integer > 0 and <= 1000000",
+        Bounded(1, 1_000_000, integer=True),
+        "The most times one trigger fires in any 60 s (or in its own `per`), where the rule "
+        "gives no max_fires: a firing past it is skipped, with one warning line, so a rule that "
+        "matches every call costs at most this many dumps and control spans a window.",
+    ),
+    Setting(
         "opamp_endpoint",
         "OTEL_GPU_OPAMP_ENDPOINT",
         "an http:// or https:// URL with a host, such as https://opamp.example:4320/v1/opamp "
@@ -1102,6 +1111,7 @@ class Settings:
     device_memory: bool = True
     control: str = "off"
     triggers: tuple[trigger_rules.Trigger, ...] = ()
+    trigger_max_fires: int = 10
     opamp_endpoint: str | None = None
     opamp_headers: tuple[tuple[str, str], ...] = ()
     opamp_interval: float = 30.0

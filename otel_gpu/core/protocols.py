@@ -59,6 +59,11 @@ class RingDump(Protocol):
         """Write the ring's calls (and ``trigger``, None for none); the directory, or None."""
         ...
 
+    def dump_call(self, call: Call, reason: str) -> str | None:
+        """Write the ring with ``call`` (ended) as the trigger, as ``OTEL_GPU_ON_NONFINITE=dump``
+        does (the triggers' dumps); the directory, or None."""
+        ...
+
 
 class Host(Protocol):
     """What an observer may use of the running pipeline.
