@@ -1140,6 +1140,8 @@ _DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(Settings)}
 
 def _error(setting: Setting, raw: object, why: str, source: str) -> ConfigError:
     shown = "<redacted>" if setting.field in _SECRET_FIELDS else repr(raw)
+    if len(shown) > 200:  # a value of any size is named in one line
+        shown = f"{shown[:160]}... ({len(shown)} characters)"
     return ConfigError(
         f"{setting.env}={shown} ({source}) is invalid: {why}. Allowed: {setting.allowed}."
     )

@@ -26,11 +26,13 @@ EXIT_USAGE = 2
 
 
 def _json_list(text: str) -> Any:
+    from otel_gpu import trigger_rules
+
     try:
-        value = json.loads(text)
-    except ValueError:
+        value = trigger_rules.load_json(text)  # nested too deep: this error, not a RecursionError
+    except ValueError as exc:
         raise argparse.ArgumentTypeError(
-            "not JSON: write a JSON list of trigger objects, such as "
+            f"{exc}: write a JSON list of trigger objects, such as "
             '\'[{"on": "nonfinite", "level": 10}]\''
         ) from None
     return value
