@@ -236,3 +236,18 @@ def test_control_show_of_a_running_process_lists_the_stack(tmp_path):
         finally:
             if child.poll() is None:
                 child.kill()
+
+
+def test_a_change_until_changed_from_a_windows_source_makes_that_window_last(controlled):
+    """One source (a remote server) sends a window, then a change until changed: the window is
+    folded into the baseline (its fields, then the change's) and no longer ends by itself, as
+    one source's changes always merged."""
+    controlled(level=0)
+    attention, norm = _functions()
+    _apply({"level": 5, "include": ["*attention"], "for": LATER}, "opamp")
+    after = _apply({"sample": 1, "for": None}, "opamp")
+    assert after["overlays"] == [] and after["until"] is None
+    assert after["baseline"]["level"] == 5 and after["baseline"]["include"] == ["*attention"]
+    assert after["baseline"]["sample"] == 1.0
+    _end_windows()
+    assert (attention.__otel_gpu_armed__.level, norm.__otel_gpu_armed__.level) == (5, 0)

@@ -121,7 +121,13 @@ def apply(change: Change, source: str) -> dict[str, Any]:
                 "OTEL_GPU_ON_NONFINITE=dump, at level >= 3 when it started); nothing was changed"
             )
         if change.window is None:
-            baseline, overlays = _merged(_baseline, change, source), _overlays
+            # a window of the same source is folded into the baseline first: that source's
+            # change until changed follows on from its own window, as one change always did
+            base = _baseline
+            for mine in (o for o in _overlays if o.source == source):
+                base = _folded(base, mine)
+            baseline = _merged(base, change, source)
+            overlays = tuple(o for o in _overlays if o.source != source)
         else:
             # a window from the same source as one in force is merged into it (and goes on top)
             mine = [o for o in _overlays if o.source == source]
@@ -232,6 +238,22 @@ def _merged(old: _Layer, change: Change, source: str, until: float | None = None
         dump_max_bytes=_kept(change.dump_max_bytes, old.dump_max_bytes),
         until=until,
         source=source,
+    )
+
+
+def _folded(base: _Layer, window: _Layer) -> _Layer:
+    """``base`` with the fields ``window`` sets (the window made lasting)."""
+    return _Layer(
+        level=_kept(window.level, base.level),
+        include=window.include or base.include,
+        exclude=window.exclude or base.exclude,
+        sample=_kept(window.sample, base.sample),
+        ring_size=_kept(window.ring_size, base.ring_size),
+        triggers=_kept(window.triggers, base.triggers),
+        dump_max_calls=_kept(window.dump_max_calls, base.dump_max_calls),
+        dump_max_bytes=_kept(window.dump_max_bytes, base.dump_max_bytes),
+        until=None,
+        source=window.source,
     )
 
 
