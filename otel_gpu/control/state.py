@@ -124,8 +124,8 @@ def apply(change: Change, source: str) -> dict[str, Any]:
             # a window of the same source is folded into the baseline first: that source's
             # change until changed follows on from its own window, as one change always did
             base = _baseline
-            for mine in (o for o in _overlays if o.source == source):
-                base = _folded(base, mine)
+            for own in (o for o in _overlays if o.source == source):
+                base = _folded(base, own)
             baseline = _merged(base, change, source)
             overlays = tuple(o for o in _overlays if o.source != source)
         else:
