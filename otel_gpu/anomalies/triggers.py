@@ -209,7 +209,8 @@ def _take(rule: Trigger) -> bool:
     ``per`` seconds. The first skip of a rule says so in one line."""
     limit = rule.max_fires
     if limit is None:
-        limit = _host.settings.trigger_max_fires if _host is not None else 10
+        settings = _host.settings if _host is not None else config.current()
+        limit = settings.trigger_max_fires
     now = time.monotonic()
     with _lock:
         times = _fires.get(rule)
