@@ -88,7 +88,8 @@ def make_plan(
     if plan.level >= 5:
         plan.capture_stats = cuda.is_capturing if cuda.cuda_available() else None
     # Memory per call: only where CUDA exists, decided now (no per-call cost without it)
-    plan.memory = plan.level >= 3 and settings.device_memory and cuda.cuda_available()
+    if plan.level >= 3 and settings.device_memory and cuda.cuda_available():
+        plan.memory = 2 if settings.device_memory_calls == "all" else 1
     return plan
 
 

@@ -236,7 +236,7 @@ def start(call: Call, pipe: SpanSink, args: tuple, kwargs: dict, deferred: bool 
             internal("observer", exc)
     if plan.memory and not deferred:  # last, so nothing of our own counts in the call's memory
         try:
-            call.memory = memory.begin()
+            call.memory = memory.begin(plan.memory == 2)
         except BaseException as exc:
             internal("memory", exc)
     token = attach_span(call.span)

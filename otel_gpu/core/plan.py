@@ -75,8 +75,9 @@ class Plan:
         """Positional parameter names after the receiver (under ``torch.compile``)."""
         self.capture_stats: Callable[[], bool] | None = None
         """Level 5 and up where CUDA exists: whether a CUDA graph capture is in progress."""
-        self.memory = False
-        """Level 3 and up where CUDA exists: memory per call is read (calls/memory.py)."""
+        self.memory = 0
+        """Level 3 and up where CUDA exists: memory per call is read (calls/memory.py), by the
+        outermost call only (1) or by every call (2); 0: never."""
 
 
 class Shape:
