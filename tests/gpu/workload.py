@@ -207,7 +207,9 @@ if __name__ == "__main__":
     flags = ("--device", "cpu", "--no-compile", "--no-replay")
     args = [a for a in sys.argv[1:] if a not in flags]
     if len(args) != 1:
-        sys.exit("usage: python tests/gpu/workload.py OUT [--device cpu] [--no-compile] [--no-replay]")
+        sys.exit(
+            "usage: python tests/gpu/workload.py OUT [--device cpu] [--no-compile] [--no-replay]"
+        )
     device = "cpu" if "cpu" in sys.argv[1:] else "cuda"
     compile_, replay = "--no-compile" not in sys.argv[1:], "--no-replay" not in sys.argv[1:]
     sys.exit(main(Path(args[0]), device, compile_, replay))
