@@ -33,12 +33,14 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-# (label, level, extra settings): level 1 also with device time off, for its cost on the GPU
+# (label, level, extra settings): level 1 also with device time off, for its cost on the GPU;
+# level 3 also with memory read by every call, not only the outermost (the default)
 CONFIGS: tuple[tuple[str, int, dict[str, str]], ...] = (
     ("0", 0, {}),
     ("1", 1, {}),
     ("1-device-time-off", 1, {"OTEL_GPU_DEVICE_TIME": "off"}),
     ("3", 3, {}),
+    ("3-memory-all-calls", 3, {"OTEL_GPU_DEVICE_MEMORY_CALLS": "all"}),
     ("5", 5, {}),
     ("10", 10, {}),
 )
