@@ -1,7 +1,8 @@
 """A short real workload on a GPU: a tiny GPT2 built from a config, every module instrumented.
 
 Run by ``tests/gpu/run.sh`` after the GPU suite (it needs CUDA and transformers; without them it
-says so and exits 0). For each level in 0, 1, 3, 5 and 10, and level 1 with device time off, a
+says so and exits 0). For each level in 0, 1, 3, 5 and 10, level 1 with device time off and level
+3 with memory read by every call (OTEL_GPU_DEVICE_MEMORY_CALLS=all), a
 fresh process (the level is read at decoration):
 
 - builds the model on ``cuda``, keeps its logits uninstrumented as the reference, then wraps
