@@ -764,6 +764,17 @@ SETTINGS: tuple[Setting, ...] = (
         "false saves the two reads (tens of microseconds a call on a GPU host).",
     ),
     Setting(
+        "stats_read",
+        "OTEL_GPU_STATS_READ",
+        "async, sync",
+        _str_choice(("async", "sync")),
+        "At level 5, how a call's statistics come back from a CUDA device. async: a non-blocking "
+        "copy and an event on the caller's thread, read and completed by a thread of otel-gpu "
+        "(no host synchronisation of the caller) where the non-finite policy is mark and no "
+        "non-finite trigger is in force; sync: one blocking read on the caller's thread per "
+        "call, as the other policies always do (docs/levels.md, Level 5).",
+    ),
+    Setting(
         "device_memory_calls",
         "OTEL_GPU_DEVICE_MEMORY_CALLS",
         "outermost, all",
@@ -1113,6 +1124,7 @@ class Settings:
     device_time_wait: float = 5.0
     device_memory: bool = True
     device_memory_calls: str = "outermost"
+    stats_read: str = "async"
     control: str = "off"
     triggers: tuple[trigger_rules.Trigger, ...] = ()
     opamp_endpoint: str | None = None
