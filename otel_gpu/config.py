@@ -764,6 +764,29 @@ SETTINGS: tuple[Setting, ...] = (
         "false saves the two reads (tens of microseconds a call on a GPU host).",
     ),
     Setting(
+        "stats_read",
+        "OTEL_GPU_STATS_READ",
+        "async, sync",
+        _str_choice(("async", "sync")),
+        "At level 5, how a call's statistics come back from a CUDA device. async: a non-blocking "
+        "copy and an event on the caller's thread, read and completed by a thread of otel-gpu "
+        "(no host synchronisation of the caller) where the non-finite policy is mark and no "
+        "non-finite trigger is in force; sync: one blocking read on the caller's thread per "
+        "call, as the other policies always do (docs/levels.md, Level 5).",
+    ),
+    Setting(
+        "device_memory_calls",
+        "OTEL_GPU_DEVICE_MEMORY_CALLS",
+        "outermost, all",
+        _str_choice(("outermost", "all")),
+        "Which calls read memory per call (OTEL_GPU_DEVICE_MEMORY). outermost: only a call not "
+        "nested in another decorated call of the same thread or task (the model's forward, not "
+        "each of its modules), so an instrumented module tree pays two allocator reads a "
+        "forward; a nested call still gets the allocator's summary when it raises out of "
+        "memory. all: every call, for the delta of each module (two reads per call, ~11 us "
+        "each on a GPU host).",
+    ),
+    Setting(
         "control",
         "OTEL_GPU_CONTROL",
         "on, off",
@@ -1109,6 +1132,8 @@ class Settings:
     device_spans: str = "auto"
     device_time_wait: float = 5.0
     device_memory: bool = True
+    device_memory_calls: str = "outermost"
+    stats_read: str = "async"
     control: str = "off"
     triggers: tuple[trigger_rules.Trigger, ...] = ()
     trigger_max_fires: int = 10

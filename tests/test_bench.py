@@ -668,3 +668,13 @@ def test_calibration_takes_the_longest_round_allowed_when_it_fits_the_target(mon
     totals[16] = 4e6
     totals[33] = 400e6  # 33 calls take longer than the target: fewer calls a round
     assert worker._calibrate(None, 0.2, "cpu", 33) < 33
+
+
+def test_count_spans_leaves_out_device_time_children(tmp_path):
+    """On a GPU each level-3 call also has a '<name> [device]' child span (device time): the
+    bench counts calls, so those children are not counted and the file is not reported as
+    holding twice the calls."""
+    path = tmp_path / "x.jsonl"
+    spans = [{"name": "lib.step"}, {"name": "lib.step [device]"}, {"name": "lib.other"}]
+    path.write_text(json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": spans}]}]}) + "\n")
+    assert worker.count_spans(str(path)) == 2

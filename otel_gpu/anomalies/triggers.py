@@ -51,7 +51,7 @@ from otel_gpu.attributes import (
     CONTROL_UNTIL,
     RING_DUMP_DIR,
 )
-from otel_gpu.calls import armed
+from otel_gpu.calls import armed, stats_reader
 from otel_gpu.core import sink
 from otel_gpu.core.plan import Plan
 from otel_gpu.core.record import Call, standalone
@@ -91,6 +91,13 @@ def set_triggers(rules: tuple[Trigger, ...] | None) -> None:
     next call's end."""
     global _rules
     _rules = rules
+    _note_stats_needed(current())
+
+
+def _note_stats_needed(rules: tuple[Trigger, ...]) -> None:
+    """A non-finite rule reads each call's statistics in ``end``, on the caller's thread: while
+    one is in force, level-5 calls read them there (calls/stats_reader.py)."""
+    stats_reader.require_on_caller(any(rule.on == "nonfinite" for rule in rules))
 
 
 class Watch:
@@ -104,6 +111,7 @@ class Watch:
         self._host = host
         self._own = nonfinite.Origins()
         device_time.on_resolved(_device_resolved)  # slow on the device clock
+        _note_stats_needed(current())
 
     def start(self, call: Call) -> None:
         return None
@@ -349,6 +357,7 @@ def _reset_for_tests() -> None:
     """No trigger set by control, no function boosted."""
     global _rules
     _rules = None
+    stats_reader.require_on_caller(False)
     with _lock:
         timers = list(_boosted.values())
         _boosted.clear()

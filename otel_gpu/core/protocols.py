@@ -138,6 +138,11 @@ class SpanSink(Protocol):
         """Queue a finished call (never blocks beyond the queue's back-pressure)."""
         ...
 
+    def add_before_flush(self, hook: Callable[[float], Any]) -> None:
+        """Have every flush and the exit first call ``hook(timeout)``, which waits for calls
+        still on their way to :meth:`submit` (read off the caller's thread)."""
+        ...
+
     def note_unsampled(self, plan: Plan, duration_ns: int, failed: Any) -> None:
         """A call the head sampler dropped, for the call metrics."""
         ...
