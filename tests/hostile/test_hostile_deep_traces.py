@@ -24,8 +24,9 @@ from crafted_calls import call, stats, tensor, write
 
 from otel_gpu.traces import ranks as ranks_module
 from otel_gpu.traces.output import SHOWN_CHARACTERS
+from otel_gpu.traces.reader import Span
 from otel_gpu.traces.show import show
-from otel_gpu.traces.trees import cycle_closers
+from otel_gpu.traces.trees import build_traces, cycle_closers
 from otel_gpu.traces.workloads import workloads
 
 DEPTH = 3000
@@ -99,6 +100,39 @@ def test_cycle_closers_refuses_the_same_links_as_the_one_by_one_rule():
         rng.shuffle(nodes)
         parents = {n: rng.choice([*nodes, None, None]) for n in nodes}
         assert cycle_closers(parents) == _closes_cycle_one_by_one(parents), parents
+
+
+def test_build_traces_cuts_the_same_links_as_the_one_by_one_rule():
+    """Spans whose parent ids loop (and some whose parent is missing), in shuffled file order:
+    the spans drawn as roots with "would close a cycle" are those the one-by-one rule refuses,
+    every other span with its parent present hangs under it, and every span is in a tree."""
+    rng = random.Random(5)
+    for _ in range(500):
+        ids = [f"{i:016x}" for i in range(1, rng.randint(2, 12))]
+        rng.shuffle(ids)
+        parent_of = {i: rng.choice([*ids, None, "00000000000000ff"]) for i in ids}
+        spans = [
+            Span("1" * 32, i, parent_of[i], f"f{i}", n + 1, n + 2, False, "", {}, [], "t:1")
+            for n, i in enumerate(ids)
+        ]
+        (trace,) = build_traces(spans)
+        present = {i: (p if p in parent_of else None) for i, p in parent_of.items()}
+        refused = _closes_cycle_one_by_one(present)
+        assert {s.span_id for s in spans if s.cycle} == refused
+        for span in spans:
+            linked = present[span.span_id] is not None and span.span_id not in refused
+            assert (span.parent is not None) == linked
+            assert span.parent is None or span.parent.span_id == present[span.span_id]
+        assert trace.count == len(ids) == len(_descendants(trace.roots))
+
+
+def _descendants(roots: list[Span]) -> list[Span]:
+    found, stack = [], list(roots)
+    while stack:
+        span = stack.pop()
+        found.append(span)
+        stack.extend(span.children)
+    return found
 
 
 class _Counting(dict):
