@@ -114,6 +114,7 @@ def test_a_kit_without_a_manifest_is_refused(tmp_path):
 
 
 def test_a_wheel_the_manifest_lists_but_the_kit_lacks_is_refused(tmp_path):
+    """A kit missing a wheel its manifest lists (a copy cut short): refused, naming it."""
     kit = tmp_path / "kit"
     kit.mkdir()
     _wheel(kit / NAME)
