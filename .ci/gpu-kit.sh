@@ -51,12 +51,21 @@ PIP_CONFIG_FILE=/dev/null "$PYTHON" -m pip install -q --disable-pip-version-chec
     --no-index --find-links "$KIT" --target "$(mktemp -d)" "${TARGET_ARGS[@]}" \
     "${REQUIREMENTS[@]}"
 
+# The manifest: each wheel's SHA-256 and name (sha256sum's format). tests/gpu/run.sh installs
+# nothing from a kit with a wheel that is not in it, or whose hash differs.
 {
     echo "# The GPU kit: wheels for CPython $PYVER on manylinux x86_64; made by make gpu-kit"
-    echo "# from $CONSTRAINTS. Installed by tests/gpu/run.sh with --no-index."
-    (cd "$KIT" && ls -1 ./*.whl | sed 's|^\./||')
+    echo "# from $CONSTRAINTS. Installed by tests/gpu/run.sh with --no-index, after it checks"
+    echo "# each wheel against its SHA-256 here."
+    "$PYTHON" - "$KIT" <<'EOF'
+import hashlib, sys
+from pathlib import Path
+
+for wheel in sorted(Path(sys.argv[1]).glob("*.whl")):
+    print(f"{hashlib.sha256(wheel.read_bytes()).hexdigest()}  {wheel.name}")
+EOF
 } > "$KIT/MANIFEST.txt"
 count=$(ls -1 "$KIT"/*.whl | wc -l)
 size=$(du -sh "$KIT" | cut -f1)
-echo "==> $count wheels, $size in $KIT/ (list: $KIT/MANIFEST.txt)"
+echo "==> $count wheels, $size in $KIT/ (names and SHA-256: $KIT/MANIFEST.txt)"
 echo "    on the GPU machine, from the repository root: bash tests/gpu/run.sh"

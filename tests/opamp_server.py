@@ -10,7 +10,12 @@ state.
 ``behaviour`` selects how it answers, for fault tests: ``"ok"``; ``"hang"`` (the request is
 read and never answered until :meth:`release` or exit); ``"garbage"`` (``raw`` is sent as the
 body, e.g. bytes that are no protobuf, or a huge body); ``"error"`` (HTTP 500, and nothing of
-the request kept, as a server that is down). Requests are counted whatever the behaviour.
+the request kept, as a server that is down); ``"redirect"`` (a 307 to ``location`` for the
+path ``/v1/opamp``, other paths answered as ``"ok"``); ``"drip-body"`` and ``"drip-headers"``
+(a slow-loris: the answer's body, or its headers, one byte every ``DRIP_EVERY`` seconds, at
+most ``DRIP_BYTES`` of them, until the client hangs up). Requests are counted whatever the
+behaviour. ``full_state_always`` sets the ReportFullState flag in every answer; ``flap``
+offers its configurations in turn, one per answer, whatever the agent reported.
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ from opentelemetry._opamp.proto import anyvalue_pb2, opamp_pb2
 from otel_gpu import config
 from otel_gpu.control import opamp
 
+DRIP_EVERY = 0.1
+DRIP_BYTES = 300  # 30 s of dripping: far past any request's deadline
 APPLIED = opamp_pb2.RemoteConfigStatuses_APPLIED
 FAILED = opamp_pb2.RemoteConfigStatuses_FAILED
 
@@ -64,6 +71,13 @@ class OpAMPServer:
         self.headers: dict[str, str] = {}  # of the last request, names lower-cased
         self.config: opamp_pb2.AgentRemoteConfig | None = None
         self.error_message: str | None = None  # set: every answer is a ServerErrorResponse
+        self.location = ""  # where "redirect" sends the agent
+        self.full_state_always = False
+        self.flap: list[opamp_pb2.AgentRemoteConfig] = []
+        self.answers = 0  # answers sent with a configuration of ``flap``
+        self.statuses: list[tuple[bytes, int]] = []  # each change of an agent's status
+        self.dripped = 0  # bytes dripped before the client hung up (or DRIP_BYTES)
+        self.cut = threading.Event()  # the client hung up while the server dripped
         self.lock = threading.Lock()
         self._released = threading.Event()
         server = self
@@ -76,6 +90,19 @@ class OpAMPServer:
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 with server.lock:
                     server.headers = {k.lower(): v for k, v in self.headers.items()}
+                if server.behaviour == "redirect" and self.path == "/v1/opamp":
+                    with server.lock:
+                        server.requests += 1
+                    self.send_response(307)
+                    self.send_header("Location", server.location)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                if server.behaviour.startswith("drip-"):
+                    with server.lock:
+                        server.requests += 1
+                    self._drip(server.behaviour == "drip-headers")
+                    return
                 if server.behaviour == "error":  # as a server that is down: nothing kept
                     with server.lock:
                         server.requests += 1
@@ -95,6 +122,30 @@ class OpAMPServer:
                     self.wfile.write(answer)
                 except OSError:
                     pass
+
+            def _drip(self, in_headers: bool) -> None:
+                self.wfile.write(b"HTTP/1.1 200 OK\r\n")
+                if not in_headers:
+                    self.wfile.write(
+                        b"Content-Type: application/x-protobuf\r\n"
+                        + f"Content-Length: {DRIP_BYTES}\r\n\r\n".encode()
+                    )
+                    drop = b"\x00"
+                else:
+                    self.wfile.write(b"X-Drip: ")
+                    drop = b"a"
+                self.wfile.flush()
+                for _ in range(DRIP_BYTES):  # bounded: 30 s at most
+                    if server._released.wait(DRIP_EVERY):
+                        return
+                    try:
+                        self.wfile.write(drop)
+                        self.wfile.flush()
+                    except OSError:
+                        server.cut.set()
+                        return
+                    with server.lock:
+                        server.dripped += 1
 
         self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
@@ -130,7 +181,12 @@ class OpAMPServer:
                     **{kv.key: _value(kv.value) for kv in d.non_identifying_attributes},
                 }
             if message.HasField("remote_config_status"):
-                agent.status = message.remote_config_status
+                status = message.remote_config_status
+                if agent.status is None or (
+                    agent.status.last_remote_config_hash != status.last_remote_config_hash
+                ):
+                    self.statuses.append((status.last_remote_config_hash, status.status))
+                agent.status = status
             if message.HasField("effective_config"):
                 agent.effective = {
                     name: entry.body
@@ -144,14 +200,25 @@ class OpAMPServer:
             if self.error_message is not None:
                 answer.error_response.error_message = self.error_message
                 return bytes(answer.SerializeToString())
-            if not agent.description:
+            if not agent.description or self.full_state_always:
                 answer.flags = opamp_pb2.ServerToAgentFlags_ReportFullState
+            if self.flap:
+                answer.remote_config.CopyFrom(self.flap[self.answers % len(self.flap)])
+                self.answers += 1
+                return bytes(answer.SerializeToString())
             config = self.config
             if config is not None and (
                 agent.status is None or agent.status.last_remote_config_hash != config.config_hash
             ):
                 answer.remote_config.CopyFrom(config)
             return bytes(answer.SerializeToString())
+
+    def flapping(self, *docs: Any) -> list[bytes]:
+        """Offer ``docs`` in turn, one per answer, whatever the agent reported; their hashes."""
+        configs = [self._config(doc, "application/json", "otel-gpu", None) for doc in docs]
+        with self.lock:
+            self.flap = configs
+        return [c.config_hash for c in configs]
 
     def push(
         self,
@@ -162,6 +229,15 @@ class OpAMPServer:
     ) -> bytes:
         """Offer a configuration to every agent: ``doc`` as JSON (bytes are sent as they are).
         Its hash is returned, as agents will name it in their status."""
+        config = self._config(doc, content_type, name, extra)
+        with self.lock:
+            self.config = config
+        return config.config_hash
+
+    @staticmethod
+    def _config(
+        doc: Any, content_type: str, name: str, extra: dict[str, bytes] | None
+    ) -> opamp_pb2.AgentRemoteConfig:
         body = doc if isinstance(doc, bytes) else json.dumps(doc).encode()
         config = opamp_pb2.AgentRemoteConfig()
         entry = config.config.config_map[name]
@@ -169,11 +245,8 @@ class OpAMPServer:
         entry.content_type = content_type
         for other, other_body in (extra or {}).items():
             config.config.config_map[other].body = other_body
-        digest = hashlib.sha256(config.config.SerializeToString()).digest()
-        config.config_hash = digest
-        with self.lock:
-            self.config = config
-        return digest
+        config.config_hash = hashlib.sha256(config.config.SerializeToString()).digest()
+        return config
 
     def seen(self) -> list[AgentSeen]:
         with self.lock:

@@ -14,7 +14,13 @@ A forked child is no agent of its own.
 - It applies the remote configuration named ``otel-gpu``: a JSON object with the fields of a
   control document (:mod:`otel_gpu.control.document`), read whole before anything is applied,
   then reports ``RemoteConfigStatus`` APPLIED, or FAILED with the one-line reason. A refused
-  document changes nothing. A configuration it has seen (same hash) is not applied again.
+  document changes nothing. A configuration it has seen (same hash) is not applied again, and
+  at most one configuration is applied (or refused) per interval; a refusal's warning is said
+  once per reason, then at most every :data:`WARN_EVERY` seconds with a count.
+
+Bounds on the network (:mod:`otel_gpu.control.opamp_http`): no redirect to another origin is
+followed (the headers never leave the configured one), each request is bounded by its deadline
+in all, and at most one request is made per interval whatever the server's flags say.
 
 Bounds on what the server sends: an answer is read up to :data:`MAX_RESPONSE_BYTES` (more is a
 failed poll), the document up to :data:`MAX_DOCUMENT_BYTES`; it must be UTF-8 JSON without
@@ -48,6 +54,7 @@ __all__ = [
     "MAX_DOCUMENT_BYTES",
     "MAX_RESPONSE_BYTES",
     "REQUEST_TIMEOUT",
+    "WARN_EVERY",
     "Agent",
     "read_document",
     "running",
@@ -70,6 +77,9 @@ most half the interval, so that a heartbeat is done before the next is queued (t
 queue of them has no bound: behind a server that hangs it grew by ~2 a second at 0.5 s)."""
 EXIT_WAIT = 1.0
 """Seconds interpreter exit waits for the agent to say goodbye to the server."""
+WARN_EVERY = 600.0
+"""Seconds between two warnings for the same reason of refusing a remote configuration."""
+_MAX_REASONS = 32  # reasons told apart in the warnings; the others share one
 _MAX_REASON = 512  # characters of a FAILED status's reason
 # Tries of a report after the first, 1 s apart doubling (~15 s): the client's 10 would leave a
 # server that came back unheard for up to 512 s; after them the heartbeats, every interval,
@@ -140,62 +150,6 @@ def read_document(remote_config: Any) -> Mapping[str, Any]:
     return doc
 
 
-class _Transport:
-    """The client's transport (``requests``, as its own), with bounds on what it reads: an
-    answer over :data:`MAX_RESPONSE_BYTES` or slower than :data:`REQUEST_TIMEOUT` in all is a
-    failed poll, and a body that is not protobuf too (the client retries with backoff)."""
-
-    def __init__(self) -> None:
-        import requests
-
-        self._session = requests.Session()
-
-    def send(
-        self,
-        *,
-        url: str,
-        headers: Mapping[str, str],
-        data: bytes,
-        timeout_millis: int,
-        tls_certificate: str | bool,
-        tls_client_certificate: str | None = None,
-        tls_client_key: str | None = None,
-    ) -> Any:
-        from opentelemetry._opamp import messages
-        from opentelemetry._opamp.transport.exceptions import OpAMPException
-
-        timeout = timeout_millis / 1000
-        deadline = time.monotonic() + timeout
-        cert = (
-            (tls_client_certificate, tls_client_key)
-            if tls_client_certificate and tls_client_key
-            else tls_client_certificate
-        )
-        try:
-            with self._session.post(
-                url,
-                headers={"Content-Type": "application/x-protobuf", **headers},
-                data=data,
-                timeout=timeout,
-                verify=tls_certificate,
-                cert=cert,
-                stream=True,
-            ) as response:
-                response.raise_for_status()
-                body = bytearray()
-                for chunk in response.iter_content(65536):
-                    body += chunk
-                    if len(body) > MAX_RESPONSE_BYTES:
-                        raise OpAMPException(f"an answer over {MAX_RESPONSE_BYTES} bytes")
-                    if time.monotonic() > deadline:
-                        raise OpAMPException(f"an answer slower than {timeout:g} s")
-            return messages.decode_message(bytes(body))
-        except OpAMPException:
-            raise
-        except Exception as exc:  # requests' errors, and a body that is not a ServerToAgent
-            raise OpAMPException(f"{type(exc).__name__}: {exc}") from None
-
-
 class _QuietRetries(logging.Filter):
     """The client logs each failed attempt at WARNING with the request's bytes; the agent says
     once that the server is unreachable instead (:meth:`Agent.on_connect_failed`)."""
@@ -233,6 +187,28 @@ def _public(endpoint: str) -> str:
     return f"{parts.scheme}://{host}{port}{parts.path}"
 
 
+class _Throttle:
+    """When to say a reason again: the first time, then at most once per ``every`` seconds
+    (with how often it was not said meanwhile); past :data:`_MAX_REASONS` reasons, the others
+    share one turn, so a server that invents a reason at each poll is not a line each."""
+
+    def __init__(self, every: float = WARN_EVERY) -> None:
+        self._every = every
+        self._said: dict[str, tuple[float, int]] = {}
+
+    def turn(self, reason: str) -> int | None:
+        """None: not now; else how often ``reason`` went unsaid since it was last said."""
+        if reason not in self._said and len(self._said) >= _MAX_REASONS:
+            reason = "\0others"
+        now = time.monotonic()
+        said = self._said.get(reason)
+        if said is None or now - said[0] >= self._every:
+            self._said[reason] = (now, 0)
+            return 0 if said is None else said[1]
+        self._said[reason] = (said[0], said[1] + 1)
+        return None
+
+
 class Agent:
     """One process's OpAMP agent: the client's agent and client, and the callbacks that apply
     the remote configuration. Callbacks run on the client's worker thread, one at a time."""
@@ -250,6 +226,8 @@ class Agent:
         from opentelemetry._opamp.client import OpAMPClient
         from opentelemetry._opamp.proto import opamp_pb2
 
+        from otel_gpu.control import opamp_http
+
         assert settings.opamp_endpoint
         self.endpoint = settings.opamp_endpoint
         self.public = _public(self.endpoint)
@@ -261,6 +239,12 @@ class Agent:
         self._reported: Any = None  # the effective configuration last reported
         self._down = False  # the server did not answer the last attempt
         self._error = ""  # the server's last error message, said once
+        self._interval = settings.opamp_interval
+        self._took: float | None = None  # when the last remote configuration was handled
+        self._pending: Any = None  # one that came sooner than an interval after it
+        self._warnings = _Throttle()
+        self._refused: type[Exception] = opamp_http.Refused
+        self._pace = opamp_http.Pace(settings.opamp_interval)
         identifying, others = _identity(attributes)
         self.client = OpAMPClient(
             endpoint=self.endpoint,
@@ -269,8 +253,11 @@ class Agent:
             agent_identifying_attributes=identifying,
             agent_non_identifying_attributes=others,
             # duck-typed: the client's classes are imported only where the extra is installed
-            transport=_Transport(),  # type: ignore[arg-type]
+            transport=opamp_http.Transport(  # type: ignore[arg-type]
+                self.endpoint, MAX_RESPONSE_BYTES, self._pace
+            ),
         )
+        self._pace.full_state = self.client.build_full_state_message
         self._note_effective()
         self.agent = OpAMPAgent(
             interval=settings.opamp_interval,
@@ -290,6 +277,7 @@ class Agent:
         """Say goodbye and tell the threads to stop, waiting at most ``wait`` seconds for the
         goodbye. The threads are not joined: they are daemons, and the worker would take up to
         a second to notice."""
+        self._pace.stopping.set()  # a poll waiting for its turn is not made
         thread = threading.Thread(
             target=self.agent.stop, kwargs={"timeout": 0}, name="otel-gpu-opamp-stop", daemon=True
         )
@@ -304,13 +292,15 @@ class Agent:
             _log.info("otel-gpu: the OpAMP server at %s answers again", self.public)
         try:
             if self._note_effective():  # changed since the last report: a window ran out...
-                agent.send(client.build_full_state_message())
+                self._pace.owed = True  # the next poll carries it
         except Exception as exc:
             _guard_quietly(exc)
 
     def on_connect_failed(self, agent: Any, client: Any, error: Exception) -> None:
         if not self._down:
             self._down = True
+            if isinstance(error, self._refused):  # the transport said why
+                return
             _log.warning(
                 "otel-gpu: the OpAMP server at %s does not answer (%s); this process keeps its "
                 "configuration, and polls again in the background",
@@ -329,17 +319,24 @@ class Agent:
     def on_message(self, agent: Any, client: Any, message: Any) -> None:
         remote = message.remote_config
         if remote is None:
+            remote = self._pending  # one that came too soon, if the server did not repeat it
+        if remote is None:
             return
         given = bytes(remote.config_hash)
         seen = given or hashlib.sha256(remote.config.SerializeToString()).digest()
         if seen == self._seen:
+            self._pending = None
             return  # the server sends its configuration again until it has our status
-        self._seen = seen
+        now = self._pace.started or time.monotonic()  # the poll that brought it
+        if self._took is not None and now - self._took < self._interval:
+            self._pending = remote  # at most one per interval: a flapping server sets the pace
+            return
+        self._pending, self._seen, self._took = None, seen, now
         status, reason = self._take(remote)
         try:
             client.update_remote_config_status(given, status, reason)
             self._note_effective()
-            agent.send(client.build_full_state_message())
+            self._pace.owed = True  # the status goes with the next poll
         except Exception as exc:
             _guard_quietly(exc)
 
@@ -352,7 +349,15 @@ class Agent:
             self._apply(change, self.source)
         except document.ControlError as exc:
             reason = printable(" ".join(str(exc).split()))[:_MAX_REASON]
-            _log.warning("otel-gpu: refused the OpAMP remote configuration: %s", reason)
+            unsaid = self._warnings.turn(reason)
+            if unsaid is not None:
+                _log.warning(
+                    "otel-gpu: refused the OpAMP remote configuration: %s%s",
+                    reason,
+                    f" (refused {unsaid} more times for this reason since it was last said)"
+                    if unsaid
+                    else "",
+                )
             return self._statuses.RemoteConfigStatuses_FAILED, reason
         except Exception as exc:
             _guard_quietly(exc)

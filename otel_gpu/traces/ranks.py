@@ -54,6 +54,7 @@ from otel_gpu.attributes import (
     STUCK_THREAD,
 )
 from otel_gpu.traces import device, reader
+from otel_gpu.traces.output import clip, clipped, dump
 
 __all__ = ["EXIT_AGREE", "EXIT_FOUND", "EXIT_USAGE", "Report", "analyse", "load", "ranks"]
 
@@ -488,8 +489,7 @@ def ranks(
         return EXIT_USAGE
     report = analyse(loaded)
     if as_json:
-        json.dump(report.as_json(), out, indent=2)
-        out.write("\n")
+        dump(report.as_json(), out)  # values whole; NaN and infinities as strings
     else:
         _print(report, out)
     return EXIT_FOUND if report.found else EXIT_AGREE
@@ -505,8 +505,12 @@ def _ranks(numbers: Iterable[int]) -> str:
 
 
 def _print(report: Report, out: IO[str]) -> None:
+    """The report for a reader: each value read from a file (names, frames, shapes) clipped."""
+
     def say(text: str) -> None:
         print(printable(text), file=out)
+
+    report = Report(report.ranks, clipped(report.groups), clipped(report.divergences))
 
     say(f"{len(report.ranks)} rank(s): {', '.join(str(r) for r in report.ranks)}")
     for group in report.groups:
@@ -570,5 +574,5 @@ def _value(value: Any) -> str:
     if isinstance(value, dict):
         return ", ".join(f"{k}={_value(v)}" for k, v in value.items())
     if isinstance(value, list):
-        return "[" + ", ".join(str(v) for v in value) + "]"
-    return str(value)
+        return clip("[" + ", ".join(str(v) for v in value) + "]")
+    return clip(value)

@@ -25,6 +25,7 @@ from typing import IO, Any
 from otel_gpu import attributes as attr
 from otel_gpu._text import printable
 from otel_gpu.traces import device
+from otel_gpu.traces.output import clip
 from otel_gpu.traces.reader import Span, TraceFileError, fill, read_all
 from otel_gpu.traces.trees import Trace, build_traces, tree_path
 
@@ -37,6 +38,8 @@ _SHOWN = 10  # other producers and unknown spans listed
 _SHOWN_PROBLEMS = 20  # invalid lines listed one by one; the rest are counted
 _FIELDS = {"shape", "dtype", "value", "enum_value", "type", "length", "repr", "id", "default"}
 _DTYPE_PREFIXES = (("bfloat", "bf"), ("float", "f"), ("complex", "c"), ("uint", "u"), ("int", "i"))
+_DRAWN_DEPTH = 64  # levels of indentation drawn; deeper spans say their depth instead
+_PATH_ENDS = (3, 6)  # names shown at the start and the end of a long path to a span
 
 Segment = tuple[str, str]  # text and a rich style ("" for none)
 
@@ -293,14 +296,20 @@ def _tree(w: _Writer, traces: list[Trace], matched: set[Span] | None, limit: int
             [(header, "bold"), ("  service " + ", ".join(services) if services else "", "dim")]
         )
         rows.append((None, "", False))
-        stack = [(r, "", i == len(roots) - 1) for i, r in enumerate(roots)][::-1]
+        stack = [(r, "", i == len(roots) - 1, 0) for i, r in enumerate(roots)][::-1]
         while stack and not (limit and shown >= limit):
-            span, prefix, last = stack.pop()
-            rows.append((span, prefix, last))
+            span, prefix, last, depth = stack.pop()
+            # past _DRAWN_DEPTH levels the prefix stops growing (a chain of a million spans
+            # would otherwise print a million-character indentation): the depth is written
+            indent = prefix if depth < _DRAWN_DEPTH else f"{prefix}⋯ depth {depth} "
+            rows.append((span, indent, last))
             shown += 1
             kids = [c for c in span.children if keep is None or c in keep]
-            inner = prefix + ("   " if last else "│  ")
-            stack.extend((c, inner, i == len(kids) - 1) for i, c in reversed(list(enumerate(kids))))
+            inner = prefix + ("   " if last else "│  ") if depth < _DRAWN_DEPTH - 1 else prefix
+            stack.extend(
+                (c, inner, i == len(kids) - 1, depth + 1)
+                for i, c in reversed(list(enumerate(kids)))
+            )
     fill(span for span, _, _ in rows if span is not None)  # attributes of the drawn spans only
     next_header = iter(headers)
     clocks = device.Clocks()
@@ -327,12 +336,13 @@ def _tree(w: _Writer, traces: list[Trace], matched: set[Span] | None, limit: int
 
 
 def _describe(span: Span, context: bool) -> list[Segment]:
-    segments: list[Segment] = [(span.name, "dim" if context else "bold")]
+    """One span's line; each value read from the file clipped (:func:`clip`)."""
+    segments: list[Segment] = [(clip(span.name), "dim" if context else "bold")]
     segments.append(("  " + _duration(span), "dim"))
     if span.error:
         segments.append(("  ERROR", "bold red"))
         if span.message:
-            segments.append((" " + " ".join(span.message.split()), "red"))
+            segments.append((" " + clip(" ".join(span.message.split())), "red"))
     io = _io(span)
     if io:
         segments.append(("  " + io, ""))
@@ -347,11 +357,11 @@ def _describe(span: Span, context: bool) -> list[Segment]:
             ("  NaN/Inf (otel_gpu.nonfinite; no statistics name the tensor)", "bold red")
         )
     if attr.DUMP_DIR in span.attrs:
-        segments.append((f"  dump {span.attrs[attr.DUMP_DIR]}", "cyan"))
+        segments.append((f"  dump {clip(span.attrs[attr.DUMP_DIR])}", "cyan"))
     if attr.RING_DUMP_DIR in span.attrs:
-        segments.append((f"  ring dump {span.attrs[attr.RING_DUMP_DIR]}", "cyan"))
+        segments.append((f"  ring dump {clip(span.attrs[attr.RING_DUMP_DIR])}", "cyan"))
     if span.attrs.get(attr.STUCK):
-        seconds = span.attrs.get(attr.STUCK_SECONDS, "?")
+        seconds = clip(span.attrs.get(attr.STUCK_SECONDS, "?"))
         segments.append((f"  STUCK: running for {seconds} s (host time) when reported", "bold red"))
     if span.cycle:
         segments.append((f"  [root: parent {span.parent_id} would close a cycle]", "yellow"))
@@ -413,23 +423,23 @@ def _join(entries: dict[str, str], keys: bool, sep: str = " ") -> str:
 
 def _compact(entry: dict[str, Any]) -> str:
     if "dtype" in entry:
-        dtype = str(entry["dtype"]).removeprefix("torch.")
+        dtype = clip(str(entry["dtype"]).removeprefix("torch."))
         for long, short in _DTYPE_PREFIXES:
             if dtype.startswith(long):
                 dtype = short + dtype[len(long) :]
                 break
         shape = entry.get("shape") or ()
         dims = ",".join(str(d) for d in shape) if isinstance(shape, list) else str(shape)
-        return f"{dtype}[{dims}]"
+        return f"{dtype}[{clip(dims)}]"
     if "value" in entry:
         value = entry["value"]
         plain = ("None", "<redacted>")  # and enum members, recorded as "Class.MEMBER"
         if isinstance(value, str) and value not in plain and "enum_value" not in entry:
             return repr(value if len(value) <= 40 else value[:39] + "…")
-        return str(value)
+        return clip(value)
     if "length" in entry:
-        return f"{entry.get('type', 'container')}({entry['length']})"
-    return str(entry.get("type", "?"))
+        return f"{clip(entry.get('type', 'container'))}({clip(entry['length'])})"
+    return clip(entry.get("type", "?"))
 
 
 # --------------------------------------------------------------------------- NaN/Inf
@@ -485,7 +495,11 @@ def _report(w: _Writer, traces: list[Trace], names: Sequence[str]) -> int:
     roots = {t.trace_id: t.roots for t in traces}
 
     def where(span: Span) -> str:
-        return " › ".join(tree_path(span, roots[span.trace_id]))
+        parts = [clip(part) for part in tree_path(span, roots[span.trace_id])]
+        head, tail = _PATH_ENDS
+        if len(parts) > head + tail + 1:  # a deep chain: its ends, and how many between
+            parts = [*parts[:head], f"… {len(parts) - head - tail} more …", *parts[-tail:]]
+        return " › ".join(parts)
 
     if not producers:
         matching = f" named {' or '.join(names)}" if names else ""

@@ -4,13 +4,15 @@ children in start order, cycles and duplicates a hostile file may hold broken sa
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from otel_gpu.traces.reader import Span
 
-__all__ = ["Linked", "Trace", "build_traces", "closes_cycle", "tree_path"]
+__all__ = ["Linked", "Trace", "build_traces", "closes_cycle", "cycle_closers", "tree_path"]
+
+K = TypeVar("K", bound=Hashable)
 
 
 class Linked(Protocol):
@@ -45,9 +47,15 @@ def build_traces(spans: Iterable[Span]) -> list[Trace]:
     traces = []
     for trace_id, members in by_trace.items():
         roots = []
-        for span in members.values():
+        closers = cycle_closers(
+            {
+                span_id: span.parent_id if span.parent_id in members else None
+                for span_id, span in members.items()
+            }
+        )
+        for span_id, span in members.items():
             parent = members.get(span.parent_id) if span.parent_id else None
-            if parent is not None and not closes_cycle(span, parent):
+            if parent is not None and span_id not in closers:
                 span.parent = parent
                 parent.children.append(span)
             else:
@@ -65,9 +73,33 @@ def _order(span: Span) -> tuple[int, str]:
     return span.start, span.span_id
 
 
+def cycle_closers(parents: Mapping[K, K | None]) -> set[K]:
+    """The nodes whose link to their parent would close a cycle, were the links made in the
+    order of ``parents`` (node -> its parent, itself a key, or None), each refused that would
+    close one (:func:`closes_cycle`): in each loop of parent links, its node last in that order.
+    In time linear in the number of nodes, whatever the depth (one walk up per node, each node
+    walked once), where asking :func:`closes_cycle` of every link costs the depth each."""
+    order = {node: i for i, node in enumerate(parents)}
+    done: set[K] = set()
+    closers: set[K] = set()
+    for start in parents:
+        path: dict[K, None] = {}  # this walk's nodes, in order
+        node: K | None = start
+        while node is not None and node not in done and node not in path:
+            path[node] = None
+            node = parents.get(node)
+        if node is not None and node in path:  # the walk came back to itself: a loop
+            walked = list(path)
+            loop = walked[walked.index(node) :]
+            closers.add(max(loop, key=order.__getitem__))
+        done.update(path)
+    return closers
+
+
 def closes_cycle(child: Linked, parent: Linked | None) -> bool:
     """Whether linking ``child`` under ``parent`` closes a cycle: ``child`` is ``parent`` or one
-    of its ancestors (a hostile file's parent ids may loop)."""
+    of its ancestors (a hostile file's parent ids may loop). It walks up the ancestors: over
+    many links, :func:`cycle_closers` is linear where this is quadratic in the depth."""
     node = parent
     while node is not None:
         if node is child:

@@ -15,7 +15,6 @@ docs/workloads.md; :mod:`otel_gpu.traces.workload_files` writes ``--emit``.
 from __future__ import annotations
 
 import fnmatch
-import json
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from typing import IO, Any
 from otel_gpu._text import printable
 from otel_gpu.traces import reader
 from otel_gpu.traces.call_records import CallRecord, load_calls
+from otel_gpu.traces.output import clip, clipped, dump
 from otel_gpu.workloads import signature as _signature
 from otel_gpu.workloads.signature import Rules
 
@@ -182,8 +182,7 @@ def workloads(
             "workloads": [w.as_json(everything) for w in shown],
             "left_out": len(found) - len(shown),
         }
-        json.dump(report, out, indent=2)
-        out.write("\n")
+        dump(report, out)  # values whole; NaN and infinities as strings
     else:
         _print(shown, everything, len(found), out)
     return EXIT_OK
@@ -194,17 +193,18 @@ def _say(err: IO[str], message: str) -> None:
 
 
 def _describe(sig: dict[str, dict[str, Any]]) -> str:
+    """The signature on one line, each value read from the file clipped (:func:`clip`)."""
     parts = []
     for path, fields in sig.items():
         if "dtype" in fields:
-            dtype = str(fields["dtype"]).removeprefix("torch.")
-            shape = "x".join(str(n) for n in fields["shape"] or [])
-            stride = f" stride {fields['stride']}" if "stride" in fields else ""
-            parts.append(f"{path}={dtype}[{shape}]{stride}")
+            dtype = clip(str(fields["dtype"]).removeprefix("torch."))
+            shape = clip("x".join(str(n) for n in fields["shape"] or []))
+            stride = f" stride {clip(fields['stride'])}" if "stride" in fields else ""
+            parts.append(f"{clip(path)}={dtype}[{shape}]{stride}")
         elif "value" in fields:
-            parts.append(f"{path}={fields['value']}")
+            parts.append(f"{clip(path)}={clip(fields['value'])}")
         else:
-            parts.append(f"{path}={fields.get('type', '?')}")
+            parts.append(f"{clip(path)}={clip(fields.get('type', '?'))}")
     return " ".join(parts) or "(no inputs)"
 
 
@@ -222,7 +222,7 @@ def _print(shown: list[Workload], everything: int, total: int, out: IO[str]) -> 
 
     say(f"{everything} calls in {total} workloads (function and input signature), by total time")
     for w in shown:
-        row = w.as_json(everything)
+        row = clipped(w.as_json(everything))  # a value read from a file: one short line
         say(
             f"{row['function']}  {row['calls']} calls ({row['share']:.1%})  "
             f"total {_seconds(row['total_s'])}  p50 {_seconds(row['p50_s'])}  "

@@ -41,6 +41,63 @@ if ! ls "$KIT"/*.whl >/dev/null 2>&1; then
     echo "run.sh: no wheels in $KIT: run 'make gpu-kit' on a machine with the package registries first" >&2
     exit 2
 fi
+# The kit is checked before anything else runs or is installed: every wheel is one `make gpu-kit`
+# wrote (its name and SHA-256 in $KIT/MANIFEST.txt), and none carries a file Python would run
+# at every start from the folder it is installed into (sitecustomize, usercustomize, or a .pth
+# file at the top, also through a wheel's .data/purelib or .data/platlib). Exit 2, naming it.
+if ! "$PYTHON" - "$KIT" <<'EOF'
+import hashlib, re, sys, zipfile
+from pathlib import Path
+
+kit = Path(sys.argv[1])
+manifest = kit / "MANIFEST.txt"
+
+
+def refuse(message):
+    print(f"run.sh: {message}; the kit is not installed (make it again with 'make gpu-kit')",
+          file=sys.stderr)
+    sys.exit(2)
+
+
+if not manifest.is_file():
+    refuse(f"{manifest} is missing: no SHA-256 manifest to check the wheels against")
+known = {}
+for number, line in enumerate(manifest.read_text("utf-8", "replace").splitlines(), 1):
+    line = line.strip()
+    if not line or line.startswith("#"):
+        continue
+    fields = line.split()
+    if len(fields) != 2 or not re.fullmatch(r"[0-9a-f]{64}", fields[0]):
+        refuse(f"{manifest}, line {number}: not '<sha256>  <wheel>'")
+    known[fields[1]] = fields[0]
+present = {wheel.name for wheel in kit.glob("*.whl")}
+for name in sorted(set(known) - present):
+    refuse(f"the manifest lists {name!a}, which is not in {kit}")
+for wheel in sorted(kit.glob("*.whl")):
+    if wheel.name not in known:
+        refuse(f"{wheel.name!a} is not in {manifest}: a wheel make gpu-kit did not write")
+    digest = hashlib.sha256()
+    with open(wheel, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    if digest.hexdigest() != known[wheel.name]:
+        refuse(f"{wheel.name!a}: its SHA-256 is not the manifest's (the wheel changed since)")
+    try:
+        with zipfile.ZipFile(wheel) as archive:
+            names = archive.namelist()
+    except (OSError, zipfile.BadZipFile) as exc:
+        refuse(f"{wheel.name!a} is not a readable wheel ({exc})")
+    for entry in names:
+        top = re.sub(r"^[^/]+\.data/(purelib|platlib)/", "", entry)
+        first = top.split("/")[0]
+        if first.split(".")[0] in ("sitecustomize", "usercustomize") or (
+            "/" not in top and top.endswith(".pth")
+        ):
+            refuse(f"{wheel.name!a} carries {entry!a}, which Python would run at every start")
+EOF
+then
+    exit 2
+fi
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 LOG=$OUT/run.log

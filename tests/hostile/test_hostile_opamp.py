@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 import tracemalloc
 
+import opamp_server
 import pytest
 from opamp_server import APPLIED, FAILED, FakeState, OpAMPServer, agent_of
 
@@ -153,3 +155,106 @@ def test_heartbeats_do_not_queue_up_behind_a_server_that_hangs():
             pytest.skip("this version of the client keeps its queue elsewhere")
         server.wait(lambda: server.requests >= 10, "heartbeats after the first report was given up")
         assert queue.qsize() <= 3
+
+
+# ---------------------------------------------------------------------- the network rules
+# Each payload below is a server that tries to make the agent leak, stall or spin; every
+# server is loopback-only, its loops bounded, and stops by itself.
+
+
+def test_a_redirect_to_another_origin_is_not_followed_and_the_credentials_stay(caplog):
+    """A 307 to another origin (here another port of 127.0.0.1) is refused: the other server
+    gets no request, so neither the ``OTEL_GPU_OPAMP_HEADERS`` credentials nor the agent's
+    description, and its configuration is not applied; one warning says so, without them.
+    (Before, the 307 was followed with ``x-api-key``, and the target's answers were applied.)"""
+    state = FakeState()
+    caplog.set_level(logging.WARNING)
+    with OpAMPServer("redirect") as server, OpAMPServer() as elsewhere:
+        server.location = elsewhere.endpoint
+        elsewhere.push({"level": 10})
+        with agent_of(server, state, OTEL_GPU_OPAMP_HEADERS="x-api-key=s3cr3t-key"):
+            server.wait(lambda: server.requests >= 3, "three polls")
+        assert elsewhere.requests == 0, elsewhere.headers
+    assert state.applied == []
+    lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    redirects = [line for line in lines if "redirected to another origin" in line]
+    assert len(redirects) == 1, lines
+    assert f"127.0.0.1:{elsewhere.httpd.server_address[1]}" in redirects[0]
+    assert not any("s3cr3t" in line for line in lines)
+    assert not any("does not answer" in line for line in lines)
+
+
+def test_a_redirect_within_the_origin_is_followed():
+    """A 307 to another path of the same origin is followed, with the headers: the
+    configuration found there is applied and its status reported there."""
+    state = FakeState()
+    with OpAMPServer("redirect") as server:
+        server.location = server.endpoint.replace("/v1/opamp", "/v2/opamp")
+        digest = server.push({"level": 3})
+        with agent_of(server, state, OTEL_GPU_OPAMP_HEADERS="x-api-key=k"):
+            server.wait(lambda: server.with_status(digest), "the status, through the redirect")
+        assert server.headers.get("x-api-key") == "k"
+    assert [change.level for change, _ in state.applied] == [3]
+
+
+@pytest.mark.parametrize("where", ["body", "headers"])
+def test_a_server_dripping_its_answer_cannot_hold_a_request_past_its_deadline(where, caplog):
+    """A slow-loris server sends its answer's body (or its headers) one byte every 0.1 s, for
+    30 s in all: each read is within the socket timeout, but the request's deadline (half the
+    1 s interval) cuts it, so the agent hangs up long before the server is done, and what came
+    is a failed poll, not an (empty) answer. (Before, the deadline was checked only between
+    64 KiB chunks: a request with a 0.5 s budget waited for the whole drip, 30 s.)"""
+    caplog.set_level(logging.WARNING)
+    with OpAMPServer(f"drip-{where}") as server, agent_of(server, FakeState()):
+        assert server.cut.wait(60), f"the agent read all {server.dripped} bytes dripped"
+        assert server.dripped < opamp_server.DRIP_BYTES
+        server.wait(
+            lambda: any("does not answer" in r.getMessage() for r in caplog.records),
+            "the poll cut at its deadline to count as failed",
+        )
+
+
+def test_a_server_always_asking_for_the_full_state_gets_one_request_per_interval():
+    """A server that sets ReportFullState in every answer: the full state goes with the next
+    poll, so the agent makes at most one request per interval in all (counted from before the
+    agent started; a slow machine only lowers the count). (Before: about 21 requests a second
+    at a 1 s interval, each answer asking again at once.)"""
+    with OpAMPServer() as server:
+        server.full_state_always = True
+        start = time.monotonic()
+        with agent_of(server, FakeState()):
+            server.wait(lambda: server.requests >= 4, "four polls")
+            requests, elapsed = server.requests, time.monotonic() - start
+            (agent,) = server.seen()
+            assert agent.description["service.name"] == "test-service"
+    assert requests <= elapsed / 1.0 + 1, f"{requests} requests in {elapsed:.2f} s"
+
+
+def test_flapping_configurations_are_applied_at_most_once_per_interval():
+    """A server offering two configurations in turn, one per answer: each applied one is
+    followed by the other, yet at most one is applied per interval (a slow machine only
+    lowers the count). (Before: 150 applies, and 150 control spans, in 10 s.)"""
+    state = FakeState()
+    with OpAMPServer() as server:
+        server.flapping({"level": 5}, {"level": 3})
+        start = time.monotonic()
+        with agent_of(server, state):
+            server.wait(lambda: len(state.applied) >= 3, "three applies")
+            applies, elapsed = len(state.applied), time.monotonic() - start
+    assert applies <= elapsed / 1.0 + 1, f"{applies} applies in {elapsed:.2f} s"
+    assert {change.level for change, _ in state.applied} == {5, 3}
+
+
+def test_a_refusal_repeated_by_a_flapping_server_is_one_warning(caplog):
+    """Two refused documents offered in turn (one reason, two hashes): each refusal is
+    reported FAILED to the server, but the warning is said once for that reason. (Before:
+    252 warning lines in 12 s.)"""
+    caplog.set_level(logging.WARNING)
+    with OpAMPServer() as server:
+        server.flapping({"level": 5, "sample": 2, "for": "1m"}, {"level": 5, "sample": 2})
+        with agent_of(server, FakeState()):
+            server.wait(lambda: len(server.statuses) >= 3, "three refusals reported")
+        assert all(status == FAILED for _, status in server.statuses)
+    refused = [r.getMessage() for r in caplog.records if "refused the OpAMP" in r.getMessage()]
+    assert len(refused) == 1, refused
+    assert "sample must be a ratio from 0 to 1" in refused[0]
