@@ -623,14 +623,16 @@ SETTINGS: tuple[Setting, ...] = (
         "OTEL_GPU_DUMP_MAX_SIZE_GB",
         "number >= 0 and <= 1048576 (GB)",
         Bounded(0, 1_048_576, integer=False, unit="GB"),
-        "Total size of tensors the recorder may write, inputs and outputs counted before copying.",
+        "Total size of tensors the recorder may write, inputs and outputs counted before "
+        "copying; ring, trigger and CUDA-graph snapshot dumps count too.",
     ),
     Setting(
         "dump_max_count",
         "OTEL_GPU_DUMP_MAX_COUNT",
         "integer > 0 and <= 1000000",
         Bounded(1, _MAX_COUNT, integer=True),
-        "How many calls the recorder may dump.",
+        "How many calls the recorder may dump: level-10 calls, CUDA-graph snapshots and the "
+        "calls of ring and trigger dumps together.",
     ),
     Setting(
         "dump_include",
