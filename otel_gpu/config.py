@@ -551,9 +551,10 @@ SETTINGS: tuple[Setting, ...] = (
         "OTEL_GPU_DUMP_MODULES",
         "true, false",
         _bool,
-        "At level 10, save the state_dict of each torch.nn.Module whose method is recorded (once "
-        "per module instance, below OTEL_GPU_DUMP_DIR/modules, named by a content hash), so "
-        "replay can construct the module again and re-run the call.",
+        "At level 10, save the state_dict of each torch.nn.Module whose method is recorded (at "
+        "its first call and again when it changed, below OTEL_GPU_DUMP_DIR/modules, named by a "
+        "content hash), so replay can construct the module again and re-run the call with the "
+        "weights of its moment.",
     ),
     Setting(
         "dump_modules_max_mb",
