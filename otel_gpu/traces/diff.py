@@ -146,12 +146,19 @@ def _short(name: str) -> str:
     return parts[-2] if len(parts) > 1 and parts[-1] == "forward" else parts[-1]
 
 
+_PATH_DEPTH = 64  # levels of a path shown: a parent chain 100,000 deep is not printed whole
+
+
 def _path(call: CallRecord) -> str:
     """The call's place in its tree, ``GPT2Model > GPT2Block[1] > GPT2MLP``: ``[k]`` counts the
-    calls of the same function among its siblings."""
+    calls of the same function among its siblings. The innermost 64 levels, after ``…`` where
+    the chain is deeper: the cost stays bounded whatever the depth."""
     parts = []
     node: CallRecord | None = call
     while node is not None:
+        if len(parts) == _PATH_DEPTH:
+            parts.append("…")
+            break
         siblings = node.parent.children if node.parent is not None else [node]
         same = [s for s in siblings if s.name == node.name]
         index = f"[{same.index(node)}]" if len(same) > 1 else ""
@@ -378,11 +385,11 @@ def _print(report: dict[str, Any], out: IO[str]) -> None:
         print(printable(text), file=out)
 
     calls, tensors = report["calls"], report["tensors"]
-    head = report["verdict"]
-    if head == "close":
-        head = f"close: {tensors['close']} tensors differ within tolerance ({report['tolerance']})"
+    head = f"{report['verdict']}:"
+    if report["verdict"] == "close":
+        head = f"close: {tensors['close']} tensors differ within tolerance ({report['tolerance']});"
     say(
-        f"{head}; {calls['paired']} calls paired, {calls['a_only']} only in A, "
+        f"{head} {calls['paired']} calls paired, {calls['a_only']} only in A, "
         f"{calls['b_only']} only in B; tensors {tensors['same']} same, {tensors['close']} "
         f"close, {tensors['differ']} differ, {tensors['not compared']} not compared"
     )
