@@ -153,7 +153,7 @@ def _path(call: CallRecord) -> str:
     """The call's place in its tree, ``GPT2Model > GPT2Block[1] > GPT2MLP``: ``[k]`` counts the
     calls of the same function among its siblings. The innermost 64 levels, after ``…`` where
     the chain is deeper: the cost stays bounded whatever the depth."""
-    parts = []
+    parts: list[str] = []
     node: CallRecord | None = call
     while node is not None:
         if len(parts) == _PATH_DEPTH:
