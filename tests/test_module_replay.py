@@ -141,6 +141,23 @@ def test_the_change_check_costs_no_state_copy_when_nothing_changed(
     assert len(copies) == 1
 
 
+def test_a_replaced_weight_is_not_kept_alive_by_the_record(
+    otel_gpu_spans, module_factory, tmp_path
+):
+    """The change check holds the module's tensors weakly: a submodule replaced after a call is
+    freed with its weights (on a GPU, their memory), not kept until the module's next call."""
+    import gc
+    import weakref
+
+    m, _ = _record(otel_gpu_spans, module_factory, tmp_path, dump_modules=True)
+    block = m.Block(4)
+    block(torch.ones(1, 4))
+    old = weakref.ref(block.proj.weight)
+    block.proj = torch.nn.Linear(4, 4)
+    gc.collect()
+    assert old() is None
+
+
 def test_without_the_setting_the_call_is_skipped_saying_how_to_enable_it(
     otel_gpu_spans, module_factory, tmp_path
 ):

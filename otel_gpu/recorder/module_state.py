@@ -18,8 +18,9 @@ the module and its submodules (parameters, buffers, tensor attributes) is checke
 same object at the same place, with the same version counter (``t._version``, which every
 in-place operation bumps, ``no_grad`` or not) and the same storage pointer (``data_ptr``, which
 ``param.data = other`` moves); the submodules too are checked to be the same objects, and the
-dicts holding them (and each submodule's ``__dict__``) to have the same sizes. A few microseconds a call for a small model
-(docs/flight-recorder.md). Not seen: a write through ``param.data`` (a tensor with its own
+dicts holding them (and each submodule's ``__dict__``) to have the same sizes. All of it is held
+by weak reference. A few microseconds a call for a small model, about a quarter of one
+``state_dict()`` call (docs/flight-recorder.md). Not seen: a write through ``param.data`` (a tensor with its own
 version counter), or through a tensor sharing the storage made with ``.data``; and a module
 with its own ``get_extra_state`` is recorded again at every call (that state has no counter).
 
@@ -59,58 +60,91 @@ class CannotRebuild(Exception):
     """The module cannot be reconstructed from its attributes; the message says why."""
 
 
+_HOLDERS = ("_parameters", "_buffers", "_modules")
+
+
 class _Slots:
     """Where each tensor and submodule of a module was at its last record, to tell cheaply
-    whether its state changed since: ``(holder dict, key, object)`` triples checked by identity,
-    each tensor's version counter and storage pointer, and each holder dict's size (a parameter,
-    buffer or submodule added or removed)."""
+    whether its state changed since: for each submodule, its parameter, buffer and submodule
+    dicts and its tensor attributes, each entry the same object (by identity) and each dict the
+    same size (one added or removed); each tensor the same version counter and storage pointer.
 
-    __slots__ = ("always", "sizes", "tensors", "where")
+    Everything is held by weak reference: a weight replaced since (``load_state_dict(...,
+    assign=True)``, a new submodule) is not kept alive, on its device, by this record."""
+
+    __slots__ = ("always", "subs", "tensors")
 
     def __init__(self, module: torch.nn.Module) -> None:
-        where: list[tuple[dict[str, Any], str, Any]] = []
-        tensors: list[tuple[torch.Tensor, int, int]] = []
-        sizes: list[tuple[dict[str, Any], int]] = []
+        # per submodule: a weak reference, the sizes of its three dicts and of its __dict__, and
+        # its entries (dict name or None for a tensor attribute, key, weak reference)
+        subs: list[tuple[Any, tuple[int, ...], tuple[tuple[str | None, str, Any], ...]]] = []
+        tensors: list[tuple[weakref.ref[torch.Tensor], int, int]] = []
         self.always = False  # a get_extra_state of its own: no counter tells its changes
         for sub in module.modules():
             if type(sub).get_extra_state is not torch.nn.Module.get_extra_state:
                 self.always = True
             attrs = vars(sub)
-            sizes.append((attrs, len(attrs)))  # a tensor attribute added since
-            for holder in (sub._parameters, sub._buffers, sub._modules):
-                sizes.append((holder, len(holder)))
-                where.extend((holder, k, v) for k, v in holder.items())
-            for k, v in attrs.items():
-                if isinstance(v, torch.Tensor):
-                    where.append((attrs, k, v))
-        for _, _, v in where:
-            if isinstance(v, torch.Tensor):
-                tensors.append((v, v._version, _pointer(v)))
-        self.where = where
+            entries: list[tuple[str | None, str, Any]] = []
+            for name in _HOLDERS:
+                entries.extend((name, k, _weak(v)) for k, v in attrs[name].items())
+            own = {k: v for k, v in attrs.items() if isinstance(v, torch.Tensor)}
+            entries.extend((None, k, _weak(v)) for k, v in own.items())
+            subs.append((weakref.ref(sub), _sizes(attrs), tuple(entries)))
+            for t in (*sub._parameters.values(), *sub._buffers.values(), *own.values()):
+                if t is not None:
+                    tensors.append((weakref.ref(t), t._version, _pointer(t)))
+        self.subs = subs
         self.tensors = tensors
-        self.sizes = sizes
 
     def changed(self) -> bool:
-        """Whether anything moved since these slots were taken (a few dict look-ups and two
+        """Whether anything moved since these slots were taken (dict look-ups and two
         attribute reads per tensor; no tensor data is read)."""
         if self.always:
             return True
-        for holder, n in self.sizes:
-            if len(holder) != n:
+        for ref, sizes, entries in self.subs:
+            sub = ref()
+            if sub is None:
                 return True
-        for holder, key, value in self.where:
-            if holder.get(key) is not value:
+            attrs = sub.__dict__
+            if _sizes(attrs) != sizes:
                 return True
-        for t, version, pointer in self.tensors:
-            if t._version != version or _pointer(t) != pointer:
+            for name, key, value in entries:
+                holder = attrs if name is None else attrs[name]
+                if holder.get(key) is not value():
+                    return True
+        for tref, version, pointer in self.tensors:
+            t = tref()
+            if t is None or t._version != version or (pointer and t.data_ptr() != pointer):
                 return True
         return False
 
 
+def _sizes(attrs: dict[str, Any]) -> tuple[int, int, int, int]:
+    """A parameter, buffer, submodule or attribute added or removed changes one of these."""
+    return (
+        len(attrs["_parameters"]),
+        len(attrs["_buffers"]),
+        len(attrs["_modules"]),
+        len(attrs),
+    )
+
+
+def _none() -> None:
+    return None
+
+
+def _weak(value: Any) -> Any:
+    """A weak reference to a tensor or module; for ``None`` (an empty slot), a function that
+    returns ``None`` (called alike: no branch in the check)."""
+    return _none if value is None else weakref.ref(value)
+
+
 def _pointer(t: torch.Tensor) -> int:
+    """The tensor's storage pointer; 0 (not checked) for a tensor without storage (meta, some
+    subclasses), or with none yet: its version counter decides."""
     try:
         return int(t.data_ptr())
-    except Exception:  # a tensor without storage (meta, some subclasses): its version decides
+    except Exception:
         return 0
 
 
