@@ -551,9 +551,10 @@ SETTINGS: tuple[Setting, ...] = (
         "OTEL_GPU_DUMP_MODULES",
         "true, false",
         _bool,
-        "At level 10, save the state_dict of each torch.nn.Module whose method is recorded (once "
-        "per module instance, below OTEL_GPU_DUMP_DIR/modules, named by a content hash), so "
-        "replay can construct the module again and re-run the call.",
+        "At level 10, save the state_dict of each torch.nn.Module whose method is recorded (at "
+        "its first call and again when it changed, below OTEL_GPU_DUMP_DIR/modules, named by a "
+        "content hash), so replay can construct the module again and re-run the call with the "
+        "weights of its moment.",
     ),
     Setting(
         "dump_modules_max_mb",
@@ -623,14 +624,16 @@ SETTINGS: tuple[Setting, ...] = (
         "OTEL_GPU_DUMP_MAX_SIZE_GB",
         "number >= 0 and <= 1048576 (GB)",
         Bounded(0, 1_048_576, integer=False, unit="GB"),
-        "Total size of tensors the recorder may write, inputs and outputs counted before copying.",
+        "Total size of tensors the recorder may write, inputs and outputs counted before "
+        "copying; ring, trigger and CUDA-graph snapshot dumps count too.",
     ),
     Setting(
         "dump_max_count",
         "OTEL_GPU_DUMP_MAX_COUNT",
         "integer > 0 and <= 1000000",
         Bounded(1, _MAX_COUNT, integer=True),
-        "How many calls the recorder may dump.",
+        "How many calls the recorder may dump: level-10 calls, CUDA-graph snapshots and the "
+        "calls of ring and trigger dumps together.",
     ),
     Setting(
         "dump_include",

@@ -263,7 +263,8 @@ def _run(path, delta: float) -> None:
 
 def test_diff_names_a_call_whose_bytes_changed_though_its_statistics_agree(tmp_path):
     """Level 5, one output element moved by 1e-6: the statistics agree within tolerance, the
-    fingerprints do not, and diff names that call (exit 1); by statistics alone it is same."""
+    fingerprints do not, and diff names that call (exit 1); by statistics alone it is close
+    (exit 3, or 0 with a tolerance accepted), never same."""
     from otel_gpu.traces.diff import diff
 
     _run(tmp_path / "a.jsonl", 0.0)
@@ -278,5 +279,13 @@ def test_diff_names_a_call_whose_bytes_changed_though_its_statistics_agree(tmp_p
     assert tensor["method"] == "fingerprint" and tensor["statistics"] == "same"
     code = diff(
         str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl"), out=io.StringIO(), fingerprints=False
+    )
+    assert code == 3  # close: equal statistics, but the bytes are known to differ
+    code = diff(
+        str(tmp_path / "a.jsonl"),
+        str(tmp_path / "b.jsonl"),
+        out=io.StringIO(),
+        fingerprints=False,
+        accept_close=True,
     )
     assert code == 0

@@ -1,5 +1,6 @@
 """Replay of torch.nn.Module methods: with OTEL_GPU_DUMP_MODULES the recorder saves each module's
-state_dict once, and replay constructs the module again from its attributes and that state."""
+state_dict at its first call and again whenever it changed, and replay constructs the module
+again from its attributes and the state of that call's moment."""
 
 from __future__ import annotations
 
@@ -67,6 +68,94 @@ def test_a_module_method_replays_from_its_recorded_state(otel_gpu_spans, module_
     assert [r.verdict for r in results] == ["pass", "pass"], [r.detail for r in results]
     states = os.listdir(root / "modules")
     assert len(states) == 1 and states[0].endswith(".pt")  # once per module instance
+
+
+def test_a_weight_poisoned_in_place_between_calls_replays_with_the_poison(
+    otel_gpu_spans, module_factory, tmp_path
+):
+    """A NaN planted in the weight in place (no_grad fill_) between two calls: the second call's
+    state is recorded again, so replaying the NaN-producing call reproduces its NaN (pass),
+    not finite values from the state of the first call; the first call still passes."""
+    m, root = _record(otel_gpu_spans, module_factory, tmp_path, dump_modules=True)
+    torch.manual_seed(0)
+    block = m.Block(4)
+    assert torch.isfinite(block(torch.ones(2, 4))).all()
+    with torch.no_grad():
+        block.proj.weight.fill_(float("nan"))  # in place: the version counter moves
+    assert torch.isnan(block(torch.ones(2, 4))).all()
+    results = _replay(m, root)
+    assert [r.verdict for r in results] == ["pass", "pass"], [r.detail for r in results]
+    assert len(os.listdir(root / "modules")) == 2  # the state of each moment
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        "param_data",  # proj.weight.data = another tensor: the storage pointer moves
+        "new_parameter",  # proj.weight = nn.Parameter(...): another object in its slot
+        "new_submodule",  # proj = nn.Linear(...): another module
+        "buffer_added",  # register_buffer: one more entry
+    ],
+)
+def test_each_kind_of_state_change_is_recorded_again(
+    otel_gpu_spans, module_factory, tmp_path, change
+):
+    """Whatever moved the state (a storage swapped, a parameter, submodule or buffer replaced
+    or added), the next call records it again and replays with it: pass, pass."""
+    m, root = _record(otel_gpu_spans, module_factory, tmp_path, dump_modules=True)
+    torch.manual_seed(0)
+    block = m.Block(4)
+    block(torch.ones(2, 4))
+    if change == "param_data":
+        block.proj.weight.data = torch.full((4, 4), 2.0)
+    elif change == "new_parameter":
+        block.proj.weight = torch.nn.Parameter(torch.full((4, 4), 3.0))
+    elif change == "new_submodule":
+        block.proj = torch.nn.Linear(4, 4)
+    else:
+        block.register_buffer("extra", torch.ones(1), persistent=False)
+    block(torch.ones(2, 4))
+    if change == "buffer_added":  # the rebuilt Block has no such buffer: said, never passed
+        results = _replay(m, root)
+        assert results[0].verdict == "pass"
+        assert results[1].verdict == "skipped" and "extra" in results[1].detail
+        return
+    results = _replay(m, root)
+    assert [r.verdict for r in results] == ["pass", "pass"], [r.detail for r in results]
+    assert len(os.listdir(root / "modules")) == 2
+
+
+def test_the_change_check_costs_no_state_copy_when_nothing_changed(
+    otel_gpu_spans, module_factory, tmp_path, monkeypatch
+):
+    """Ten calls of an unchanged module: its state is copied (state_dict) once, not per call."""
+    from otel_gpu.recorder import module_state
+
+    m, _ = _record(otel_gpu_spans, module_factory, tmp_path, dump_modules=True)
+    block = m.Block(4)
+    copies = []
+    real = module_state._record_state
+    monkeypatch.setattr(module_state, "_record_state", lambda *a: copies.append(1) or real(*a))
+    for _ in range(10):
+        block(torch.ones(1, 4))
+    assert len(copies) == 1
+
+
+def test_a_replaced_weight_is_not_kept_alive_by_the_record(
+    otel_gpu_spans, module_factory, tmp_path
+):
+    """The change check holds the module's tensors weakly: a submodule replaced after a call is
+    freed with its weights (on a GPU, their memory), not kept until the module's next call."""
+    import gc
+    import weakref
+
+    m, _ = _record(otel_gpu_spans, module_factory, tmp_path, dump_modules=True)
+    block = m.Block(4)
+    block(torch.ones(1, 4))
+    old = weakref.ref(block.proj.weight)
+    block.proj = torch.nn.Linear(4, 4)
+    gc.collect()
+    assert old() is None
 
 
 def test_without_the_setting_the_call_is_skipped_saying_how_to_enable_it(

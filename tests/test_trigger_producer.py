@@ -119,11 +119,6 @@ def test_a_nan_trigger_fires_once_on_the_producer_and_its_dump_replays_the_nan(m
     assert all(m.get("outputs_skipped") == "ring" for m in manifests if m is not manifest)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the module's state_dict is recorded at its first capture, before the poisoning, "
-    "and reused (issue 39, 'Replay uses stale module weights'): replay runs the clean weight",
-)
 def test_replay_of_the_producers_dump_reproduces_the_nan(model):
     """otel-gpu replay of the trigger's dump re-runs the producer with the weights of the
     moment: NaN for NaN, a pass."""

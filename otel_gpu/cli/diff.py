@@ -27,6 +27,7 @@ def _main(args: argparse.Namespace) -> int:
         atol=args.atol,
         as_json=args.json,
         fingerprints=not args.no_fingerprints,
+        accept_close=args.tolerance or args.rtol is not None or args.atol is not None,
     )
 
 
@@ -39,17 +40,30 @@ def register(sub: Any) -> None:
         "call tree (fuzzily where the trees differ); each pair's tensors are compared by their "
         "dumped values (level 10), else their statistics (level 5), else their metadata. "
         "Names the first call whose inputs matched and outputs did not, the first call whose "
-        "inputs already differed, and calls present in one run only. Exit codes: 0 same; "
-        "1 diverged; 2 bad input (unreadable or torn files, different services or versions, "
-        "nothing comparable). See docs/diff.md.",
+        "inputs already differed, and calls present in one run only. Exit codes: 0 same "
+        "(every compared tensor bit-identical); 1 diverged; 2 bad input (unreadable or torn "
+        "files, different services or versions, nothing comparable); 3 close (tensors differ, "
+        "all within tolerance; 0 with --tolerance, --rtol or --atol). See docs/diff.md.",
     )
     p.add_argument("a", metavar="A", help="run A: a trace file or a dump folder")
     p.add_argument("b", metavar="B", help="run B: the same kind as A")
     p.add_argument(
-        "--rtol", type=_tolerance, metavar="R", help="relative tolerance for every dtype"
+        "--rtol",
+        type=_tolerance,
+        metavar="R",
+        help="relative tolerance for every dtype (implies --tolerance)",
     )
     p.add_argument(
-        "--atol", type=_tolerance, metavar="A", help="absolute tolerance for every dtype"
+        "--atol",
+        type=_tolerance,
+        metavar="A",
+        help="absolute tolerance for every dtype (implies --tolerance)",
+    )
+    p.add_argument(
+        "--tolerance",
+        action="store_true",
+        help="accept differences within the tolerance (per dtype, or --rtol/--atol): the "
+        "verdict close exits 0 instead of 3 (it is never called same)",
     )
     p.add_argument(
         "--no-fingerprints",

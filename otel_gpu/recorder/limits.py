@@ -4,6 +4,12 @@
 :func:`set_limits` changes them while the program runs (for the running recorder and those built
 later in this process), and ``None`` returns a limit to its configured value.
 
+Every path that writes a dump counts against them, in one :class:`Budget` per configuration:
+the level-10 recorder's calls, its CUDA-graph snapshots, and the ring's dumps (a trigger rule's
+``dump``, a raised or non-finite call, a stuck call, SIGTERM, ``otel-gpu snapshot``). The first
+time a limit is reached one warning line says so, whichever path reached it; later refusals cost
+a lock and a comparison.
+
 When a limit is reached, the recorder leaves a note in its dump folder,
 ``.not-dumped-<pid>-<token>.json``, which ``otel-gpu replay`` reads to say that calls of that
 process have no dump (:func:`write_note`, :func:`read_notes`: the note's writer and reader).
@@ -17,12 +23,14 @@ import threading
 import weakref
 from typing import Any, NamedTuple, Protocol
 
-from otel_gpu import _files
+from otel_gpu import _files, _guard
 from otel_gpu.config import Settings
 
 __all__ = [
     "NOTE_PREFIX",
+    "Budget",
     "Limits",
+    "budget",
     "configured",
     "in_force",
     "read_notes",
@@ -104,6 +112,93 @@ def set_limits(max_calls: int | None = None, max_bytes: int | None = None) -> No
         recorders = list(_live)
     for recorder in recorders:
         recorder.apply_limits(in_force(recorder.settings))
+
+
+class Budget:
+    """The dump limits in force for one configuration and what its dump paths have used.
+
+    :func:`budget` hands the recorder and the ring built from one ``Settings`` the same budget,
+    so the calls and bytes they write below the dump folder add up against one limit.
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        limits = in_force(settings)  # the settings', or what set_limits() set since
+        self.max_calls = limits.max_calls
+        self.max_bytes = limits.max_bytes
+        self.count = 0
+        """Calls written (or being written) by every path."""
+        self.used = 0
+        """Bytes of tensors counted for them."""
+        self.skipped = 0
+        """Calls not written because a limit was reached."""
+        self._warned: set[str] = set()  # the limits warned about since they last changed
+        self._lock = threading.Lock()
+
+    def reserve(self, calls: int, nbytes: int) -> tuple[str | None, bool]:
+        """Count ``calls`` calls and ``nbytes`` bytes, before anything is copied: ``(None,
+        False)`` when they fit; else ``(reason, first)``, ``reason`` ``max_count`` or
+        ``max_size`` and nothing counted, ``first`` true the first time that limit refused
+        (since the limits last changed). The first refusal of each limit logs one warning."""
+        with self._lock:
+            if calls and self.count + calls > self.max_calls:
+                reason = "max_count"
+            elif self.used + nbytes > self.max_bytes:
+                reason = "max_size"
+            else:
+                self.count += calls
+                self.used += nbytes
+                return None, False
+            self.skipped += calls
+            first = reason not in self._warned
+            self._warned.add(reason)
+            limit = self.limit_text(reason)
+        if first:  # once per limit, and once more after set_limits() changed them
+            _guard.logger.warning(
+                "otel-gpu dumps: %s reached; further dumps are not written (level-10 calls carry "
+                "otel_gpu.dump.skipped=%s and otel-gpu replay says they have no dump; ring and "
+                "trigger dumps are left out). This is reported once (again if the limits change "
+                "at runtime).",
+                limit,
+                reason,
+            )
+        return reason, first
+
+    def limit_text(self, reason: str) -> str:
+        """The limit ``reason`` names, as the user set it."""
+        base = configured(self.settings)
+        if reason == "max_count":
+            if self.max_calls == base.max_calls:
+                return f"OTEL_GPU_DUMP_MAX_COUNT={self.max_calls}"
+            return f"the dump limit of {self.max_calls} calls (set at runtime)"
+        if self.max_bytes == base.max_bytes:
+            return f"OTEL_GPU_DUMP_MAX_SIZE_GB={self.settings.dump_max_size_gb:g}"
+        return f"the dump limit of {self.max_bytes} bytes (set at runtime)"
+
+    def apply_limits(self, limits: Limits) -> None:
+        """New limits (:func:`set_limits`), from the next reservation on."""
+        with self._lock:
+            self.max_calls, self.max_bytes = limits.max_calls, limits.max_bytes
+            self._warned.clear()
+
+
+_budgets: dict[int, weakref.ref[Budget]] = {}
+
+
+def budget(settings: Settings) -> Budget:
+    """The budget of the observers built from ``settings`` (this very object): one shared by
+    the recorder and the ring; a reconfiguration (new settings) starts a new one."""
+    made = Budget(settings)  # reads the limits in force, under the lock: built before taking it
+    with _lock:
+        ref = _budgets.get(id(settings))
+        found = ref() if ref is not None else None
+        if found is not None and found.settings is settings:
+            return found
+        for key in [k for k, r in _budgets.items() if r() is None]:
+            del _budgets[key]
+        _budgets[id(settings)] = weakref.ref(made)
+        _live.add(made)  # as watch() does, under the lock already held
+    return made
 
 
 def write_note(root: str, name: str, body: dict[str, Any]) -> None:

@@ -1,8 +1,10 @@
 """Rebuilding a ``torch.nn.Module`` receiver for replay: its ``state_dict`` and constructor arguments.
 
-With ``OTEL_GPU_DUMP_MODULES=true`` the flight recorder saves, once per module instance, the
-module's ``state_dict`` below ``<dump dir>/modules/<sha256 of the contents>.pt`` (shared by every
-call and every identical module) and the arguments to construct it again: each parameter of the
+With ``OTEL_GPU_DUMP_MODULES=true`` the flight recorder saves the module's ``state_dict`` below
+``<dump dir>/modules/<sha256 of the contents>.pt`` (shared by every call and every identical
+module) at its first recorded call, and again at a later call whenever the state changed since
+the last record (training, a weight poisoned in place), so each call's manifest names the state
+of that moment; it also saves the arguments to construct the module again: each parameter of the
 class's ``__init__`` is taken from the module's attribute of the same name (``config``,
 ``layer_idx``, ``in_features``…); a tensor attribute for a ``bool`` parameter means ``True``
 (``nn.Linear(bias=True)`` keeps its bias tensor); parameters with defaults may be absent.
@@ -10,6 +12,17 @@ The state file also holds what ``state_dict`` leaves out: non-persistent buffers
 (``register_buffer(..., persistent=False)``, e.g. a scale the constructor was given) and plain
 tensor attributes, each of the module or of its submodules; the manifest lists their names
 (``buffers``, ``attributes``).
+
+Whether the state changed is decided without reading a byte (:class:`_Slots`): each tensor of
+the module and its submodules (parameters, buffers, tensor attributes) is checked to be the
+same object at the same place, with the same version counter (``t._version``, which every
+in-place operation bumps, ``no_grad`` or not) and the same storage pointer (``data_ptr``, which
+``param.data = other`` moves); the submodules too are checked to be the same objects, and the
+dicts holding them (and each submodule's ``__dict__``) to have the same sizes. All of it is held
+by weak reference. A few microseconds a call for a small model, about a quarter of one
+``state_dict()`` call (docs/flight-recorder.md). Not seen: a write through ``param.data`` (a tensor with its own
+version counter), or through a tensor sharing the storage made with ``.data``; and a module
+with its own ``get_extra_state`` is recorded again at every call (that state has no counter).
 
 Replay checks the file against the SHA-256 its name carries (a mismatch is an error naming the
 file), constructs the class with the arguments, loads the state strictly and puts the recorded
@@ -47,49 +60,120 @@ class CannotRebuild(Exception):
     """The module cannot be reconstructed from its attributes; the message says why."""
 
 
+_HOLDERS = ("_parameters", "_buffers", "_modules")
+
+
+class _Slots:
+    """Where each tensor and submodule of a module was at its last record, to tell cheaply
+    whether its state changed since: for each submodule, its parameter, buffer and submodule
+    dicts and its tensor attributes, each entry the same object (by identity) and each dict the
+    same size (one added or removed); each tensor the same version counter and storage pointer.
+
+    Everything is held by weak reference: a weight replaced since (``load_state_dict(...,
+    assign=True)``, a new submodule) is not kept alive, on its device, by this record."""
+
+    __slots__ = ("always", "subs", "tensors")
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        # per submodule: a weak reference, the sizes of its three dicts and of its __dict__, and
+        # its entries (dict name or None for a tensor attribute, key, weak reference)
+        subs: list[tuple[Any, tuple[int, ...], tuple[tuple[str | None, str, Any], ...]]] = []
+        tensors: list[tuple[weakref.ref[torch.Tensor], int, int]] = []
+        self.always = False  # a get_extra_state of its own: no counter tells its changes
+        for sub in module.modules():
+            if type(sub).get_extra_state is not torch.nn.Module.get_extra_state:
+                self.always = True
+            attrs = vars(sub)
+            entries: list[tuple[str | None, str, Any]] = []
+            for name in _HOLDERS:
+                entries.extend((name, k, _weak(v)) for k, v in attrs[name].items())
+            own = {k: v for k, v in attrs.items() if isinstance(v, torch.Tensor)}
+            entries.extend((None, k, _weak(v)) for k, v in own.items())
+            subs.append((weakref.ref(sub), _sizes(attrs), tuple(entries)))
+            for t in (*sub._parameters.values(), *sub._buffers.values(), *own.values()):
+                if t is not None:
+                    tensors.append((weakref.ref(t), t._version, _pointer(t)))
+        self.subs = subs
+        self.tensors = tensors
+
+    def changed(self) -> bool:
+        """Whether anything moved since these slots were taken (dict look-ups and two
+        attribute reads per tensor; no tensor data is read)."""
+        if self.always:
+            return True
+        for ref, sizes, entries in self.subs:
+            sub = ref()
+            if sub is None:
+                return True
+            attrs = sub.__dict__
+            if _sizes(attrs) != sizes:
+                return True
+            for name, key, value in entries:
+                holder = attrs if name is None else attrs[name]
+                if holder.get(key) is not value():
+                    return True
+        for tref, version, pointer in self.tensors:
+            t = tref()
+            if t is None or t._version != version or (pointer and t.data_ptr() != pointer):
+                return True
+        return False
+
+
+def _sizes(attrs: dict[str, Any]) -> tuple[int, int, int, int]:
+    """A parameter, buffer, submodule or attribute added or removed changes one of these."""
+    return (
+        len(attrs["_parameters"]),
+        len(attrs["_buffers"]),
+        len(attrs["_modules"]),
+        len(attrs),
+    )
+
+
+def _none() -> None:
+    return None
+
+
+def _weak(value: Any) -> Any:
+    """A weak reference to a tensor or module; for ``None`` (an empty slot), a function that
+    returns ``None`` (called alike: no branch in the check)."""
+    return _none if value is None else weakref.ref(value)
+
+
+def _pointer(t: torch.Tensor) -> int:
+    """The tensor's storage pointer; 0 (not checked) for a tensor without storage (meta, some
+    subclasses), or with none yet: its version counter decides."""
+    try:
+        return int(t.data_ptr())
+    except Exception:
+        return 0
+
+
 def record(
     module: torch.nn.Module, root: str, enc: values.Encoder, max_bytes: int
 ) -> dict[str, Any]:
     """The manifest's receiver for ``module``: its type, constructor arguments and state file.
 
-    The state is written once per module instance (the first call); later calls refer to it.
+    The state is written at the module's first recorded call, and again whenever it changed
+    since the last record (:class:`_Slots`); calls in between refer to the last one written.
     Raises :class:`CannotRebuild` when the constructor arguments cannot be found, the state is
-    over the size limit or cannot be written (``modules/`` is a symlink, the disk is full).
+    over the size limit or cannot be written (``modules/`` is a symlink, the disk is full); an
+    unchanged module that could not be recorded is refused again without trying again.
     """
-    global _written_bytes
     with _lock:
         known = _recorded.get(module)
+    if known is not None and known["slots"].changed():
+        known = None  # the state of this moment differs from the one recorded: record it
+    elif known is not None and "error" in known:
+        raise CannotRebuild(known["error"])
     if known is None:
-        init = _init_arguments(module)
-        extras = _extras(module)
+        slots = _Slots(module)  # taken before the copy: a change during it is seen next call
         try:
-            state = {k: _host(v) for k, v in module.state_dict().items()}
-            state.update((k, _host(getattr(owner, leaf))) for k, (owner, leaf, _) in extras.items())
-        except Exception as exc:  # extra state that is not a tensor, a tensor with no data
-            raise CannotRebuild(
-                f"its state could not be recorded ({type(exc).__name__}: {str(exc)[:200]})"
-            ) from None
-        nbytes = sum(t.numel() * t.element_size() for t in state.values())
-        with _lock:
-            if _written_bytes + nbytes > max_bytes:
-                raise CannotRebuild(
-                    f"its state ({nbytes / 2**20:.1f} MiB) would exceed "
-                    f"OTEL_GPU_DUMP_MODULES_MAX_MB={max_bytes / 2**20:g}"
-                )
-            _written_bytes += nbytes
-        name = _content_hash(state) + ".pt"
-        try:
-            _write_state(root, name, state)
-        except OSError as exc:  # this call goes without its module; the dump goes on
-            raise CannotRebuild(f"its state could not be written: {exc}") from None
-        device = next((str(t.device) for t in module.state_dict().values()), "cpu")
-        known = {
-            "init": init,
-            "state": name,
-            "device": device,
-            "buffers": sorted(k for k, v in extras.items() if v[2] == "buffer"),
-            "attributes": sorted(k for k, v in extras.items() if v[2] == "attribute"),
-        }
+            known = _record_state(module, root, max_bytes)
+        except CannotRebuild as exc:
+            with _lock:
+                _recorded[module] = {"slots": slots, "error": str(exc)}
+            raise
+        known["slots"] = slots
         with _lock:
             _recorded[module] = known
     return {
@@ -101,6 +185,42 @@ def record(
         "training": module.training,
         "buffers": known["buffers"],
         "attributes": known["attributes"],
+    }
+
+
+def _record_state(module: torch.nn.Module, root: str, max_bytes: int) -> dict[str, Any]:
+    """Copy ``module``'s state to the host and write it (content-addressed); what the
+    manifest's receiver needs of it."""
+    global _written_bytes
+    init = _init_arguments(module)
+    extras = _extras(module)
+    try:
+        state = {k: _host(v) for k, v in module.state_dict().items()}
+        state.update((k, _host(getattr(owner, leaf))) for k, (owner, leaf, _) in extras.items())
+    except Exception as exc:  # extra state that is not a tensor, a tensor with no data
+        raise CannotRebuild(
+            f"its state could not be recorded ({type(exc).__name__}: {str(exc)[:200]})"
+        ) from None
+    nbytes = sum(t.numel() * t.element_size() for t in state.values())
+    with _lock:
+        if _written_bytes + nbytes > max_bytes:
+            raise CannotRebuild(
+                f"its state ({nbytes / 2**20:.1f} MiB) would exceed "
+                f"OTEL_GPU_DUMP_MODULES_MAX_MB={max_bytes / 2**20:g}"
+            )
+        _written_bytes += nbytes
+    name = _content_hash(state) + ".pt"
+    try:
+        _write_state(root, name, state)
+    except OSError as exc:  # this call goes without its module; the dump goes on
+        raise CannotRebuild(f"its state could not be written: {exc}") from None
+    device = next((str(t.device) for t in module.state_dict().values()), "cpu")
+    return {
+        "init": init,
+        "state": name,
+        "device": device,
+        "buffers": sorted(k for k, v in extras.items() if v[2] == "buffer"),
+        "attributes": sorted(k for k, v in extras.items() if v[2] == "attribute"),
     }
 
 

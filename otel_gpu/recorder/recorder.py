@@ -117,13 +117,9 @@ class Recorder:
         self._fsync = durability == "fsync"  # decided once: the call path only reads a flag
         self._async_inputs = durability == "async"
         self._buffers = tensor_files.HostBuffers()
-        limits = _limits.in_force(settings)  # the settings', or what set_limits() set since
-        self.max_bytes = limits.max_bytes
-        self.max_count = limits.max_calls
-        self.count = 0
-        self.used = 0
+        # shared with the ring built from these settings: one limit for every dump path
+        self.budget = _limits.budget(settings)
         self.skipped = 0  # calls not dumped for a limit (the note in the dump folder says so)
-        self._warned: set[str] = set()  # the limits warned about since they last changed
         self._note = f"{_limits.NOTE_PREFIX}{os.getpid()}-{secrets.token_hex(4)}.json"
         self._noted: tuple[str, str] | None = None  # the reason and limit of the last note
         self.stopped: str | None = None
@@ -143,7 +139,6 @@ class Recorder:
         self._root_made = False  # the folder is created by the first call dumped, not before
         self._writer = threading.Thread(target=self._write_loop, name="otel-gpu-dump", daemon=True)
         self._writer.start()
-        _limits.watch(self)
 
     # ------------------------------------------------------------------ caller's thread
 
@@ -257,54 +252,28 @@ class Recorder:
 
     def _reserve(self, nbytes: int, new_call: bool) -> str | None:
         """Count a call and its bytes against the limits before anything is copied."""
+        reason, first = self.budget.reserve(int(new_call), nbytes)
+        if reason is None:
+            return None
         with self._lock:
-            if new_call and self.count >= self.max_count:
-                reason = "max_count"
-            elif self.used + nbytes > self.max_bytes:
-                reason = "max_size"
-            else:
-                self.count += new_call
-                self.used += nbytes
-                return None
             self.skipped += new_call
-            first = reason not in self._warned
-            self._warned.add(reason)
-            limit = self._limit_text(reason)
-        if first:  # once per limit, and once more after set_limits() changed them
-            _guard.logger.warning(
-                "otel-gpu flight recorder: %s reached; further calls are not dumped (their spans "
-                "carry otel_gpu.dump.skipped=%s, and otel-gpu replay says they have no dump). "
-                "This is reported once (again if the limits change at runtime).",
-                limit,
-                reason,
-            )
-            self._write_note(reason, limit)
+        if first or self._noted is None:
+            self._write_note(reason, self.budget.limit_text(reason))
         return reason
-
-    def _limit_text(self, reason: str) -> str:
-        base = _limits.configured(self.settings)
-        if reason == "max_count":
-            if self.max_count == base.max_calls:
-                return f"OTEL_GPU_DUMP_MAX_COUNT={self.max_count}"
-            return f"the dump limit of {self.max_count} calls (set at runtime)"
-        if self.max_bytes == base.max_bytes:
-            return f"OTEL_GPU_DUMP_MAX_SIZE_GB={self.settings.dump_max_size_gb:g}"
-        return f"the dump limit of {self.max_bytes} bytes (set at runtime)"
 
     def _write_note(self, reason: str, limit: str) -> None:
         """The dump folder's note that calls of this process were not dumped (for replay)."""
         self._noted = (reason, limit)
-        body = {"pid": os.getpid(), "reason": reason, "limit": limit, "skipped": self.skipped}
+        body = {
+            "pid": os.getpid(),
+            "reason": reason,
+            "limit": limit,
+            "skipped": self.skipped,
+        }
         try:
             _limits.write_note(self.root, self._note, body)
         except OSError:
             pass  # a folder that cannot be written stops dumping on the next write, saying so
-
-    def apply_limits(self, limits: _limits.Limits) -> None:
-        """New limits (:func:`otel_gpu.recorder.limits.set_limits`), from the next call on."""
-        with self._lock:
-            self.max_count, self.max_bytes = limits.max_calls, limits.max_bytes
-            self._warned.clear()
 
     def _fail(self, exc: OSError) -> str:
         """A full disk or an unwritable directory stops dumping, with one warning."""

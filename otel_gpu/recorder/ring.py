@@ -19,7 +19,14 @@ as flight-recorder dumps (``otel-gpu replay`` re-runs them) when:
 Each trigger writes a directory ``<OTEL_GPU_DUMP_DIR>/ring-<pid>-<n>-<reason>-<span id>/`` holding one
 call directory per call, in call order, in the flight recorder's format; calls already written
 by an earlier trigger are not written again. The triggering call's span (raised, nonfinite) or the
-stuck-call report carries ``otel_gpu.ring.dump.dir``. Ring calls other than the trigger kept only their inputs: replay says
+stuck-call report carries ``otel_gpu.ring.dump.dir``.
+
+Every dump counts its calls and their kept bytes against ``OTEL_GPU_DUMP_MAX_COUNT`` and
+``OTEL_GPU_DUMP_MAX_SIZE_GB`` (and the limits live control sets), in the budget the level-10
+recorder shares (:mod:`otel_gpu.recorder.limits`). A dump that does not fit whole keeps the
+triggering call (or the newest call) alone; one that cannot keep even that writes nothing: no
+folder, one warning line the first time. A rule firing on every call therefore writes at most
+``OTEL_GPU_DUMP_MAX_COUNT`` calls, and each refusal after that costs a lock and a comparison. Ring calls other than the trigger kept only their inputs: replay says
 ``unverified`` for them unless they raised (then it compares the exception).
 
 The copies hold no reference to the caller's tensors, so no GPU memory is kept alive. On CUDA the
@@ -40,6 +47,7 @@ from otel_gpu import _files, _guard
 from otel_gpu.attributes import RING_DUMP_DIR
 from otel_gpu.calls import describe, metadata
 from otel_gpu.config import Settings, expand_path
+from otel_gpu.recorder import limits as _limits
 from otel_gpu.recorder import nonfinite, tensor_files
 from otel_gpu.recorder import target as _target
 
@@ -103,6 +111,9 @@ class Ring:
         self.bytes = 0
         self.active: dict[int, _Entry] = {}
         self.dumps = 0
+        self.refused = 0  # dumps not written: a dump limit was reached
+        # shared with the level-10 recorder built from these settings: one limit for every path
+        self.budget = _limits.budget(settings)
         self.on_nonfinite_dump = settings.on_nonfinite == "dump"
         self.origins = nonfinite.Origins()
         """Which call produced a NaN: shared with the nonfinite triggers (one verdict a call)."""
@@ -216,6 +227,9 @@ class Ring:
                 entries.append(trigger)
             if not entries:
                 return None
+            entries = self._within_limits(entries, trigger)
+            if not entries:
+                return None
             span_id = trigger.span_id if trigger is not None else (name_id or "0" * 16)
             directory = _make_ring_dir(self.root, reason, span_id)
             for entry in sorted(entries, key=lambda e: e.start_ns):
@@ -239,6 +253,19 @@ class Ring:
             directory,
         )
         return directory
+
+    def _within_limits(self, entries: list[_Entry], trigger: _Entry | None) -> list[_Entry]:
+        """The entries a dump may write under the dump limits, counted: all of them, else the
+        trigger (or the newest) alone, else none (the budget warns once)."""
+        reason, _ = self.budget.reserve(len(entries), sum(e.nbytes for e in entries))
+        if reason is None:
+            return entries
+        if len(entries) > 1:
+            last = trigger if trigger is not None else max(entries, key=lambda e: e.start_ns)
+            if self.budget.reserve(1, last.nbytes)[0] is None:
+                return [last]
+        self.refused += 1
+        return []
 
     def _keep(self, entry: _Entry) -> None:
         with self._lock:

@@ -1,21 +1,26 @@
 """How ``otel-gpu diff`` compares one tensor of two runs: by dumped values, statistics or metadata.
 
-Each comparison says what it compared (``method``) and gives a ``status``: ``same``, ``differ``
-or ``not compared`` (with ``why``). A verdict built from these claims only what was compared.
+Each comparison says what it compared (``method``) and gives a ``status``: ``same`` (equal
+exactly: the same bytes, or the same statistics to the last bit), ``close`` (not equal, but
+within the tolerance: ``tolerance`` or ``rtol``/``atol`` say which), ``differ`` or ``not
+compared`` (with ``why``). A verdict built from these claims only what was compared: ``same``
+is never said of a tensor that differs by a rounding step.
 
-* ``tensors`` (level 10, both calls dumped): element by element, ``|a - b| <= atol + rtol * |b|``
-  with NaN equal to NaN and infinities equal only to themselves; reports the largest absolute
-  and relative error, the mismatched fraction and the cosine similarity.
+* ``tensors`` (level 10, both calls dumped): the same bytes are ``same``; otherwise element by
+  element, ``|a - b| <= atol + rtol * |b|`` with NaN equal to NaN and infinities equal only to
+  themselves (``close``); reports the largest absolute and relative error, the mismatched
+  fraction and the cosine similarity.
 * ``fingerprint`` (level 5, when both statistics events carry :data:`FINGERPRINT`): equal or not;
-  where they differ, ``statistics`` says whether the statistics agree within tolerance all the
-  same (bytes changed by rounding, as eager against ``torch.compile``). ``fingerprints=False``
-  compares such tensors by their statistics alone.
-* ``statistics`` (level 5): numel and NaN/Inf counts exactly; min, max, mean and std within
-  ``atol + rtol * M``, where ``M`` is the tensor's largest magnitude in either run (an
-  element-wise error of ``rtol`` moves the mean or std by at most about that much).
-  Low-precision statistics where both runs have them: ``amax`` within the same bound, and the
-  fractions (``zero_fraction``, ``saturation``, ``underflow``, ``overflow``) within
-  :data:`FRACTION_TOLERANCE`.
+  where they differ, ``statistics`` says how the statistics compare all the same (``close``:
+  bytes changed by rounding, as eager against ``torch.compile``). ``fingerprints=False``
+  compares such tensors by their statistics, and never calls them ``same`` (their bytes are
+  known to differ).
+* ``statistics`` (level 5): numel and NaN/Inf counts exactly; every statistic equal exactly is
+  ``same``; otherwise min, max, mean and std within ``atol + rtol * M``, where ``M`` is the
+  tensor's largest magnitude in either run (an element-wise error of ``rtol`` moves the mean or
+  std by at most about that much), is ``close``. Low-precision statistics where both runs have
+  them: ``amax`` within the same bound, and the fractions (``zero_fraction``, ``saturation``,
+  ``underflow``, ``overflow``) within :data:`FRACTION_TOLERANCE`.
 * ``metadata`` (level 3): shape and dtype, and the value of a non-tensor argument; equal
   metadata of a tensor is ``not compared`` (its values are unknown).
 """
@@ -103,12 +108,17 @@ def compare_stats(
     fingerprints: bool = True,
 ) -> dict[str, Any]:
     """Two ``otel_gpu.stats`` events of one tensor (their attributes, the tensor name left out)."""
-    if fingerprints and FINGERPRINT in a and FINGERPRINT in b:
+    both = FINGERPRINT in a and FINGERPRINT in b
+    if fingerprints and both:
         if a[FINGERPRINT] == b[FINGERPRINT]:
             return _result(tensor, "same", "fingerprint")
         by_stats = _by_statistics(tensor, a, b, dtype, rtol, atol)
         return _result(tensor, "differ", "fingerprint", statistics=by_stats["status"])
-    return _by_statistics(tensor, a, b, dtype, rtol, atol)
+    result = _by_statistics(tensor, a, b, dtype, rtol, atol)
+    if result["status"] == "same" and both and a[FINGERPRINT] != b[FINGERPRINT]:
+        # equal statistics, different bytes: within tolerance (zero), never "same"
+        result.update(status="close", field="fingerprint", error=0.0)
+    return result
 
 
 def _by_statistics(
@@ -137,7 +147,9 @@ def _by_statistics(
     ]
     magnitude = max(extremes, default=0.0)
     bound = t + r * magnitude
+    exact = all(x == y or (math.isnan(x) and math.isnan(y)) for x, y in present.values())
     worst = None
+    nearest: tuple[str, float] | None = None  # the largest difference within tolerance
     for key, (x, y) in present.items():
         if math.isnan(x) and math.isnan(y):
             continue
@@ -146,13 +158,17 @@ def _by_statistics(
         )
         if not error <= bound and (worst is None or error > worst[1]):
             worst = (key, error)
+        elif error > 0 and (nearest is None or error > nearest[1]):
+            nearest = (key, error)
     if worst is not None:
         return _result(
             tensor, "differ", "statistics", field=worst[0], error=worst[1], tolerance=bound
         )
     for key in _FRACTIONS:
         x, y = _number(a.get(key)), _number(b.get(key))
-        if x is not None and y is not None and not abs(x - y) <= FRACTION_TOLERANCE:
+        if x is None or y is None:
+            continue
+        if not abs(x - y) <= FRACTION_TOLERANCE:
             return _result(
                 tensor,
                 "differ",
@@ -161,7 +177,14 @@ def _by_statistics(
                 error=abs(x - y),
                 tolerance=FRACTION_TOLERANCE,
             )
-    return _result(tensor, "same", "statistics", tolerance=bound)
+        if x != y:
+            exact = False
+            if nearest is None:
+                nearest = (key, abs(x - y))
+    if exact and nearest is None:
+        return _result(tensor, "same", "statistics")
+    field, error = nearest if nearest is not None else ("", 0.0)
+    return _result(tensor, "close", "statistics", field=field, error=error, tolerance=bound)
 
 
 def compare_tensors(
@@ -182,6 +205,7 @@ def compare_tensors(
     r, t = tolerance(a.dtype, rtol, atol)
     if a.numel() == 0:
         return _result(tensor, "same", "tensors", rtol=r, atol=t, numel=0)
+    identical = _same_bytes(a, b)
     wide = torch.complex128 if a.is_complex() else torch.float64
     x, y = a.detach().to(wide).flatten(), b.detach().to(wide).flatten()
     nan = torch.isnan(x) | torch.isnan(y)
@@ -203,7 +227,7 @@ def compare_tensors(
     count = int(mismatch.sum())
     return _result(
         tensor,
-        "differ" if count else "same",
+        "differ" if count else "same" if identical else "close",
         "tensors",
         max_abs_error=max_abs,
         max_rel_error=float(rel[ok].max()) if bool(ok.any()) else 0.0,
@@ -212,6 +236,17 @@ def compare_tensors(
         rtol=r,
         atol=t,
     )
+
+
+def _same_bytes(a: Any, b: Any) -> bool:
+    """Whether two tensors of one dtype and shape hold the same bytes (-0.0 is not 0.0, a NaN
+    only a NaN of the same bits): "same" means bit-identical."""
+    import torch
+
+    x, y = a.detach().contiguous().reshape(-1), b.detach().contiguous().reshape(-1)
+    if x.dtype == torch.bool:
+        return bool(torch.equal(x, y))
+    return bool(torch.equal(x.view(torch.uint8), y.view(torch.uint8)))
 
 
 def _cosine(x: Any, y: Any) -> float:
