@@ -347,3 +347,27 @@ def test_the_bench_row_times_calls_inside_a_step_and_writes_every_span(
         config.reset_overrides()
     (budget,) = [b for b in report.BUDGETS if b.ours == "ours1batch"]
     assert (budget.other, budget.cost, budget.limit) == ("ours1", "caller", 1.1)
+
+
+def test_hostile_requests_cost_their_own_link_only(otel_gpu_spans, caplog) -> None:
+    """A span whose context cannot be read, a megabyte-long string and a generator of requests:
+    the step runs, the good requests are linked, nothing raises into the host (strict mode off:
+    an unreadable span is an internal error reported once, not an exception)."""
+    from otel_gpu import _guard
+
+    class Broken(trace.NonRecordingSpan):
+        def get_span_context(self):
+            raise RuntimeError("no context")
+
+    spans = otel_gpu_spans(level=1, strict=False)
+    _guard.set_strict(False)
+    forward, _ = _lib()
+    huge = "00-" + "a" * 1_000_000
+    with caplog.at_level(logging.WARNING, logger="otel_gpu"):
+        with otel_gpu.batch(requests=(r for r in [Broken(None), huge, TP[0], TP[1]])):
+            forward(1)
+    (step,) = spans.by_name("otel_gpu.batch")
+    assert _linked(step) == [_ctx(TP[0]), _ctx(TP[1])]
+    assert step.attributes[BATCH_REQUESTS] == 4
+    assert huge not in batch_module._parsed
+    assert any("1000003 characters refused" in r.getMessage() for r in caplog.records)

@@ -57,6 +57,7 @@ Request = SpanContext | Span | str
 
 _PLAN = Plan(BATCH_SPAN_NAME, 1)
 _PROPAGATOR = TraceContextTextMapPropagator()
+_TRACEPARENT_MAX = 256  # longer strings are refused unparsed (version 00 has 55 characters)
 _PARSED_MAX = 4096  # traceparent strings remembered (each a request); cleared whole when full
 _parsed: dict[str, SpanContext | None] = {}
 _parsed_lock = threading.Lock()
@@ -69,9 +70,22 @@ def request_context(request: Request) -> SpanContext | None:
     if isinstance(request, SpanContext):
         return request if request.is_valid else None
     if isinstance(request, Span):
-        own = request.get_span_context()
-        return own if own is not None and own.is_valid else None
+        try:
+            own = request.get_span_context()
+            return own if isinstance(own, SpanContext) and own.is_valid else None
+        except Exception as exc:  # a span of the user's whose context cannot be read
+            _guard.internal_error("batch", exc)
+            return None
     if isinstance(request, str):
+        if len(request) > _TRACEPARENT_MAX:
+            # not remembered: a cache of such keys would hold megabytes
+            _guard.warn_once(
+                "batch.traceparent_length",
+                "otel-gpu: a request traceparent of %d characters refused: a W3C traceparent "
+                "has 55 (version 00); the request runs and is not linked",
+                len(request),
+            )
+            return None
         hit = _parsed.get(request, _parsed)
         if hit is not _parsed:
             return hit  # type: ignore[return-value]
