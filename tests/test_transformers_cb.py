@@ -1,7 +1,8 @@
 """The ``transformers.continuous_batching`` target, end to end on CPU with a tiny Llama from a config.
 
-16 requests, each submitted with its own ``traceparent``, through ``generate_batch``; the
-scheduler's own record of which requests were in which step (its ``schedule_batch`` results, read
+16 requests, each submitted with its own ``traceparent`` (queued through the manager's
+``add_requests`` before its loop starts, so the steps are the same on every run; the malformed
+case goes through ``generate_batch``); the scheduler's own record of which requests were in which step (its ``schedule_batch`` results, read
 by a spy of the test's own) is the reference:
 
 - every request has its span, in the trace its traceparent names, a child of the traceparent's span;
@@ -99,33 +100,58 @@ def _attr(span: dict[str, Any], key: str) -> Any:
     return None
 
 
+def _queued_then_run(model: Any, generation: Any, batching: Any, inputs: Any, **kw: Any) -> Any:
+    """Every request queued through ``add_requests`` before the manager's loop starts, so the
+    scheduler groups them the same way on every run (steps of 5 requests, then the sixteenth
+    alone: steps of one request);
+    the outputs by request id."""
+    manager = model.init_continuous_batching(
+        generation_config=generation, continuous_batching_config=batching
+    )
+    ids = manager.add_requests(inputs, **kw)
+    manager.start()
+    results: dict[str, Any] = {}
+    try:
+        while len(results) < len(ids):
+            result = manager.get_result(timeout=60)
+            assert result is not None, f"no result within 60 s; have {sorted(results)}"
+            if result.is_finished():
+                results[result.request_id] = result
+    finally:
+        manager.stop(block=True, timeout=60)
+        manager.destroy()
+    return {rid: results[rid] for rid in ids}
+
+
 def _run(
-    tmp_path: Path, traceparents: list[str], scheduled: list[list[str]]
+    tmp_path: Path, traceparents: list[str], scheduled: list[list[str]], queued: bool = True
 ) -> tuple[dict[str, Any], dict[str, Any], Path]:
     """The outputs of a run without otel-gpu, of one with the target (and every module of the
     model instrumented), and the instrumented run's trace file; ``scheduled`` keeps only the
-    instrumented run's steps (the scheduler's timing differs from run to run: requests arrive
-    while its loop runs)."""
+    instrumented run's steps. ``queued``: through the manager, every request queued before its
+    loop starts (``add_requests(traceparents=)``); else through ``generate_batch``, whose loop
+    starts first and takes requests as they arrive."""
     import otel_gpu
     from otel_gpu import config
     from otel_gpu.export import pipeline
 
     model, generation, batching, inputs = _setup()
-    bare = model.generate_batch(
-        inputs, generation_config=generation, continuous_batching_config=batching
-    )
+
+    def generate(**kw: Any) -> Any:
+        if queued:
+            return _queued_then_run(model, generation, batching, inputs, **kw)
+        return model.generate_batch(
+            inputs, generation_config=generation, continuous_batching_config=batching, **kw
+        )
+
+    bare = generate()
     del scheduled[:]
     path = tmp_path / "cb.jsonl"
     otel_gpu.configure(level=1, dest=str(path), provider="own", strict=True)
     try:
         assert otel_gpu.instrument("transformers.continuous_batching")
         otel_gpu.instrument_module(model)
-        traced = model.generate_batch(
-            inputs,
-            generation_config=generation,
-            continuous_batching_config=batching,
-            traceparents=traceparents,
-        )
+        traced = generate(traceparents=traceparents)
         otel_gpu.flush()
     finally:
         otel_gpu.uninstrument("transformers.continuous_batching")
@@ -221,7 +247,7 @@ def test_a_malformed_traceparent_is_refused_and_its_request_starts_a_new_trace(
     bad = list(TRACEPARENTS)
     bad[3] = "00-this-is-not-a-traceparent-01"
     with caplog.at_level(logging.WARNING, logger="otel_gpu"):
-        bare, traced, path = _run(tmp_path, bad, scheduled)
+        bare, traced, path = _run(tmp_path, bad, scheduled, queued=False)
     assert len([r for r in caplog.records if "not-a-traceparent" in r.getMessage()]) == 1
     assert traced["req_3"].generated_tokens == bare["req_3"].generated_tokens
     spans = _spans(path)
