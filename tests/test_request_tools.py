@@ -173,3 +173,22 @@ def test_the_first_problem_is_the_earliest_nonfinite_and_device_time_is_shown(
     text = out.getvalue()
     assert "mm  device 250 ms" in text
     assert text.strip().splitlines()[-1].startswith("first problem: early")
+
+
+def test_malformed_links_are_left_out_not_the_line(tmp_path: Path) -> None:
+    """A collector's span whose links are not objects, have bad ids or a links field that is not
+    a list keeps its line: the tree is drawn, and only the well-formed link counts."""
+    good = _span("otel_gpu.batch", "1" * 16, None, 100, linked=True)
+    good["links"] += ["not a link", {"traceId": "zz", "spanId": "1" * 16}, {"spanId": "2" * 16}]
+    odd = _span("other", "5" * 16, None, 200)
+    odd["links"] = {"traceId": A[0]}
+    path = tmp_path / "collector.jsonl"
+    path.write_text(
+        json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [good, odd]}]}]}) + "\n",
+        encoding="utf-8",
+    )
+    spans = reader.read_all([str(path)])
+    assert [s.links for s in spans] == [((A[0], A[1], ""),), ()]
+    out = io.StringIO()
+    assert show.show([str(path)], out=out, err=io.StringIO()) == 0
+    assert show.show([str(path)], request=A[0], out=io.StringIO(), err=io.StringIO()) == 0

@@ -385,17 +385,22 @@ def _span(raw: dict[str, Any], where: str, service: str, attributes: bool = True
 
 
 def _links(raw: dict[str, Any], at: str) -> tuple[tuple[str, str, str], ...]:
-    """A span's links (a batch step's, to the requests it served); a link without valid ids is
-    left out, as a collector would."""
+    """A span's links (a batch step's, to the requests it served). Lenient: a link that is not
+    an object, or without valid ids, is left out rather than refusing the span's line (the tree
+    never needed links; only ``show --request`` and ``workloads --by-request`` read them)."""
+    links = raw.get("links")
     out = []
-    for link in list_at(raw, ("links",), at):
+    for link in links if isinstance(links, list) else ():
         if not isinstance(link, dict):
-            raise TraceFileError(f"{at}: a link is not a JSON object")
-        trace_id = hex_id(_get(link, "traceId", "trace_id"), 16, "link traceId", at)
-        span_id = hex_id(_get(link, "spanId", "span_id"), 8, "link spanId", at)
+            continue
+        try:
+            trace_id = hex_id(_get(link, "traceId", "trace_id"), 16, "link traceId", at)
+            span_id = hex_id(_get(link, "spanId", "span_id"), 8, "link spanId", at)
+            rid = _attributes(link, at, REQUEST_ID.__eq__).get(REQUEST_ID)
+        except TraceFileError:
+            continue
         if trace_id is None or span_id is None:
             continue
-        rid = _attributes(link, at, REQUEST_ID.__eq__).get(REQUEST_ID)
         out.append((trace_id, span_id, "" if rid is None else str(rid)))
     return tuple(out)
 
