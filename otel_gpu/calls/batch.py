@@ -28,6 +28,7 @@ type is the caller's mistake: :class:`TypeError`, naming what is allowed.
 
 from __future__ import annotations
 
+import fnmatch
 import threading
 from collections.abc import Iterable, Mapping
 from types import TracebackType
@@ -42,12 +43,20 @@ from otel_gpu.attributes import (
     BATCH_REQUESTS,
     REQUEST_ID,
 )
-from otel_gpu.calls import _context, lifecycle
+from otel_gpu.calls import _context, armed, lifecycle
 from otel_gpu.core import sink
 from otel_gpu.core.plan import Plan
 from otel_gpu.core.record import Call, CallSpan, StepLinks
 
-__all__ = ["BATCH_SPAN_NAME", "Request", "Step", "batch", "request_context", "step_links"]
+__all__ = [
+    "BATCH_SPAN_NAME",
+    "Request",
+    "Step",
+    "batch",
+    "request_context",
+    "set_request_rule",
+    "step_links",
+]
 
 BATCH_SPAN_NAME = "otel_gpu.batch"
 """The step span's name (the public function shares it, so it is not an attribute key)."""
@@ -122,6 +131,35 @@ def _parse(traceparent: str) -> SpanContext | None:
     return span_context if span_context.is_valid else None
 
 
+# live control by request (control/state.py): (globs on request ids and trace ids, the rule the
+# armed functions follow during a step serving a matching request); None: no such control
+_request_rule: tuple[tuple[str, ...], armed.Rule] | None = None
+
+
+def set_request_rule(globs: tuple[str, ...] | None, rule: armed.Rule | None) -> None:
+    """During each step serving a request whose id (or trace id, 32 hex digits) matches one of
+    ``globs``, the armed functions follow ``rule``; None: no step is treated apart. Set by live
+    control (a control document's ``requests``); read once per step."""
+    global _request_rule
+    _request_rule = (tuple(globs), rule) if globs and rule is not None else None
+
+
+def _matches(requests: Any, globs: tuple[str, ...]) -> bool:
+    """Whether a request of the step has an id or trace id that ``globs`` match."""
+    pairs = requests.items() if isinstance(requests, Mapping) else ((None, r) for r in requests)
+    for rid, request in pairs:
+        names = [] if rid is None else [str(rid)]
+        try:
+            ctx = request_context(request)
+        except TypeError:
+            ctx = None
+        if ctx is not None:
+            names.append(f"{ctx.trace_id:032x}")
+        if any(fnmatch.fnmatchcase(n, g) for n in names for g in globs):
+            return True
+    return False
+
+
 def step_links(
     requests: Iterable[Request] | Mapping[Any, Request], cap: int
 ) -> tuple[StepLinks, SpanContext | None]:
@@ -161,7 +199,7 @@ def step_links(
 class Step:
     """The context manager :func:`batch` returns; one ``with`` per object."""
 
-    __slots__ = ("_call", "_pipe", "_requests", "_tokens")
+    __slots__ = ("_call", "_pipe", "_raised", "_requests", "_tokens")
 
     def __init__(self, requests: Iterable[Request] | Mapping[Any, Request]) -> None:
         if isinstance(requests, (str, SpanContext, Span)) or not isinstance(
@@ -175,8 +213,22 @@ class Step:
         self._call: Call | None = None
         self._pipe: Any = None
         self._tokens: tuple[Any, Any] | None = None
+        self._raised: tuple[Any, Any] | None = None  # (rule set for the step, rule before it)
 
     def __enter__(self) -> Step:
+        control = _request_rule
+        if control is not None:  # live control by request: before the step's calls start
+            try:
+                if isinstance(self._requests, Mapping) or not isinstance(self._requests, Iterable):
+                    requests: Any = self._requests
+                else:
+                    requests = self._requests = list(self._requests)  # read twice: keep it
+                if _matches(requests, control[0]):
+                    before = armed.rule_in_force()
+                    armed.set_rule(control[1])
+                    self._raised = (control[1], before)
+            except Exception as exc:
+                _guard.internal_error("batch", exc)
         settings = config.current()
         if settings.level == 0 and not settings.controllable:
             return self  # nothing is recorded: nothing to join
@@ -213,6 +265,13 @@ class Step:
     ) -> None:
         tokens, self._tokens = self._tokens, None
         call, self._call = self._call, None
+        raised, self._raised = self._raised, None
+        if raised is not None:
+            try:
+                if armed.rule_in_force() is raised[0]:  # unless control changed it meanwhile
+                    armed.set_rule(raised[1])
+            except Exception as err:
+                _guard.internal_error("batch", err)
         try:
             if tokens is not None:
                 _context.STEP.reset(tokens[1])

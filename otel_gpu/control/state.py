@@ -26,7 +26,7 @@ from typing import Any
 
 from otel_gpu import _guard, config
 from otel_gpu.anomalies import triggers
-from otel_gpu.calls import armed
+from otel_gpu.calls import armed, batch
 from otel_gpu.control.document import Change, ControlError
 from otel_gpu.export import pipeline
 from otel_gpu.recorder import limits
@@ -51,6 +51,9 @@ class _Override:
     dump_max_calls: int | None = None
     dump_max_bytes: int | None = None
     """The flight recorder's limits control set (None: OTEL_GPU_DUMP_MAX_COUNT, _SIZE_GB)."""
+    requests: tuple[str, ...] = ()
+    """Globs on request ids: level, include, exclude and sample apply only during the serving
+    steps that serve a matching request (calls/batch.py); (): to every call."""
     until: float | None = None
     """Epoch seconds when it lapses; None: until changed."""
     source: str | None = None
@@ -65,6 +68,7 @@ class _Override:
             or self.triggers is not None
             or self.dump_max_calls is not None
             or self.dump_max_bytes is not None
+            or bool(self.requests)
         )
 
 
@@ -98,6 +102,7 @@ def apply(change: Change, source: str) -> dict[str, Any]:
             triggers=change.triggers if change.triggers is not None else old.triggers,
             dump_max_calls=_kept(change.dump_max_calls, old.dump_max_calls),
             dump_max_bytes=_kept(change.dump_max_bytes, old.dump_max_bytes),
+            requests=change.requests if change.requests is not None else old.requests,
             until=None if change.window is None else time.time() + change.window,
             source=source,
         )
@@ -143,6 +148,7 @@ def effective() -> dict[str, Any]:
             "until": None if o.until is None else round(o.until, 3),
             "ring_size": None if ring is None else int(getattr(ring, "size", 0)),
             "triggers": [t.as_dict() for t in triggers.current()],
+            "requests": list(o.requests),
             # the flight recorder's limits in force (control's, else the settings')
             "dump_max_calls": dump_limits.max_calls,
             "dump_max_bytes": dump_limits.max_bytes,
@@ -169,6 +175,10 @@ def _install(new: _Override, ring: Any) -> list[armed.Armed]:
             ring.size = new.ring_size
         elif isinstance(configured, int):
             ring.size = configured
+    if new.requests:  # only the steps serving a matching request (calls/batch.py)
+        batch.set_request_rule(new.requests, _rule_of(new))
+        return armed.set_rule(None)
+    batch.set_request_rule(None, None)
     if not new.active:
         return armed.set_rule(None)
     return armed.set_rule(_rule_of(new))
