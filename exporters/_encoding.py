@@ -83,6 +83,7 @@ class CachingEncoder:
         self._fixed: dict[Any, Any] = {}
         self._resources: dict[int, tuple[Any, Any]] = {}
         self._scopes: dict[int, tuple[Any, Any]] = {}
+        self._link_lists: dict[int, tuple[Any, Any]] = {}
 
     def _double_prefix(self, tag: Any, key: str) -> Any:
         """Everything of a float-valued attribute before the float, kept in
@@ -185,6 +186,22 @@ class CachingEncoder:
         encoded = self._encode_scope(scope)
         self._remember(self._scopes, id(scope), (scope, encoded))
         return encoded
+
+    def _links(self, links: Any) -> Any:
+        """:meth:`_encode_links`; a tuple once per tuple object: a batch step's spans share one
+        (otel_gpu.batch), so its links are encoded once per step, not once per span."""
+        if type(links) is not tuple:
+            return self._encode_links(links)
+        hit = self._link_lists.get(id(links))
+        if hit is not None and hit[0] is links:  # the entry holds the tuple: no id reuse
+            return hit[1]
+        encoded = self._encode_links(links)
+        self._remember(self._link_lists, id(links), (links, encoded))
+        return encoded
+
+    def _encode_links(self, links: Any) -> Any:
+        """A span's links, encoded and joined (a format's field tags included)."""
+        raise NotImplementedError
 
     def _encode_resource(self, resource: Any) -> Any:
         raise NotImplementedError

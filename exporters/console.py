@@ -246,6 +246,19 @@ def _memory_line(attrs: Mapping[str, Any]) -> str:
     return "memory: " + ", ".join(parts) if parts else ""
 
 
+def _links_line(links: Any) -> str:
+    """The span's links: how many, and the first three as trace/span ids (and request ids)."""
+    shown = []
+    for link in list(links)[:3]:
+        ctx = link.context
+        rid = (link.attributes or {}).get(attr.REQUEST_ID)
+        shown.append(
+            f"{ctx.trace_id:032x}/{ctx.span_id:016x}" + (f" ({printable(str(rid))})" if rid else "")
+        )
+    more = f", +{len(links) - 3} more" if len(links) > 3 else ""
+    return f"links: {len(links)} → " + ", ".join(shown) + more
+
+
 def _timestamp(ns: int | None) -> str:
     if not ns:
         return "?"
@@ -355,6 +368,8 @@ class ConsoleSpanExporter(SpanExporter):
         memory = _memory_line(attrs)
         if memory:
             lines.append("  " + (s.red(memory) if "out of memory" in memory else s.dim(memory)))
+        if span.links:
+            lines.append("  " + s.dim(_links_line(span.links)))
         took = s.dim(_took(attrs, duration))
         if span.status.status_code is StatusCode.ERROR:
             lines.append(f"  {s.red('✘ ERROR')} {printable(span.status.description or '')}  {took}")

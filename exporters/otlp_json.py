@@ -173,7 +173,7 @@ class JsonEncoder(_encoding.CachingEncoder):
         if span.dropped_events:
             parts.append(f',"droppedEventsCount":{span.dropped_events}')
         if span.links:
-            parts.append(',"links":[' + ",".join([self._link(x) for x in span.links]) + "]")
+            parts.append(self._links(span.links))
         if span.dropped_links:
             parts.append(f',"droppedLinksCount":{span.dropped_links}')
         status = span.status
@@ -198,6 +198,9 @@ class JsonEncoder(_encoding.CachingEncoder):
         if dropped:
             fields.append(f'"droppedAttributesCount":{dropped}')
         return "{" + ",".join(fields) + "}"
+
+    def _encode_links(self, links: Any) -> str:
+        return ',"links":[' + ",".join([self._link(x) for x in links]) + "]"
 
     def _link(self, link: Any) -> str:
         ctx = link.context

@@ -189,8 +189,8 @@ class ProtoEncoder(_encoding.CachingEncoder):
             parts.append(_field(b"\x5a", self._event(event)))
         if span.dropped_events:
             parts.append(b"\x60" + _varint(span.dropped_events))
-        for link in span.links:
-            parts.append(_field(b"\x6a", self._link(link)))
+        if span.links:
+            parts.append(self._links(span.links))
         if span.dropped_links:
             parts.append(b"\x70" + _varint(span.dropped_links))
         parts.append(_status(span.status))
@@ -210,6 +210,9 @@ class ProtoEncoder(_encoding.CachingEncoder):
         if dropped:
             body += b"\x20" + _varint(dropped)
         return body
+
+    def _encode_links(self, links: Any) -> bytes:
+        return b"".join([_field(b"\x6a", self._link(link)) for link in links])
 
     def _link(self, link: Any) -> bytes:
         ctx = link.context

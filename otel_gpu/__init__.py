@@ -26,13 +26,14 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ im
         uninstrument,
     )
     from otel_gpu.instrumentation.torch_modules import instrument_module, uninstrument_module
-    from otel_gpu.runtime import NonFiniteError, api, configure, flush
+    from otel_gpu.runtime import NonFiniteError, api, batch, configure, flush
 
 __all__ = [
     "ConfigError",
     "NonFiniteError",
     "Settings",
     "api",
+    "batch",
     "configure",
     "flush",
     "instrument",
@@ -49,6 +50,7 @@ __all__ = [
 _LAZY = {
     "NonFiniteError": "otel_gpu.runtime",
     "api": "otel_gpu.runtime",
+    "batch": "otel_gpu.runtime",
     "configure": "otel_gpu.runtime",
     "flush": "otel_gpu.runtime",
     "ConfigError": "otel_gpu.config",

@@ -126,6 +126,11 @@ REPLAY_MAX_ABS_DIFF = "otel_gpu.replay.max_abs_diff"  # its largest absolute dif
 REPLAY_MAX_REL_DIFF = "otel_gpu.replay.max_rel_diff"  # its largest relative difference
 REPLAY_UNCHECKED = "otel_gpu.replay.unchecked"  # outputs not compared, each with why
 
+# --- Batch steps (otel_gpu.batch: the requests a serving step serves) ---
+BATCH_REQUESTS = "otel_gpu.batch.requests"  # how many requests the step serves
+BATCH_LINKS = "otel_gpu.batch.links"  # how many links to them the span carries (the cap)
+REQUEST_ID = "otel_gpu.request.id"  # link attribute: the request's id, when the engine names it
+
 # --- Events ---
 EVENT_STATS = "otel_gpu.stats"  # one per tensor of the call, level >= 5
 EVENT_PARAM_STATS = "otel_gpu.param_stats"  # one per own parameter of a module, first call

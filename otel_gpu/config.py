@@ -511,6 +511,16 @@ SETTINGS: tuple[Setting, ...] = (
         "(from x import f) before that moment keeps the original.",
     ),
     Setting(
+        "batch_max_links",
+        "OTEL_GPU_BATCH_MAX_LINKS",
+        "integer >= 0 and <= 1000000; 0 links no request",
+        _non_negative_int,
+        "Inside otel_gpu.batch(requests=...), the most links to requests each span of the step "
+        "carries (the first requests given, duplicates once); otel_gpu.batch.requests and "
+        "otel_gpu.batch.links say how many there were and how many were kept. The SDK's own "
+        "default cap on links (OTEL_SPAN_LINK_COUNT_LIMIT) is also 128.",
+    ),
+    Setting(
         "on_nonfinite",
         "OTEL_GPU_ON_NONFINITE",
         "mark, error, dump, raise",
@@ -1106,6 +1116,7 @@ class Settings:
     strict: bool = False
     redact: tuple[str, ...] = ("token", "key", "password", "secret", "auth")
     instrument: tuple[str, ...] = ()
+    batch_max_links: int = 128
     on_nonfinite: str = "mark"
     stuck_after: float = 0.0
     ring: int = 0

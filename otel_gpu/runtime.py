@@ -16,12 +16,13 @@ from collections.abc import Callable
 from typing import Any, TypeVar, overload
 
 from otel_gpu import _guard, config
+from otel_gpu.calls.batch import batch
 from otel_gpu.calls.lifecycle import NonFiniteError
 from otel_gpu.export import pipeline
 from otel_gpu.instrumentation import targets as _targets
 from otel_gpu.instrumentation.targets import decorate
 
-__all__ = ["NonFiniteError", "api", "configure", "decorate", "flush"]
+__all__ = ["NonFiniteError", "api", "batch", "configure", "decorate", "flush"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 

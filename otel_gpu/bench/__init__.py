@@ -30,6 +30,9 @@ decorated at level 1, it gives what a switched path costs over a decided one.
 ``ours5fp`` is level 5 with ``OTEL_GPU_FINGERPRINT`` on: against ``ours5`` (fingerprints off,
 the default) it gives what the fingerprint costs per call.
 
+``ours1batch`` is level 1 with every call inside ``otel_gpu.batch`` of 64 requests (each span
+then carries 64 links): against ``ours1`` it gives what the batch context costs per call.
+
 ``ours5ring`` is level 5 with the in-memory ring on (``ring=8``): compared with level 5 it
 gives the ring's own cost per call, and with level 10 (the recorder it stands in for) the
 ratio of the two.
@@ -73,6 +76,7 @@ class ConfigSpec:
     control: bool = False  # OTEL_GPU_CONTROL=on: the function is armed (calls/armed.py)
     switch: int | None = None  # a level live control switches the armed function to, untimed
     fingerprint: bool = False  # OTEL_GPU_FINGERPRINT: the level-5 hash of each tensor's bytes
+    batch: int = 0  # calls inside otel_gpu.batch() of this many requests (0: outside one)
 
 
 CONFIGS: tuple[ConfigSpec, ...] = (
@@ -86,6 +90,7 @@ CONFIGS: tuple[ConfigSpec, ...] = (
     ConfigSpec("ours10", "otel-gpu level 10", "ours", 10),
     ConfigSpec("ours5fp", "otel-gpu level 5, fingerprints", "ours", 5, fingerprint=True),
     ConfigSpec("ours5ring", "otel-gpu level 5, ring of 8", "ours", 5, ring=8),
+    ConfigSpec("ours1batch", "otel-gpu level 1, in a step of 64 requests", "ours", 1, batch=64),
     ConfigSpec("armed0", "otel-gpu level 0, armed (CONTROL=on)", "ours", 0, control=True),
     ConfigSpec("armed1", "armed level 0 switched to 1", "ours", 0, control=True, switch=1),
     ConfigSpec("otel", "OTel SDK span", "otel"),
@@ -203,6 +208,7 @@ class _Worker:
             "control": spec.control,
             "switch": spec.switch,
             "fingerprint": spec.fingerprint,
+            "batch": spec.batch,
             "include": list(spec.include) if spec.include is not None else None,
         }
         self.stderr = open(os.path.join(workdir, "stderr.txt"), "w+b")

@@ -40,12 +40,14 @@ _PEER = {
     "ours5fp": "ours5",  # the fingerprint's own cost: level 5 with it on, against level 5
     "gloo1": "gloo0",  # an instrumented all_reduce against the bare one
     "gloo3": "gloo0",
+    "ours1batch": "ours1",  # a call inside a batch step of 64 requests, against one outside
     "armed0": "bare",  # the trampoline of an armed function at level 0, against the bare call
     "armed1": "ours1",  # a path live control switched to, against a level decided at decoration
 }
 _FLOORED = ("ours5", "ours10", "fi5")
 _SPAN_WRITERS = (
     "ours1",
+    "ours1batch",
     "ours1m",
     "ours3",
     "ours5",
@@ -94,6 +96,13 @@ BUDGETS: tuple[Budget, ...] = (
     Budget(
         "level 1 switched by live control ≤ 1.1× level 1 decided at decoration (caller-visible)",
         "armed1",
+        "ours1",
+        "caller",
+        1.1,
+    ),
+    Budget(
+        "level 1 inside a batch step of 64 requests ≤ 1.1× level 1 outside one (caller-visible)",
+        "ours1batch",
         "ours1",
         "caller",
         1.1,

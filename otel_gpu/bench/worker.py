@@ -122,6 +122,8 @@ class Ours(Config):
         # Defer export for the whole loop (the flush does it): caller-visible cost only.
         pipeline.defer_export()
         switched = "" if spec.get("switch") is None else f"-to{spec['switch']}"
+        if spec.get("batch"):
+            switched += f"-batch{spec['batch']}"
         self.spans_file = os.path.join(spec["dir"], f"ours{level}{switched}.jsonl")
         self.dump_dir = os.path.join(spec["dir"], "dumps", f"ours{level}")
         otel_gpu.configure(
@@ -154,6 +156,13 @@ class Ours(Config):
             self.controls = 1
         elif level == 0:
             self.spans_file = None
+        self.step: Any = None
+        if spec.get("batch"):
+            # every timed call inside one step of N requests (entered here, never left: its own
+            # span is not a call and never reaches the file the rounds count)
+            requests = [f"00-{i + 1:032x}-{i + 1:016x}-01" for i in range(spec["batch"])]
+            self.step = otel_gpu.batch(requests=requests)
+            self.step.__enter__()
 
     def flush(self) -> None:
         from otel_gpu.export import pipeline

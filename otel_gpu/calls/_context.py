@@ -18,9 +18,14 @@ from opentelemetry.context.context import Context
 from opentelemetry.context.contextvars_context import ContextVarsRuntimeContext
 from opentelemetry.trace import INVALID_SPAN, Span
 
-from otel_gpu.core.record import CallSpan
+from otel_gpu.core.record import CallSpan, StepLinks
 
-__all__ = ["FAST", "attach_span", "current_span", "detach"]
+__all__ = ["FAST", "STEP", "attach_span", "current_span", "detach"]
+
+STEP: ContextVar[StepLinks | None] = ContextVar("otel_gpu.batch", default=None)
+"""The batch step in force (calls/batch.py). Read only by a call whose parent is not a call
+span (a root call, or one under a span of the user's inside a step): a call under a call
+inherits its parent's ``batch`` slot, one attribute read."""
 
 try:
     from opentelemetry.trace.propagation import _SPAN_KEY as _KEY

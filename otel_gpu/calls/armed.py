@@ -34,7 +34,7 @@ from typing import Any
 from otel_gpu import _guard, config
 from otel_gpu.core.plan import Plan, qualified_name, shape_of
 
-__all__ = ["Armed", "Rule", "arm", "entries", "refollow", "set_rule"]
+__all__ = ["Armed", "Rule", "arm", "entries", "refollow", "rule_in_force", "set_rule"]
 
 Builder = Callable[[config.Settings], Any]
 """Builds the wrapper of a function for the given settings (their ``level``, > 0)."""
@@ -163,6 +163,11 @@ def set_rule(rule: Rule | None) -> list[Armed]:
             if entry.level != before:
                 changed.append(entry)
     return changed
+
+
+def rule_in_force() -> Rule | None:
+    """The rule the armed functions follow now (None: their configured paths)."""
+    return _rule
 
 
 def refollow(entry: Armed) -> None:

@@ -76,6 +76,7 @@ _get_current_span = _context.current_span
 attach_span = _context.attach_span  # the API's attach(set_span_in_context(span)), fewer calls
 """Make a span current; returns the token :func:`detach` takes."""
 detach = _context.detach
+_current_step = _context.STEP.get
 _getrandbits = random.getrandbits  # reseeded in fork children by the random module
 time_ns = time.time_ns
 """The clock of a call's start and end."""
@@ -92,7 +93,8 @@ def begin(
 
     ``current``: the parent span when it is not the context's (calls inside compiled graphs).
     """
-    parent: SpanContext | None = (current or _get_current_span()).get_span_context()
+    cur = current or _get_current_span()
+    parent: SpanContext | None = cur.get_span_context()
     state: TraceState | None
     if _FAST_CONTEXT and type(parent) is SpanContext:
         # the tuple unpacked: five property reads cost 0.4 µs more, and a module's every call
@@ -121,6 +123,11 @@ def begin(
     # the SpanContext is built when first asked for (a child's start, the export thread): a leaf
     # span never needs one on the caller's thread, and it is one GC-tracked object less queued
     span = CallSpan(None, plan.name, trace_id, _getrandbits(64) or 1, state or _NO_STATE)
+    # a batch step's links (calls/batch.py): a call under a call inherits its parent's, one slot
+    # read; only a call under another span reads the context variable
+    step = cur.batch if type(cur) is CallSpan else _current_step()
+    if step is not None:
+        span.batch = step
     return Call(plan, span, parent, time_ns())
 
 

@@ -51,6 +51,8 @@ def _document(args: argparse.Namespace) -> dict[str, Any] | None:
         doc["include"] = args.include
     if args.exclude:
         doc["exclude"] = args.exclude
+    if args.requests:
+        doc["requests"] = args.requests
     if args.sample is not None:
         doc["sample"] = args.sample
     if args.ring_size is not None:
@@ -79,7 +81,7 @@ def _main(args: argparse.Namespace) -> int:
 
     changes = [
         args.level is not None,
-        bool(args.include or args.exclude),
+        bool(args.include or args.exclude or args.requests),
         args.sample is not None,
         args.ring_size is not None,
         args.triggers is not None,
@@ -88,8 +90,8 @@ def _main(args: argparse.Namespace) -> int:
     ]
     if (args.show or args.reset) and (any(changes) or args.window or args.until_changed):
         say(
-            "--show and --reset take no other change (--level, --include, --exclude, --sample, "
-            "--ring-size, --dump-max-calls, --dump-max-bytes, --triggers, --for)"
+            "--show and --reset take no other change (--level, --include, --exclude, --requests, "
+            "--sample, --ring-size, --dump-max-calls, --dump-max-bytes, --triggers, --for)"
         )
         return EXIT_USAGE
     if args.show and args.reset:
@@ -173,6 +175,8 @@ def _summary(effective: Any) -> str:
         parts.append("include " + ",".join(map(str, effective["include"])))
     if effective.get("exclude"):
         parts.append("exclude " + ",".join(map(str, effective["exclude"])))
+    if effective.get("requests"):
+        parts.append("only in steps serving " + ",".join(map(str, effective["requests"])))
     if effective.get("sample") is not None:
         parts.append(f"sample {effective['sample']:g}")
     if effective.get("ring_size") is not None:
@@ -282,6 +286,13 @@ def register(sub: Any) -> None:
         action="append",
         metavar="GLOB",
         help="not the functions whose module.qualname or span name matches (repeatable)",
+    )
+    p.add_argument(
+        "--requests",
+        action="append",
+        metavar="GLOB",
+        help="only during the serving steps (otel_gpu.batch) that serve a request whose id or "
+        "trace id matches (repeatable; needs --level); see docs/serving.md",
     )
     p.add_argument(
         "--sample", type=_ratio, metavar="RATIO", help="record this share of the calls (0 to 1)"

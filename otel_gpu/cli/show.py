@@ -20,12 +20,27 @@ def _trace_id(raw: str) -> str:
     return raw.lower()
 
 
+def _request_id(raw: str) -> str:
+    if not re.fullmatch(r"[0-9a-fA-F]{32}|[0-9a-fA-F]{16}", raw):
+        raise argparse.ArgumentTypeError(
+            f"{raw!r} is not a request: its trace id (32 hex digits) or span id (16), any case"
+        )
+    return raw.lower()
+
+
 _limit = checked(int, lambda value: value >= 0, "{raw!r}: a number of spans >= 0 (0: no limit)")
 
 
 def _main(args: argparse.Namespace) -> int:
     from otel_gpu.config import no_color
 
+    if args.request and (args.nonfinite or args.name or args.trace_id or args.fault):
+        print(
+            "otel-gpu show: --request follows links across traces; it takes no --nonfinite, "
+            "--name, --trace-id or --fault",
+            file=sys.stderr,
+        )
+        return traces_show.EXIT_USAGE
     if args.fault:  # the call whose kernel faulted (traces/fault.py)
         from otel_gpu.traces.fault import show_fault
 
@@ -39,6 +54,7 @@ def _main(args: argparse.Namespace) -> int:
         limit=args.limit,
         color=color,
         skip_invalid=args.skip_invalid,
+        request=args.request,
     )
 
 
@@ -68,6 +84,14 @@ def register(sub: Any) -> None:
     )
     p.add_argument(
         "--trace-id", type=_trace_id, metavar="ID", help="only this trace (32 hex digits)"
+    )
+    p.add_argument(
+        "--request",
+        type=_request_id,
+        metavar="ID",
+        help="the steps and calls that served this request (its trace id, 32 hex digits, or "
+        "its span id, 16): spans linking to it (otel_gpu.batch) and the calls under its span, "
+        "with device time where recorded, then the first error or NaN/Inf among them",
     )
     p.add_argument(
         "--limit",

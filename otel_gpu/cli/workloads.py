@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from otel_gpu.cli import add_command, whole_number
@@ -21,6 +22,14 @@ def _rule(raw: str) -> str:
 def _main(args: argparse.Namespace) -> int:
     from otel_gpu.traces.workloads import parse_rules, workloads
 
+    if args.by_request and (args.function or args.scalars or args.emit):
+        print(
+            "otel-gpu workloads: --by-request groups every call by request; it takes no "
+            "--function, --scalars or --emit",
+            file=sys.stderr,
+        )
+        return 2
+
     return workloads(
         args.files,
         top=args.top,
@@ -28,6 +37,7 @@ def _main(args: argparse.Namespace) -> int:
         rules=parse_rules(args.scalars or ()),
         as_json=args.json,
         emit=args.emit,
+        by_request=args.by_request,
     )
 
 
@@ -61,6 +71,13 @@ def register(sub: Any) -> None:
         help="for functions matching GLOB, only these non-tensor arguments (comma-separated "
         "parameter names) count in the signature; GLOB= for none (default: all; repeatable, "
         "the first matching rule applies)",
+    )
+    p.add_argument(
+        "--by-request",
+        action="store_true",
+        help="group the calls by the request they served instead (spans linking to it, from "
+        "otel_gpu.batch, and calls under a one-request step): steps, calls, time and the first "
+        "error or NaN/Inf per request, any level; see docs/serving.md",
     )
     add_json(p)
     p.add_argument(

@@ -58,6 +58,7 @@ FIELDS = (
     "dump_max_calls",
     "dump_max_bytes",
     "triggers",
+    "requests",
     "reset",
 )
 """The fields a document may hold."""
@@ -85,6 +86,10 @@ class Change:
     """The flight recorder's limit on dumped calls while the change lasts; None: unchanged."""
     dump_max_bytes: int | None = None
     """Its limit on bytes of tensors written; None: unchanged."""
+    requests: tuple[str, ...] | None = None
+    """Globs on request ids (or trace ids): the level, include, exclude and sample apply only
+    during the serving steps (``otel_gpu.batch``) that serve a matching request; None: to every
+    call, as without it."""
 
     def fields(self) -> dict[str, Any]:
         """The fields this change sets, JSON-able (for the control span and the reply)."""
@@ -97,6 +102,7 @@ class Change:
             "ring_size",
             "dump_max_calls",
             "dump_max_bytes",
+            "requests",
         ):
             value = getattr(self, name)
             if value is not None:
@@ -132,7 +138,7 @@ def parse(doc: Mapping[str, Any]) -> Change:
     if not any(k in doc for k in FIELDS if k not in ("for", "reset")):
         raise ControlError(
             "a control document changes something: level, include, exclude, sample, "
-            "ring_size, dump_max_calls, dump_max_bytes, triggers, or reset=true"
+            "ring_size, dump_max_calls, dump_max_bytes, triggers, requests, or reset=true"
         )
     level = doc.get("level")
     # a whole number: 5.0, 1e1 and true are refused (they compare equal to a level)
@@ -168,7 +174,38 @@ def parse(doc: Mapping[str, Any]) -> Change:
         except ValueError as exc:
             raise ControlError(f"triggers: {exc}") from None
     window = parse_window(doc["for"], "for") if "for" in doc else DEFAULT_WINDOW
-    return Change(level, include, exclude, sample, window, ring, False, triggers, *limits)
+    requests = _request_globs(doc)
+    if requests is not None and level is None:
+        raise ControlError(
+            "requests needs a level: the level the functions run at during the steps that serve "
+            'a matching request (e.g. {"requests": ["tenant-a:*"], "level": 5})'
+        )
+    calls, size = limits
+    return Change(
+        level, include, exclude, sample, window, ring, False, triggers, calls, size, requests
+    )
+
+
+def _request_globs(doc: Mapping[str, Any]) -> tuple[str, ...] | None:
+    raw = doc.get("requests")
+    if raw is None:
+        return None
+    if isinstance(raw, str):
+        raw = [raw]
+    allowed = (
+        f"requests must be a list of 1 to {MAX_PATTERNS} glob patterns (strings of 1 to "
+        f"{MAX_PATTERN_LENGTH} printable characters) matched on a request's id and its trace id"
+    )
+    if not isinstance(raw, (list, tuple)) or not 0 < len(raw) <= MAX_PATTERNS:
+        raise ControlError(f"{allowed}, not {_show(raw)}")
+    for item in raw:
+        if (
+            not isinstance(item, str)
+            or not 0 < len(item) <= MAX_PATTERN_LENGTH
+            or not item.isprintable()
+        ):
+            raise ControlError(f"{allowed}, not {_show(item)}")
+    return tuple(raw)
 
 
 def _limit(doc: Mapping[str, Any], name: str, low: int, high: int, unit: str) -> int | None:

@@ -30,7 +30,7 @@ from typing import Any
 
 from otel_gpu import _guard, config
 from otel_gpu.anomalies import triggers
-from otel_gpu.calls import armed
+from otel_gpu.calls import armed, batch
 from otel_gpu.control.document import Change, ControlError
 from otel_gpu.export import pipeline
 from otel_gpu.recorder import limits
@@ -56,6 +56,9 @@ class _Layer:
     dump_max_calls: int | None = None
     dump_max_bytes: int | None = None
     """The flight recorder's limits control set (None: OTEL_GPU_DUMP_MAX_COUNT, _SIZE_GB)."""
+    requests: tuple[str, ...] = ()
+    """Globs on request ids: level, include, exclude and sample apply only during the serving
+    steps that serve a matching request (calls/batch.py); (): to every call."""
     until: float | None = None
     """Epoch seconds when it lapses; None: until changed (the baseline)."""
     source: str | None = None
@@ -70,6 +73,7 @@ class _Layer:
             or self.triggers is not None
             or self.dump_max_calls is not None
             or self.dump_max_bytes is not None
+            or bool(self.requests)
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -85,6 +89,8 @@ class _Layer:
                 out[name] = getattr(self, name)
         if self.triggers is not None:
             out["triggers"] = [t.as_dict() for t in self.triggers]
+        if self.requests:
+            out["requests"] = list(self.requests)
         out["until"] = None if self.until is None else round(self.until, 3)
         out["source"] = self.source
         return out
@@ -191,6 +197,7 @@ def effective() -> dict[str, Any]:
             "until": round(min(ends), 3) if ends else None,
             "ring_size": None if ring is None else int(getattr(ring, "size", 0)),
             "triggers": [t.as_dict() for t in triggers.current()],
+            "requests": list(next((x.requests for x in reversed(_layers()) if x.requests), ())),
             # the flight recorder's limits in force (control's, else the settings')
             "dump_max_calls": dump_limits.max_calls,
             "dump_max_bytes": dump_limits.max_bytes,
@@ -236,6 +243,7 @@ def _merged(old: _Layer, change: Change, source: str, until: float | None = None
         triggers=change.triggers if change.triggers is not None else old.triggers,
         dump_max_calls=_kept(change.dump_max_calls, old.dump_max_calls),
         dump_max_bytes=_kept(change.dump_max_bytes, old.dump_max_bytes),
+        requests=change.requests if change.requests is not None else old.requests,
         until=until,
         source=source,
     )
@@ -252,6 +260,7 @@ def _folded(base: _Layer, window: _Layer) -> _Layer:
         triggers=_kept(window.triggers, base.triggers),
         dump_max_calls=_kept(window.dump_max_calls, base.dump_max_calls),
         dump_max_bytes=_kept(window.dump_max_bytes, base.dump_max_bytes),
+        requests=window.requests or base.requests,
         until=None,
         source=window.source,
     )
@@ -273,9 +282,17 @@ def _install(ring: Any) -> list[armed.Armed]:
     chosen = tuple(
         layer for layer in _layers() if layer.level is not None or layer.sample is not None
     )
-    if not chosen:
+    # a layer with requests applies only during the serving steps that serve a matching request
+    # (calls/batch.py): the topmost such layer, over the layers that apply to every call
+    everywhere = tuple(layer for layer in chosen if not layer.requests)
+    scoped = [layer for layer in chosen if layer.requests]
+    if scoped:
+        batch.set_request_rule(scoped[-1].requests, _rule_of((*everywhere, scoped[-1])))
+    else:
+        batch.set_request_rule(None, None)
+    if not everywhere:
         return armed.set_rule(None)
-    return armed.set_rule(_rule_of(chosen))
+    return armed.set_rule(_rule_of(everywhere))
 
 
 def _kept(new: Any, old: Any) -> Any:

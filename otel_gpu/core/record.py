@@ -38,6 +38,7 @@ __all__ = [
     "Call",
     "CallSpan",
     "ExceptionText",
+    "StepLinks",
     "exception_attributes",
     "new_context",
     "standalone",
@@ -83,6 +84,21 @@ new_context, FAST_CONTEXT = _context_maker()
 """``new_context(trace_id, span_id, state)``, and whether a SpanContext is that plain tuple."""
 
 
+class StepLinks:
+    """What every span of one batch step shares (``otel_gpu.batch``, calls/batch.py): the links
+    to the requests it serves and the attributes that count them. Built once per step; each
+    call span of the step holds the same object, so the export thread and the native encoders
+    see one links tuple per step, never a copy per span."""
+
+    __slots__ = ("attributes", "links")
+
+    def __init__(self, links: tuple[Link, ...], attributes: dict[str, Any]) -> None:
+        self.links = links
+        """The links to the step's requests (within the cap), shared by every span of the step."""
+        self.attributes = attributes
+        """How many requests the step served and how many links were kept."""
+
+
 class CallSpan(trace.Span):
     """A recording span without SDK bookkeeping: costs one small object per call.
 
@@ -95,6 +111,7 @@ class CallSpan(trace.Span):
         "_ctx",
         "_state",
         "attributes",
+        "batch",
         "events",
         "links",
         "name",
@@ -122,6 +139,8 @@ class CallSpan(trace.Span):
         self.events: list[tuple[str, Mapping[str, Any] | None, int]] | None = None
         self.links: list[Link] | None = None
         self.status: Status | None = None
+        self.batch: StepLinks | None = None
+        """The batch step this span belongs to (its links and counts), inherited by children."""
 
     def get_span_context(self) -> SpanContext:
         ctx = self._ctx

@@ -96,6 +96,9 @@ class SpanBuilder:
         """Build the SDK span of one call record."""
         span = call.span
         attrs, events, status = self._contents(call)
+        step = span.batch
+        if step is not None:  # a batch step's: its counts after the call's own attributes
+            attrs.update(step.attributes)
         return ReadableSpan(
             name=span.name,
             context=span.get_span_context(),
@@ -103,7 +106,7 @@ class SpanBuilder:
             resource=self.resource,
             attributes=self._bounded(attrs),
             events=events,
-            links=span.links or (),
+            links=_links_of(span),
             kind=SpanKind.INTERNAL,
             status=status,
             start_time=call.start_ns,
@@ -169,6 +172,8 @@ class SpanBuilder:
             # the plan's own attributes, when they lead unchanged, were checked once per plan
             attrs, dropped, cleaned = self._within_limits(attrs, n if head else 0)
             fixed = (plan, n) if head and not cleaned else None
+        if span.batch is not None:
+            attrs = self._with_step(attrs, span.batch.attributes)
         # one construction for the three paths: no call of its own on the export thread
         return SpanData(
             span.name,
@@ -178,13 +183,22 @@ class SpanBuilder:
             call.end_ns,
             attrs,
             events,
-            span.links or (),
+            _links_of(span),
             status,
             self.resource,
             SCOPE,
             fixed=fixed,
             dropped_attributes=dropped,
         )
+
+    def _with_step(self, attrs: Mapping[str, Any], counts: dict[str, Any]) -> dict[str, Any]:
+        """A batch step's counts (two ints, clean) after ``attrs``, within the count limit; the
+        leading attributes, and so the ``fixed`` hint, stay as they were."""
+        merged = {**attrs, **counts}
+        limit = self.max_attributes
+        if limit is not None and len(merged) > limit:
+            merged = self._summarised(merged, limit)
+        return merged
 
     def _within_limits(self, attrs: dict[str, Any], skip: int) -> tuple[dict[str, Any], int, bool]:
         """``attrs`` within the provider's attribute limits: summarised past the count limit
@@ -345,6 +359,15 @@ class SpanBuilder:
         )
         kept[ATTRIBUTES_OMITTED] = raw.truncate(summary, raw.MAX_VALUE_BYTES)
         return kept
+
+
+def _links_of(span: Any) -> Any:
+    """A span's links: a batch step's shared tuple as it is (the native encoders encode it once
+    per step), followed by any the user added to the span."""
+    step = span.batch
+    if step is None:
+        return span.links or ()
+    return step.links + tuple(span.links) if span.links else step.links
 
 
 def _device_readings(own: dict[str, Any]) -> bool:

@@ -360,6 +360,12 @@ def _special_target(spec: str) -> list[str] | None:
     """Targets that route a library's own decorator to ours instead of patching attributes."""
     if spec == "torch.distributed":
         return _torch_distributed()
+    if spec == "transformers.continuous_batching":
+        from otel_gpu.instrumentation import transformers_cb
+
+        done = transformers_cb.install(lambda fn, span_name: _wrap(fn, span_name, spec))
+        _special[spec] = transformers_cb.uninstall
+        return done
     if spec != "flashinfer":
         return None
     from otel_gpu.instrumentation import flashinfer

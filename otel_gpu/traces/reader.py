@@ -38,6 +38,7 @@ from otel_gpu.attributes import (
     INPUT_PREFIX,
     NONFINITE,
     OUTPUT_PREFIX,
+    REQUEST_ID,
     STATS_INF_COUNT,
     STATS_NAN_COUNT,
     STATS_NOTE,
@@ -79,6 +80,7 @@ _ERROR_CODES = (2, "2", "STATUS_CODE_ERROR", "ERROR")
 # What the tree and the NaN/Inf analysis read; other attributes are not kept.
 _SPAN_KEYS = (
     NONFINITE,
+    "otel_gpu.batch.",  # a batch step's counts: show --request, workloads --by-request
     CUDA_FAULT,  # otel_gpu.cuda.fault*: show --fault (traces/fault.py)
     DUMP_PREFIX,
     "otel_gpu.ring.dump.",
@@ -155,6 +157,8 @@ class Span:
     """Read without ``attrs`` and ``stats`` (``attributes=False``): :func:`fill` reads them."""
     cycle: bool = False
     """Its parent is in the file, but linking to it would close a cycle: shown as a root."""
+    links: tuple[tuple[str, str, str], ...] = ()
+    """Its links: trace id, span id (hex) and ``otel_gpu.request.id`` ("" when absent)."""
     parent: Span | None = None
     children: list[Span] = field(default_factory=list)
 
@@ -376,7 +380,29 @@ def _span(raw: dict[str, Any], where: str, service: str, attributes: bool = True
         where=where,
         service=service,
         pending=not attributes,
+        links=_links(raw, at) if raw.get("links") else (),
     )
+
+
+def _links(raw: dict[str, Any], at: str) -> tuple[tuple[str, str, str], ...]:
+    """A span's links (a batch step's, to the requests it served). Lenient: a link that is not
+    an object, or without valid ids, is left out rather than refusing the span's line (the tree
+    never needed links; only ``show --request`` and ``workloads --by-request`` read them)."""
+    links = raw.get("links")
+    out = []
+    for link in links if isinstance(links, list) else ():
+        if not isinstance(link, dict):
+            continue
+        try:
+            trace_id = hex_id(_get(link, "traceId", "trace_id"), 16, "link traceId", at)
+            span_id = hex_id(_get(link, "spanId", "span_id"), 8, "link spanId", at)
+            rid = _attributes(link, at, REQUEST_ID.__eq__).get(REQUEST_ID)
+        except TraceFileError:
+            continue
+        if trace_id is None or span_id is None:
+            continue
+        out.append((trace_id, span_id, "" if rid is None else str(rid)))
+    return tuple(out)
 
 
 def _details(raw: dict[str, Any], at: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:

@@ -27,6 +27,7 @@ from otel_gpu._text import printable
 from otel_gpu.traces import device
 from otel_gpu.traces.output import clip
 from otel_gpu.traces.reader import Span, TraceFileError, fill, read_all
+from otel_gpu.traces.request import BATCH_SPAN_NAME, first_problem, served
 from otel_gpu.traces.trees import Trace, build_traces, tree_path
 
 __all__ = ["DEFAULT_LIMIT", "file_kind", "show"]
@@ -90,6 +91,7 @@ def show(
     skip_invalid: bool = False,
     out: IO[str] | None = None,
     err: IO[str] | None = None,
+    request: str | None = None,
 ) -> int:
     """Render ``paths`` as trees (or the ``nonfinite`` report) to ``out``; returns the exit code.
 
@@ -102,7 +104,7 @@ def show(
     problems: list[TraceFileError] = []
     # the tree reads the attributes of the spans it draws when it draws them; the NaN/Inf
     # report and --limit 0 read every span's
-    eager = nonfinite or not limit
+    eager = nonfinite or not limit or request is not None
     spans = read_all(paths, trace_id and trace_id.lower(), problems.append, attributes=eager)
     _report_problems(err, paths, spans, problems)
     fatal = [p for p in problems if not p.torn]
@@ -111,6 +113,9 @@ def show(
         return EXIT_USAGE
     if problems:
         _say(err, f"{_problems(problems)} skipped: what follows may be incomplete")
+    if request is not None:
+        code = _request(spans, paths, request, limit, _Writer(out, color), err)
+        return EXIT_NONE if problems else code
     code = _render(spans, paths, nonfinite, names, trace_id, limit, _Writer(out, color), err)
     return EXIT_NONE if problems else code
 
@@ -137,6 +142,41 @@ def _render(
         _say(err, f"no span name matches {' or '.join(names)}")
         return EXIT_NONE
     _tree(writer, traces, matched, limit)
+    return EXIT_FOUND
+
+
+def _request(
+    spans: list[Span], paths: Sequence[str], request: str, limit: int, w: _Writer, err: IO[str]
+) -> int:
+    """``--request``: the steps and calls that served a request (traces/request.py), as trees
+    (their ancestors dimmed), then the first error or NaN/Inf among them."""
+    traces = _linked(spans)
+    found = served(traces, request)
+    if not found:
+        _say(err, f"no step or call served request {request.lower()} in {', '.join(paths)}")
+        return EXIT_NONE
+    steps = sum(1 for s in found if s.name == BATCH_SPAN_NAME)
+    calls = len(found) - steps
+    ids = sorted({rid for s in found for t, sp, rid in s.links if rid and request in (t, sp)})
+    w.line(
+        (f"request {request.lower()}", "bold"),
+        (f"  request id {', '.join(ids)}" if ids else "", ""),
+        (f"  {_n(steps, 'step span')}, {_n(calls, 'call')}", ""),
+    )
+    _tree(w, traces, set(found), limit)
+    bad = first_problem(found)
+    if bad is None:
+        w.text(
+            "no error or NaN/Inf among them (NaN/Inf is seen only where level-5 statistics or "
+            "otel_gpu.nonfinite were recorded)",
+            "dim",
+        )
+    else:
+        w.line(
+            ("first problem: ", "bold red"),
+            *_describe(bad, False),
+            (f"  span {bad.span_id}  {bad.where}", "dim"),
+        )
     return EXIT_FOUND
 
 

@@ -150,10 +150,16 @@ def workloads(
     emit: str | None = None,
     out: IO[str] | None = None,
     err: IO[str] | None = None,
+    by_request: bool = False,
 ) -> int:
-    """Read, group, print (and with ``emit``, write the files); returns the exit code."""
+    """Read, group, print (and with ``emit``, write the files); returns the exit code.
+    ``by_request``: the calls grouped by the request they served instead (docs/serving.md)."""
     out = sys.stdout if out is None else out
     err = sys.stderr if err is None else err
+    if by_request:
+        from otel_gpu.traces.request_report import report_by_request
+
+        return report_by_request(paths, top=top, as_json=as_json, out=out, say=partial(_say, err))
     problems: list[reader.TraceFileError] = []
     calls = load_calls(paths, problems.append, linked=False)  # no tree walked here
     if reader.refused(problems, partial(_say, err), "counted"):
