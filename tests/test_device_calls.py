@@ -176,3 +176,24 @@ def test_resolution_queries_one_fence_per_stream_not_every_event(counting, otel_
     assert counting.counts["event queries"] <= 2
     assert len(spans.get()) == 61
     assert all("otel_gpu.device.duration" in s.attributes for s in spans.get())
+
+
+def test_each_devices_default_stream_is_its_own_though_their_handles_are_equal():
+    """Every device's default stream has the raw handle 0: the kept stream objects are keyed by
+    device and handle, so a call on device 1 records on device 1's stream, not on the stream
+    object first met on device 0."""
+    fake = CountingTorch()
+    current = {"device": 0}
+    fake._C._cuda_getDevice = lambda: current["device"]
+    fake._C._cuda_getCurrentRawStream = lambda device: 0
+    fake.cuda.current_stream = lambda device=None: _Stream(fake.counts, device)
+    backend = events.CudaEvents(fake)
+    first = backend.stream()
+    current["device"] = 1
+    second = backend.stream()
+    current["device"] = 0
+    again = backend.stream()
+    assert first is not None and second is not None and again is not None
+    assert (first[2], second[2], again[2]) == (0, 1, 0)
+    assert again[0] is first[0]
+    assert fake.counts["stream objects"] == 2

@@ -103,7 +103,8 @@ class CudaEvents:
     ~4.4 µs for ``torch.cuda.current_stream()``, pytorch PRs #78066/#78165), and
     ``torch._C._CudaEventBase.record(event, stream)`` (``cudaEventRecord`` without
     ``torch.cuda.Event.record``'s Python frame). ``torch.cuda.current_stream()`` runs only the
-    first time a handle is seen: its stream object is kept, keyed by handle. A stream destroyed
+    first time a handle is seen on a device: its stream object is kept, keyed by both (every
+    device's default stream has the handle 0). A stream destroyed
     and another created at the same handle (only a user's ``ExternalStream`` can do that) keeps
     the first one's ``stream_id`` until the cache is cleared (``_MAX_STREAMS``); the events are
     still recorded on the right CUDA stream, since a stream object records by its handle.
@@ -115,7 +116,8 @@ class CudaEvents:
         cuda = self._cuda = torch_module.cuda
         native = torch_module._C
         self._streams: dict[int, Any] = {}  # device -> a stream of our own for reference events
-        self._known: dict[int, tuple[Any, int | str, int]] = {}  # raw handle -> stream, id, device
+        # (device, raw handle) -> stream, its id, its device
+        self._known: dict[tuple[int, int], tuple[Any, int | str, int]] = {}
         self._refs: dict[int, list[Any]] = {}  # device -> reference events, reused
         # C getters where this torch has them, else the public (slower) ones
         self._capturing = getattr(
@@ -141,13 +143,14 @@ class CudaEvents:
             s = self._cuda.current_stream()
             return s, s.stream_id, s.device_index
         device = self._device()
-        handle = raw(device)
-        known = self._known.get(handle)
+        # keyed by device too: each device's default stream has the same handle (0)
+        key = (device, raw(device))
+        known = self._known.get(key)
         if known is None:
             if len(self._known) >= _MAX_STREAMS:
                 self._known.clear()
             s = self._cuda.current_stream(device)
-            known = self._known[handle] = (s, s.stream_id, s.device_index)
+            known = self._known[key] = (s, s.stream_id, s.device_index)
         return known
 
     def new_event(self) -> Any:
