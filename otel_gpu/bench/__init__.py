@@ -25,7 +25,10 @@ metrics cost per call, on the caller's thread and in total.
 ``armed0`` is level 0 with ``OTEL_GPU_CONTROL=on``: the trampoline live control can swap,
 against the bare call (and ``ours0``, the function itself). ``armed1`` is the same armed
 function switched to level 1 by live control before the rounds: against ``ours1``, a function
-decorated at level 1, it gives what a switched path costs over a decided one.
+decorated at level 1, it gives what a switched path costs over a decided one. ``gpt2arm0``
+is the tiny GPT2 forward with every module armed at level 0 by ``instrument_module`` under
+``OTEL_GPU_CONTROL=on`` (a trampoline per module, no span): against ``gpt2_0``, the plain
+forward, it is what a server pays to be controllable.
 
 ``ours5fp`` is level 5 with ``OTEL_GPU_FINGERPRINT`` on: against ``ours5`` (fingerprints off,
 the default) it gives what the fingerprint costs per call.
@@ -97,6 +100,7 @@ CONFIGS: tuple[ConfigSpec, ...] = (
     ConfigSpec("gpt2_1", "tiny GPT2 forward, level 1", "gpt2", 1),
     ConfigSpec("gpt2_3", "tiny GPT2 forward, level 3", "gpt2", 3),
     ConfigSpec("gpt2_5", "tiny GPT2 forward, level 5", "gpt2", 5),
+    ConfigSpec("gpt2arm0", "tiny GPT2 forward, armed L0", "gpt2", 0, control=True),
     ConfigSpec("gpt2att_1", "tiny GPT2, attention only, L1", "gpt2", 1, include=("*Attention",)),
     ConfigSpec("gpt2att_3", "tiny GPT2, attention only, L3", "gpt2", 3, include=("*Attention",)),
     ConfigSpec("mixtral_0", "tiny Mixtral forward, level 0", "mixtral", 0),
