@@ -81,6 +81,7 @@ def apply(change: Change, source: str) -> dict[str, Any]:
     if change.reset:
         return reset(source)
     source = _source(source)
+    begun = time.time_ns()  # before any path is swapped: the span starts before their spans
     with _lock:
         ring = _ring(build=change.ring_size is not None)
         if change.ring_size is not None and ring is None:
@@ -104,7 +105,7 @@ def apply(change: Change, source: str) -> dict[str, Any]:
         changed = _install(new, ring)
         _schedule(change.window)
         result = effective()
-    _emit(source, change.fields(), result, len(changed))
+    _emit(source, change.fields(), result, len(changed), begun)
     return result
 
 
@@ -112,11 +113,12 @@ def reset(source: str) -> dict[str, Any]:
     """Put the configured state back now (every armed function on its configured path, the
     ring at its configured size); returns :func:`effective`."""
     source = _source(source)
+    begun = time.time_ns()
     with _lock:
         changed = _install(_Override(source=source), _ring())
         _schedule(None)
         result = effective()
-    _emit(source, {"reset": True}, result, len(changed))
+    _emit(source, {"reset": True}, result, len(changed), begun)
     return result
 
 
@@ -230,9 +232,12 @@ def _source(source: str) -> str:
     return "".join(c if c.isprintable() else "?" for c in text) or "unknown"
 
 
-def _emit(source: str, fields: Mapping[str, Any], result: Mapping[str, Any], changed: int) -> None:
-    """The change's span, exported with the process's other spans (its own trace)."""
-    triggers.emit_control_span(source, fields, result, changed)
+def _emit(
+    source: str, fields: Mapping[str, Any], result: Mapping[str, Any], changed: int, begun: int
+) -> None:
+    """The change's span, exported with the process's other spans (its own trace), from
+    ``begun`` (before any path was swapped) to now."""
+    triggers.emit_control_span(source, fields, result, changed, begun)
 
 
 def _after_fork_in_child() -> None:
