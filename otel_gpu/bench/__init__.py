@@ -116,7 +116,11 @@ SECTIONS = ("otel_gpu.bench.tools",)
 (``--only`` takes it): ``measure(rounds=, spans=, log=)`` returns a section with ``budgets``,
 ``problems`` and what its ``render(section)`` turns into lines."""
 # Rows measured by their own module's row(quick), after the per-call configurations.
-_ROWS = {"sustained": "otel_gpu.bench.sustained", "device_time": "otel_gpu.bench.device_time"}
+_ROWS = {
+    "sustained": "otel_gpu.bench.sustained",
+    "device_time": "otel_gpu.bench.device_time",
+    "control": "otel_gpu.bench.control",
+}
 
 _MAX_QUEUED = (
     1024  # otel_gpu.export.pipeline._WAKE_AT: production never defers more calls than this
@@ -481,7 +485,9 @@ def register(sub: Any) -> None:
             "process, measured in interleaved rounds; medians and ratios against the budgets. "
             "Then the sustained-load row (--only sustained): 300k level-1 calls in one tight loop "
             "at default settings, the fraction of spans that reached the file and the process CPU "
-            "against FlashInfer's logger for the same calls."
+            "against FlashInfer's logger for the same calls. And the live-control row (--only "
+            "control): how fast otel-gpu control answers an idle process, and how fast a change "
+            "takes effect in one busy in a forward loop."
         ),
     )
     p.add_argument("--json", action="store_true", help="machine-readable report on stdout")
