@@ -230,6 +230,27 @@ def test_worker_gpt2_attention_only_writes_a_span_per_attention_call(
 
 @pytest.mark.transformers
 @needs_transformers
+def test_worker_gpt2_armed_level_0_wraps_every_module_and_writes_nothing(
+    tensors, tmp_path, deferred_export
+):
+    """The gpt2arm0 row (OTEL_GPU_CONTROL=on, level 0) puts a trampoline on every module, which
+    the plain level-0 row does not, and its forwards record no span: it measures the cost of
+    being controllable, not of recording."""
+    from otel_gpu.control import state
+
+    q, k = tensors
+    cfg = worker.Gpt2({"level": 0, "control": True, "dir": str(tmp_path)}, q, k)
+    try:
+        assert cfg.instrumented >= 30 and not cfg.identity
+        sample = worker._timed_round(cfg, 3, "cpu")
+        assert sample["n"] == 3
+        assert cfg.count() is None
+    finally:
+        state.reset("test teardown")
+
+
+@pytest.mark.transformers
+@needs_transformers
 @pytest.mark.parametrize("level", [0, 1])
 def test_worker_mixtral_round_writes_a_span_per_submodule_call(
     tensors, tmp_path, deferred_export, level: int
