@@ -1,7 +1,7 @@
 """The control channel: ``otel-gpu control PID`` asks a live process through files, as
 ``otel-gpu snapshot`` does (docs/control.md, Security).
 
-In a process with ``OTEL_GPU_CONTROL=on``, the first decorated function starts one daemon
+In a process with ``OTEL_GPU_CONTROL=on``, the first armed function starts one daemon
 thread, ``otel-gpu-control``, which every 100 ms ``lstat``s ``otel-gpu-<pid>.control`` in the
 crash journal's directory (``OTEL_GPU_JOURNAL_DIR``, private to the user, 0700). It does not
 wait for the export thread: a process at armed level 0 has none. On start it leaves a marker,
@@ -11,13 +11,21 @@ listen, and removes it at exit.
 A request is a small JSON object written whole (under a temporary name, then renamed)::
 
     {"from": 4242, "show": true}
+    {"from": 4242, "list": true}
     {"from": 4242, "document": {"level": 5, "include": ["mylib.*"], "for": "2m"}}
+    {"from": 4242, "document": {"level": 5, "include": ["*layers.1.mlp"]}, "dry_run": true}
 
 The process removes it, answers in ``otel-gpu-<pid>.control-done`` (written under a fresh name,
 then renamed)::
 
     {"pid": 17, "applied": true, "effective": {...}}
+    {"pid": 17, "applied": true, "functions": [{"name": ..., "qualified": ..., "level": 0}, ...]}
+    {"pid": 17, "applied": false, "dry_run": true, "preview": {"selected": [...], ...}}
     {"pid": 17, "applied": false, "refused": "level must be one of 0, 1, 3, 5, 10, not 7"}
+
+A document whose globs select no controllable function is refused, naming the closest names
+(:mod:`otel_gpu.control.names`). The asking side (the files' names, ``ask``) is
+:mod:`otel_gpu.control.ask`, which the command imports without this module or torch.
 
 The rules are the snapshot's: only a regular file of this user's, at most 64 KiB, opened
 without following a link or blocking on a FIFO, is read; anything else is removed unread. The
