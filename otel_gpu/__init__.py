@@ -97,6 +97,8 @@ def _instrument_left_unapplied() -> None:
     try:
         from otel_gpu import _guard, config
 
+        if not config.in_environment("instrument"):
+            return  # the usual case: one dictionary lookup
         wanted = config.current()
     except Exception:  # a bad setting is reported where it is used, not at exit
         return

@@ -293,3 +293,29 @@ def test_control_process_listens_once_instrument_module_arms(tmp_path):
     finally:
         stop.write_text("")
         proc.wait(timeout=120)
+
+
+def test_the_opentelemetry_instrument_entry_point_arms_at_level_0(tmp_path, package, monkeypatch):
+    """The `opentelemetry_instrumentor` entry point applies OTEL_GPU_INSTRUMENT at armed level 0:
+    the target's functions are trampolines, and it says it applied them."""
+    pytest.importorskip("opentelemetry.instrumentation.instrumentor")
+    from otel_gpu import config
+    from otel_gpu.instrumentation import targets
+    from otel_gpu.instrumentation.entry_point import GpuInstrumentor
+
+    monkeypatch.setenv("OTEL_GPU_INSTRUMENT", f"{package}.ops")
+    monkeypatch.setenv("OTEL_GPU_CONTROL", "on")
+    monkeypatch.setenv("OTEL_GPU_LOGLEVEL", "0")
+    monkeypatch.setenv("OTEL_GPU_JOURNAL_DIR", str(tmp_path / "journal"))
+    config.reset_overrides()
+    instrumentor = GpuInstrumentor()
+    instrumentor.instrument()
+    try:
+        ops = importlib.import_module(f"{package}.ops")
+        assert hasattr(ops.attention, "__otel_gpu_armed__")
+        assert targets.applied_how() == "opentelemetry-instrument"
+        assert ops.attention(2.0, 1.0) == 2.0
+    finally:
+        instrumentor.uninstrument()
+        state.reset("test teardown")
+    assert not hasattr(ops.attention, "__otel_gpu_armed__")
