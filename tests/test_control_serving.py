@@ -212,14 +212,16 @@ def test_one_class_for_a_window_under_otel_gpu_instrument(tmp_path, reference):
     class-level patching does not know, is refused with the closest names."""
     proc, work, env = _serve(tmp_path, "auto", OTEL_GPU_INSTRUMENT=LLAMA)
     try:
-        refused = otel_gpu_command(
-            ["control", str(proc.pid), "--level", "5", "--include", "*LlamaMPL.forward"],
-            env,
-            timeout=240,
-        )
-        assert refused.returncode == 1, refused.stdout + refused.stderr
-        assert "selects none of the" in refused.stderr
-        assert f"closest: {LLAMA}.LlamaMLP.forward" in refused.stderr
+        for glob, closest in (("*layers.1.mlp", None), ("*LlamaMPL.forward", "LlamaMLP")):
+            refused = otel_gpu_command(
+                ["control", str(proc.pid), "--level", "5", "--include", glob],
+                env,
+                timeout=240,
+            )
+            assert refused.returncode == 1, refused.stdout + refused.stderr
+            assert "selects none of the" in refused.stderr
+            if closest is not None:
+                assert f"closest: {LLAMA}.{closest}.forward" in refused.stderr
         _window(proc, work, env, "*LlamaMLP.forward")
     finally:
         _stop(proc, work)
