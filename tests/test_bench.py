@@ -689,3 +689,20 @@ def test_calibration_takes_the_longest_round_allowed_when_it_fits_the_target(mon
     totals[16] = 4e6
     totals[33] = 400e6  # 33 calls take longer than the target: fewer calls a round
     assert worker._calibrate(None, 0.2, "cpu", 33) < 33
+
+
+@pytest.mark.transformers
+@pytest.mark.slow
+@needs_transformers
+def test_control_row_measures_a_change_through_the_real_command():
+    """The live-control row sends real `otel-gpu control` commands to a child in a forward
+    loop: each change makes spans of the raised module, none before its control span, and the
+    text states both budgets' verdicts (the figures themselves are not asserted)."""
+    from otel_gpu.bench import control
+
+    result = control.row(quick=True)
+    assert result["ok"] is True
+    assert len(result["rounds"]["reply_s"]) == 2 == len(result["rounds"]["effect_s"])
+    assert result["rounds"]["ordered"] is True
+    assert "otel-gpu control --show, idle process" in result["text"]
+    assert "≤ 1.0 s:" in result["text"]
