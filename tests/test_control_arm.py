@@ -266,7 +266,8 @@ def test_otel_gpu_run_arms_targets_at_level_0_under_control(tmp_path, package):
 
 def test_control_process_listens_once_instrument_module_arms(tmp_path):
     """A process whose only instrumentation is instrument_module() at armed level 0 leaves its
-    marker: `otel-gpu control PID --show` reaches it."""
+    marker: `otel-gpu control PID --show` reaches it; through the real channel, --list names its
+    modules, --dry-run previews and applies nothing, and a glob matching nothing exits 1."""
     code = textwrap.dedent(
         """
         import os, sys, time, torch, otel_gpu
@@ -287,9 +288,25 @@ def test_control_process_listens_once_instrument_module_arms(tmp_path):
     )
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "2"
-        shown = otel_gpu_command(["control", str(proc.pid), "--show", "--timeout", "60"], env)
+        pid = str(proc.pid)
+        shown = otel_gpu_command(["control", pid, "--show", "--timeout", "60"], env)
         assert shown.returncode == 0, shown.stdout + shown.stderr
         assert "2 controllable function(s)" in shown.stdout
+        listed = otel_gpu_command(["control", pid, "--list", "--json", "--timeout", "60"], env)
+        assert listed.returncode == 0, listed.stdout + listed.stderr
+        names = {f["name"] for f in json.loads(listed.stdout)["functions"]}
+        assert names == {"Sequential", "0"}
+        dry = ["control", pid, "--level", "3", "--include", "0", "--dry-run", "--json"]
+        preview = otel_gpu_command([*dry, "--timeout", "60"], env)
+        assert preview.returncode == 0, preview.stdout + preview.stderr
+        (row,) = json.loads(preview.stdout)["preview"]["selected"]
+        assert row["name"] == "0" and row["would_be"] == 3
+        refused = otel_gpu_command(
+            ["control", pid, "--level", "3", "--include", "*attn*", "--timeout", "60"], env
+        )
+        assert refused.returncode == 1 and "selects none of the 2" in refused.stderr
+        again = otel_gpu_command(["control", pid, "--show", "--json", "--timeout", "60"], env)
+        assert json.loads(again.stdout)["effective"]["changed"] is False
     finally:
         stop.write_text("")
         proc.wait(timeout=120)

@@ -155,12 +155,12 @@ def _main(args: argparse.Namespace) -> int:
         if reply.get("dry_run") is True:
             _print_preview(pid, reply.get("preview"), args.json)
             continue
-        if args.list:
-            _print_list(pid, reply.get("functions"), args.json)
-            continue
         if not reply.get("applied"):
             code = EXIT_REFUSED
             say(f"pid {pid} refused: {reply.get('refused')}")
+            continue
+        if args.list:
+            _print_list(pid, reply.get("functions"), args.json)
             continue
         effective = reply.get("effective")
         if args.json:
