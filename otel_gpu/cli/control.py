@@ -113,7 +113,7 @@ def _main(args: argparse.Namespace) -> int:
     directory = journal_dir(settings)
     nobody = (
         f"no live otel-gpu process of this user listens for control in {directory} "
-        "(it needs OTEL_GPU_CONTROL=on and one decorated function)"
+        "(it needs OTEL_GPU_CONTROL=on and one decorated or instrumented function)"
     )
     request: dict[str, Any] = {"from": os.getpid()}
     if args.list:
@@ -129,7 +129,7 @@ def _main(args: argparse.Namespace) -> int:
         if not args.all and not ask.is_listening(directory, args.pid):
             raise live.Refused(
                 f"pid {args.pid} is not an otel-gpu process listening for control in {directory}: "
-                "it needs OTEL_GPU_CONTROL=on and one decorated function, and the same "
+                "it needs OTEL_GPU_CONTROL=on and one decorated or instrumented function, and the same "
                 "OTEL_GPU_JOURNAL_DIR",
                 EXIT_REFUSED,
             )
