@@ -144,6 +144,9 @@ STATS_MEAN = "mean"  # mean over finite values
 STATS_STD = "std"  # sample standard deviation over finite values
 STATS_NAN_COUNT = "nan_count"  # NaN count (floating and complex tensors)
 STATS_INF_COUNT = "inf_count"  # Inf count (floating and complex tensors)
+# true when NaN/Inf were seen but not counted: the tensor was modified in place before its
+# deferred NaN/Inf pass could run (OTEL_GPU_STATS_READ=async)
+STATS_NONFINITE_SEEN = "nonfinite"
 STATS_FINGERPRINT = "fingerprint"  # 16 hex digits: a 64-bit hash of the tensor's bytes
 STATS_AMAX = "amax"  # low precision: the largest finite magnitude
 STATS_DYNAMIC_RANGE = "dynamic_range"  # log2(amax / smallest non-zero finite magnitude)

@@ -765,6 +765,29 @@ SETTINGS: tuple[Setting, ...] = (
         "false saves the two reads (tens of microseconds a call on a GPU host).",
     ),
     Setting(
+        "stats_read",
+        "OTEL_GPU_STATS_READ",
+        "async, sync",
+        _str_choice(("async", "sync")),
+        "At level 5, how a call's statistics come back from a CUDA device. async: a non-blocking "
+        "copy and an event on the caller's thread, read and completed by a thread of otel-gpu "
+        "(no host synchronisation of the caller) where the non-finite policy is mark and no "
+        "non-finite trigger is in force; sync: one blocking read on the caller's thread per "
+        "call, as the other policies always do (docs/levels.md, Level 5).",
+    ),
+    Setting(
+        "device_memory_calls",
+        "OTEL_GPU_DEVICE_MEMORY_CALLS",
+        "outermost, all",
+        _str_choice(("outermost", "all")),
+        "Which calls read memory per call (OTEL_GPU_DEVICE_MEMORY). outermost: only a call not "
+        "nested in another decorated call of the same thread or task (the model's forward, not "
+        "each of its modules), so an instrumented module tree pays two allocator reads a "
+        "forward; a nested call still gets the allocator's summary when it raises out of "
+        "memory. all: every call, for the delta of each module (two reads per call, ~11 us "
+        "each on a GPU host).",
+    ),
+    Setting(
         "control",
         "OTEL_GPU_CONTROL",
         "on, off",
@@ -785,6 +808,15 @@ SETTINGS: tuple[Setting, ...] = (
         "all functions) take a higher level, bounded by a count and a time, and/or the ring is "
         "dumped. Arms the decorated functions as OTEL_GPU_CONTROL=on does. Example: "
         '[{"on": "nonfinite", "level": 10, "calls": 20}].',
+    ),
+    Setting(
+        "trigger_max_fires",
+        "OTEL_GPU_TRIGGER_MAX_FIRES",
+        "integer > 0 and <= 1000000",
+        Bounded(1, 1_000_000, integer=True),
+        "The most times one trigger fires in any 60 s (or in its own `per`), where the rule "
+        "gives no max_fires: a firing past it is skipped, with one warning line, so a rule that "
+        "matches every call costs at most this many dumps and control spans a window.",
     ),
     Setting(
         "opamp_endpoint",
@@ -1102,8 +1134,11 @@ class Settings:
     device_spans: str = "auto"
     device_time_wait: float = 5.0
     device_memory: bool = True
+    device_memory_calls: str = "outermost"
+    stats_read: str = "async"
     control: str = "off"
     triggers: tuple[trigger_rules.Trigger, ...] = ()
+    trigger_max_fires: int = 10
     opamp_endpoint: str | None = None
     opamp_headers: tuple[tuple[str, str], ...] = ()
     opamp_interval: float = 30.0
@@ -1132,6 +1167,8 @@ _DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(Settings)}
 
 def _error(setting: Setting, raw: object, why: str, source: str) -> ConfigError:
     shown = "<redacted>" if setting.field in _SECRET_FIELDS else repr(raw)
+    if len(shown) > 200:  # a value of any size is named in one line
+        shown = f"{shown[:160]}... ({len(shown)} characters)"
     return ConfigError(
         f"{setting.env}={shown} ({source}) is invalid: {why}. Allowed: {setting.allowed}."
     )

@@ -18,6 +18,12 @@ document's ``triggers`` field (``otel-gpu control --triggers``) or in a remote c
 - ``dump``: write the in-memory ring (the calls before, and the call that fired).
 - ``functions``: globs on ``module.qualname`` or the span name; only those functions' calls fire
   it (default: all).
+- ``max_fires`` and ``per``: the rule fires at most ``max_fires`` times in any ``per`` seconds
+  (default ``OTEL_GPU_TRIGGER_MAX_FIRES`` times in 60 s); a firing past it is skipped, so a rule
+  that matches every call costs at most that many dumps and spans.
+
+``nonfinite`` fires on the call that produced the NaN or Inf (finite inputs, non-finite output,
+no call inside it to blame), not on the calls that merely receive it (``anomalies/triggers.py``).
 
 A trigger needs ``level`` or ``dump`` (or both). Parsing reads no path and runs no code: types
 are compared by name, never imported. :func:`parse` raises :class:`ValueError` naming the entry,
@@ -33,12 +39,25 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["MAX_TRIGGERS", "ON", "Trigger", "parse", "parse_duration", "parse_text"]
+__all__ = [
+    "MAX_DEPTH",
+    "MAX_TRIGGERS",
+    "ON",
+    "Trigger",
+    "load_json",
+    "parse",
+    "parse_duration",
+    "parse_text",
+]
 
 ON = ("nonfinite", "exception", "slow")
 """What a trigger may watch for."""
 MAX_TRIGGERS = 16
 """Triggers in one list."""
+MAX_DEPTH = 16
+"""How deep a trigger list's JSON may nest (a trigger itself needs 3 levels)."""
+MAX_FIRES = 1_000_000
+"""The most ``max_fires`` may say."""
 _LEVELS = (1, 3, 5, 10)
 _FIELDS = (
     "on",
@@ -51,6 +70,8 @@ _FIELDS = (
     "scope",
     "dump",
     "functions",
+    "max_fires",
+    "per",
 )
 _MAX_CALLS = 1_000_000
 _MAX_WINDOW = 7 * 24 * 3600.0
@@ -76,6 +97,9 @@ class Trigger:
     scope: str = "function"
     dump: bool = False
     functions: tuple[str, ...] = ()
+    max_fires: int | None = None
+    """Firings allowed in any ``per`` seconds; None: ``OTEL_GPU_TRIGGER_MAX_FIRES``."""
+    per: float = 60.0
 
     def as_dict(self) -> dict[str, Any]:
         """The trigger as it would be written (JSON-able), for spans and ``--show``."""
@@ -91,6 +115,10 @@ class Trigger:
             out["dump"] = True
         if self.functions:
             out["functions"] = list(self.functions)
+        if self.max_fires is not None:
+            out["max_fires"] = self.max_fires
+        if self.per != 60.0:
+            out["per"] = self.per
         return out
 
     def matches_type(self, exc: BaseException) -> bool:
@@ -108,11 +136,40 @@ def parse_text(text: str) -> tuple[Trigger, ...]:
     """``OTEL_GPU_TRIGGERS``: a JSON list of triggers ('' or 'none': no trigger)."""
     if not text.strip() or text.strip().lower() == "none":
         return ()
+    return parse(load_json(text))
+
+
+def load_json(text: str) -> Any:
+    """JSON text of a trigger list, nested at most :data:`MAX_DEPTH` deep (checked before it is
+    parsed, so a deep nesting is this ValueError, never a RecursionError)."""
+    depth = deepest = 0
+    quoted = escaped = False
+    for ch in text:
+        if quoted:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                quoted = False
+        elif ch == '"':
+            quoted = True
+        elif ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+            if deepest > MAX_DEPTH:
+                raise ValueError(
+                    f"nested deeper than {MAX_DEPTH} levels: a trigger list is a list of flat "
+                    "objects"
+                )
+        elif ch in "]}":
+            depth -= 1
     try:
-        raw = json.loads(text)
+        return json.loads(text)
     except json.JSONDecodeError as exc:
         raise ValueError(f"not JSON ({exc.msg} at position {exc.pos}): write a JSON list") from None
-    return parse(raw)
+    except RecursionError:  # not expected past the check above; never a traceback
+        raise ValueError(f"nested deeper than {MAX_DEPTH} levels") from None
 
 
 def parse(raw: Any) -> tuple[Trigger, ...]:
@@ -156,7 +213,7 @@ def _one(i: int, item: Any) -> Trigger:
     if "clock" in item and on != "slow":
         raise ValueError(f"{where}: clock goes with on: slow only")
     level = item.get("level")
-    if level is not None and (isinstance(level, bool) or level not in _LEVELS):
+    if level is not None and (type(level) is not int or level not in _LEVELS):
         raise ValueError(f"{where}: level must be one of 1, 3, 5, 10, not {_show(level)}")
     calls = item.get("calls", 10)
     if isinstance(calls, bool) or not isinstance(calls, int) or not 1 <= calls <= _MAX_CALLS:
@@ -174,6 +231,15 @@ def _one(i: int, item: Any) -> Trigger:
         raise ValueError(f"{where}: dump must be true or false, not {_show(dump)}")
     if level is None and not dump:
         raise ValueError(f"{where}: give a level (1, 3, 5, 10) or dump: true, or both")
+    max_fires = item.get("max_fires")
+    if max_fires is not None and (type(max_fires) is not int or not 1 <= max_fires <= MAX_FIRES):
+        raise ValueError(
+            f"{where}: max_fires must be a whole number from 1 to {MAX_FIRES}, not "
+            f"{_show(max_fires)}"
+        )
+    per = parse_duration(item.get("per", 60.0), f"{where}: per", _MAX_WINDOW)
+    if per <= 0:
+        raise ValueError(f"{where}: per must be above 0")
     return Trigger(
         on=on,
         types=types,
@@ -185,6 +251,8 @@ def _one(i: int, item: Any) -> Trigger:
         scope=scope,
         dump=dump,
         functions=_names(item, "functions", where),
+        max_fires=max_fires,
+        per=per,
     )
 
 

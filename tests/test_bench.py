@@ -706,3 +706,13 @@ def test_control_row_measures_a_change_through_the_real_command():
     assert result["rounds"]["ordered"] is True
     assert "otel-gpu control --show, idle process" in result["text"]
     assert "≤ 1.0 s:" in result["text"]
+
+
+def test_count_spans_leaves_out_device_time_children(tmp_path):
+    """On a GPU each level-3 call also has a '<name> [device]' child span (device time): the
+    bench counts calls, so those children are not counted and the file is not reported as
+    holding twice the calls."""
+    path = tmp_path / "x.jsonl"
+    spans = [{"name": "lib.step"}, {"name": "lib.step [device]"}, {"name": "lib.other"}]
+    path.write_text(json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": spans}]}]}) + "\n")
+    assert worker.count_spans(str(path)) == 2

@@ -130,10 +130,13 @@ def test_no_peak_when_the_call_stays_under_the_earlier_high_water_mark(alloc, ot
     assert alloc.peak[0] == 100 * MiB
 
 
-def test_nested_calls_get_a_delta_and_only_the_outermost_a_peak(alloc, otel_gpu_spans):
-    """A call nested in another decorated call gets its own delta but no peak; the outermost
-    call's peak covers the inner one's, and the next outer call gets a peak again."""
-    spans = otel_gpu_spans(level=3)
+@pytest.mark.parametrize("calls", ["all", "outermost"])
+def test_nested_calls_get_a_delta_and_only_the_outermost_a_peak(alloc, otel_gpu_spans, calls):
+    """With OTEL_GPU_DEVICE_MEMORY_CALLS=all a call nested in another decorated call gets its own
+    delta but no peak; with outermost (the default) it reads nothing and gets nothing. Either
+    way the outermost call's peak covers the inner one's, and the next outer call gets a peak
+    again."""
+    spans = otel_gpu_spans(level=3, device_memory_calls=calls)
 
     @otel_gpu.api
     def inner():
@@ -150,7 +153,9 @@ def test_nested_calls_get_a_delta_and_only_the_outermost_a_peak(alloc, otel_gpu_
     by_name = {}
     for s in spans.get():
         by_name.setdefault(s.name.rsplit(".", 1)[-1], []).append(_memory(s))
-    assert by_name["inner"] == [{MEMORY_ALLOCATED_DELTA: 8 * MiB}] * 2
+    inner_memory = {MEMORY_ALLOCATED_DELTA: 8 * MiB} if calls == "all" else {}
+    assert by_name["inner"] == [inner_memory] * 2
+    assert alloc.reads == (8 if calls == "all" else 4)  # two per reading call
     assert by_name["outer"][0] == {MEMORY_ALLOCATED_DELTA: 0, MEMORY_PEAK: 12 * MiB}
     # the second call reached the same mark, not above it: no peak, but it is outermost again
     assert by_name["outer"][1] == {MEMORY_ALLOCATED_DELTA: 0}
@@ -394,3 +399,52 @@ def test_device_memory_false_reads_nothing(alloc, otel_gpu_spans, monkeypatch):
         step(True)
     assert caught.value is boom
     assert [_memory(s) for s in spans.get()] == [{}, {}]
+
+
+def test_by_default_a_module_tree_reads_the_allocator_twice_a_forward(alloc, otel_gpu_spans):
+    """OTEL_GPU_DEVICE_MEMORY_CALLS defaults to outermost: three levels of nested decorated calls
+    (a model, its layers, their sublayers) cost two allocator readings per top-level call, and
+    only the top-level call's span carries memory attributes."""
+    spans = otel_gpu_spans(level=3)
+
+    @otel_gpu.api
+    def leaf():
+        alloc.allocate(MiB)
+
+    @otel_gpu.api
+    def layer():
+        leaf()
+        leaf()
+
+    @otel_gpu.api
+    def model():
+        for _ in range(4):
+            layer()
+
+    model()
+    model()
+    assert alloc.reads == 4
+    with_memory = [s.name.rsplit(".", 1)[-1] for s in spans.get() if _memory(s)]
+    assert with_memory == ["model", "model"]
+
+
+def test_a_nested_call_that_runs_out_of_memory_still_gets_the_summary(alloc, otel_gpu_spans):
+    """With outermost-only readings, a nested call that raises an out-of-memory error still gets
+    the allocator's summary on its span, and the exception passes through as the same object."""
+    spans = otel_gpu_spans(level=3)
+    oom = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    @otel_gpu.api
+    def inner():
+        raise oom
+
+    @otel_gpu.api
+    def outer():
+        inner()
+
+    with pytest.raises(torch.OutOfMemoryError) as raised:
+        outer()
+    assert raised.value is oom
+    inner_span = next(s for s in spans.get() if s.name.endswith("inner"))
+    assert _memory(inner_span)[MEMORY_PREFIX + "device_total"] == 80 * 1024 * MiB
+    assert MEMORY_ALLOCATED_DELTA not in _memory(inner_span)

@@ -16,8 +16,14 @@ When a rule fires for a call:
   path control's rule gives it; a timer puts it back after ``for`` seconds if the calls have not
   come by then. A function already boosted, or already at that level, is left as it is, so a
   rule firing on every call does not stack.
-- ``dump``: the in-memory ring is written with the call that fired (``OTEL_GPU_RING``; the
-  same dump ``OTEL_GPU_ON_NONFINITE=dump`` writes, which keeps working on its own).
+- ``dump``: the in-memory ring is written with the call that fired (``OTEL_GPU_RING``), by the
+  ring's own path (``Ring.dump_call``): the dump ``OTEL_GPU_ON_NONFINITE=dump`` writes, named
+  by the call's span id, with its outputs for ``nonfinite``.
+
+``nonfinite`` fires on the call that produced the NaN or Inf, not on the calls that receive it
+(one verdict a call, shared with the ring: ``recorder/nonfinite.py``). A rule fires at most
+``max_fires`` times (``OTEL_GPU_TRIGGER_MAX_FIRES``) in any ``per`` seconds; past that, a firing
+is skipped, with one line the first time.
 
 Each firing is one ``otel_gpu.control`` span, its source ``trigger``, saying which rule, which
 function and what changed. A trigger sees only calls that are recorded: a function at level 0
@@ -26,6 +32,7 @@ has no span to watch, and ``nonfinite`` needs the level-5 statistics.
 
 from __future__ import annotations
 
+import collections
 import fnmatch
 import functools
 import json
@@ -44,11 +51,12 @@ from otel_gpu.attributes import (
     CONTROL_UNTIL,
     RING_DUMP_DIR,
 )
-from otel_gpu.calls import armed
+from otel_gpu.calls import armed, stats_reader
 from otel_gpu.core import sink
 from otel_gpu.core.plan import Plan
 from otel_gpu.core.record import Call, standalone
 from otel_gpu.devices import device_time
+from otel_gpu.recorder import nonfinite
 from otel_gpu.trigger_rules import Trigger
 
 if TYPE_CHECKING:
@@ -68,6 +76,8 @@ _lock = threading.Lock()
 _rules: tuple[Trigger, ...] | None = None  # None: the configured ones (OTEL_GPU_TRIGGERS)
 _boosted: dict[int, threading.Timer | None] = {}  # id(Armed) -> its window's timer
 _host: Host | None = None  # the pipeline the watcher serves, for its ring
+_fires: dict[Trigger, collections.deque[float]] = {}  # a rule's firings in its last `per` seconds
+_MAX_COUNTED = 256
 
 
 def current() -> tuple[Trigger, ...]:
@@ -81,6 +91,13 @@ def set_triggers(rules: tuple[Trigger, ...] | None) -> None:
     next call's end."""
     global _rules
     _rules = rules
+    _note_stats_needed(current())
+
+
+def _note_stats_needed(rules: tuple[Trigger, ...]) -> None:
+    """A non-finite rule reads each call's statistics in ``end``, on the caller's thread: while
+    one is in force, level-5 calls read them there (calls/stats_reader.py)."""
+    stats_reader.require_on_caller(any(rule.on == "nonfinite" for rule in rules))
 
 
 class Watch:
@@ -92,7 +109,9 @@ class Watch:
         global _host
         _host = host  # its ring is set once every observer is built
         self._host = host
+        self._own = nonfinite.Origins()
         device_time.on_resolved(_device_resolved)  # slow on the device clock
+        _note_stats_needed(current())
 
     def start(self, call: Call) -> None:
         return None
@@ -103,9 +122,18 @@ class Watch:
             rules = self._host.settings.triggers
         if not rules:
             return
+        origins = self._origins
         for rule in rules:
-            if _fired(rule, call):
+            if _fired(rule, call, origins):
                 _fire(rule, call)
+
+    @property
+    def _origins(self) -> nonfinite.Origins:
+        """Who produced a NaN: the ring's verdicts where there is a ring (one verdict a call,
+        shared with ``OTEL_GPU_ON_NONFINITE=dump``), else this watcher's own."""
+        ring = getattr(self._host, "ring", None)
+        origins = getattr(ring, "origins", None)
+        return origins if isinstance(origins, nonfinite.Origins) else self._own
 
     def flush(self, timeout: float) -> bool:
         return True
@@ -121,7 +149,7 @@ def make_observer(settings: config.Settings, host: Host) -> Watch | None:
     return Watch(host)
 
 
-def _fired(rule: Trigger, call: Call) -> bool:
+def _fired(rule: Trigger, call: Call, origins: nonfinite.Origins) -> bool:
     if rule.on == "exception":
         exc = call.exc
         if exc is None or not rule.matches_type(exc):
@@ -131,9 +159,8 @@ def _fired(rule: Trigger, call: Call) -> bool:
             return False  # the device clock is judged when device time is resolved
         if call.end_ns - call.start_ns < rule.threshold * 1e9:
             return False
-    else:  # nonfinite: the level-5 statistics of this call
-        results = call.stats
-        if not results or not any(getattr(r, "nonfinite", 0) for r in results):
+    else:  # nonfinite: the call that produced it (level-5 statistics), not those it reached
+        if not origins.produced(call):
             return False
     return _wanted(rule, call)
 
@@ -162,9 +189,12 @@ def _wanted(rule: Trigger, call: Call) -> bool:
 
 def _fire(rule: Trigger, call: Call) -> None:
     try:
+        if not _take(rule):
+            return  # past max_fires in the last `per` seconds: skipped (one line said so)
         boosted = _boost(rule, call) if rule.level is not None else []
         dumped = _dump(rule, call) if rule.dump else None
         if not boosted and dumped is None:
+            _give_back(rule)
             return  # nothing changed (already boosted, no ring): no span for it
         plan = call.plan
         fields: dict[str, Any] = {
@@ -180,6 +210,48 @@ def _fire(rule: Trigger, call: Call) -> None:
         emit_control_span("trigger", fields, effective, len(boosted))
     except Exception as exc:
         _guard.internal_error("control", exc)
+
+
+def _take(rule: Trigger) -> bool:
+    """Count a firing of ``rule``; False (skipped) when it fired ``max_fires`` times in the last
+    ``per`` seconds. The first skip of a rule says so in one line."""
+    limit = rule.max_fires
+    if limit is None:
+        settings = _host.settings if _host is not None else config.current()
+        limit = settings.trigger_max_fires
+    now = time.monotonic()
+    with _lock:
+        times = _fires.get(rule)
+        if times is None:
+            if len(_fires) >= _MAX_COUNTED:  # rules replaced by control: forget the old ones
+                _fires.clear()
+            times = _fires[rule] = collections.deque()
+        while times and times[0] <= now - rule.per:
+            times.popleft()
+        if len(times) >= limit:
+            allowed = False
+        else:
+            times.append(now)
+            allowed = True
+    if not allowed:
+        _guard.warn_once(
+            f"trigger.max_fires.{json.dumps(rule.as_dict(), sort_keys=True)}",
+            "otel-gpu trigger %s fired %d time(s) in %g s, its limit (max_fires, "
+            "OTEL_GPU_TRIGGER_MAX_FIRES): further firings within the window are skipped. "
+            "Reported once per rule.",
+            json.dumps(rule.as_dict(), sort_keys=True),
+            limit,
+            rule.per,
+        )
+    return allowed
+
+
+def _give_back(rule: Trigger) -> None:
+    """A firing that changed nothing does not count."""
+    with _lock:
+        times = _fires.get(rule)
+        if times:
+            times.pop()
 
 
 def _boost(rule: Trigger, call: Call) -> list[armed.Armed]:
@@ -229,11 +301,13 @@ def _dump(rule: Trigger, call: Call) -> str | None:
     if ring is None:
         return None
     # the ring's own end() ran first and kept this call: the dump holds it and the calls before.
-    # A call that raised was dumped by the ring itself already: that dump is the one named.
+    # A call the ring dumped itself (it raised; or OTEL_GPU_ON_NONFINITE=dump on the NaN's
+    # producer): that dump is the one named, not a second one.
     already = (call.span.attributes or {}).get(RING_DUMP_DIR)
     if already is not None:
         return str(already)
-    return ring.dump("trigger", None)
+    # the same path as OTEL_GPU_ON_NONFINITE=dump: the call named by its span id, its outputs
+    return ring.dump_call(call, rule.on)
 
 
 def boosted_count() -> int:
@@ -291,9 +365,12 @@ def _reset_for_tests() -> None:
     """No trigger set by control, no function boosted."""
     global _rules
     _rules = None
+    stats_reader.require_on_caller(False)
     with _lock:
         timers = list(_boosted.values())
         _boosted.clear()
     for timer in timers:
         if timer is not None:
             timer.cancel()
+    with _lock:
+        _fires.clear()

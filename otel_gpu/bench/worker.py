@@ -330,7 +330,8 @@ KINDS: dict[str, Callable[[dict[str, Any], Any, Any], Config]] = {
 
 
 def count_spans(path: str) -> int:
-    """Spans in an OTLP JSON Lines file (one ExportTraceServiceRequest per line)."""
+    """Call spans in an OTLP JSON Lines file (one ExportTraceServiceRequest per line): the
+    ``<name> [device]`` children that device time adds on a GPU are not calls, and not counted."""
     if not os.path.exists(path):
         return 0
     total = 0
@@ -341,7 +342,8 @@ def count_spans(path: str) -> int:
             request = json.loads(line)
             for rs in request.get("resourceSpans", ()):
                 for ss in rs.get("scopeSpans", ()):
-                    total += len(ss.get("spans", ()))
+                    for span in ss.get("spans", ()):
+                        total += not str(span.get("name", "")).endswith(" [device]")
     return total
 
 

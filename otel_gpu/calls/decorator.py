@@ -87,8 +87,15 @@ def make_plan(
     # CUDA graph capture can only be in progress where CUDA exists; decide the check now.
     if plan.level >= 5:
         plan.capture_stats = cuda.is_capturing if cuda.cuda_available() else None
+        plan.read_later = (
+            plan.level < 10
+            and settings.stats_read == "async"
+            and plan.on_nonfinite == "mark"
+            and plan.capture_stats is not None
+        )
     # Memory per call: only where CUDA exists, decided now (no per-call cost without it)
-    plan.memory = plan.level >= 3 and settings.device_memory and cuda.cuda_available()
+    if plan.level >= 3 and settings.device_memory and cuda.cuda_available():
+        plan.memory = 2 if settings.device_memory_calls == "all" else 1
     return plan
 
 

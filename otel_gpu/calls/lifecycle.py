@@ -30,7 +30,7 @@ from opentelemetry.trace.span import DEFAULT_TRACE_STATE, TraceState
 
 from otel_gpu import _guard
 from otel_gpu.attributes import STATS_INF_COUNT, STATS_NAN_COUNT
-from otel_gpu.calls import _context, memory, metadata, stats
+from otel_gpu.calls import _context, memory, metadata, stats, stats_reader
 from otel_gpu.core import record
 from otel_gpu.core.plan import Plan
 from otel_gpu.core.protocols import SpanSink
@@ -236,7 +236,7 @@ def start(call: Call, pipe: SpanSink, args: tuple, kwargs: dict, deferred: bool 
             internal("observer", exc)
     if plan.memory and not deferred:  # last, so nothing of our own counts in the call's memory
         try:
-            call.memory = memory.begin()
+            call.memory = memory.begin(plan.memory == 2)
         except BaseException as exc:
             internal("memory", exc)
     token = attach_span(call.span)
@@ -285,11 +285,16 @@ def finish(
             except BaseException as exc_:  # user hooks run here
                 internal("statistics", exc_)
     bad: NonFiniteError | None = None
+    read = None
     if pending:
         try:
-            call.stats = stats.finish(pending, call)
-            if plan.on_nonfinite != "mark":
-                bad = nonfinite(call, result)
+            if plan.read_later and not stats_reader.wanted_on_caller:
+                # no host sync: a copy and an event; the reader thread completes the statistics
+                read = stats.read_later(pending, call)
+            if read is None:
+                call.stats = stats.finish(pending, call)
+                if plan.on_nonfinite != "mark":
+                    bad = nonfinite(call, result)
         except BaseException as exc_:  # user hooks run here
             internal("statistics", exc_)
     observers = pipe.observers_at[level]
@@ -303,7 +308,14 @@ def finish(
         call.result = None
     call.bound = None
     call.args = None
-    pipe.submit(call)
+    if read is None:
+        pipe.submit(call)
+    else:  # queued to the pipeline by the reader thread once its statistics are complete
+        try:
+            stats_reader.submit(call, pipe, pending, read)  # type: ignore[arg-type]
+        except BaseException as exc_:
+            internal("statistics", exc_)
+            pipe.submit(call)
     if bad is not None and plan.on_nonfinite == "raise" and call.exc is None:
         # after the span is queued, so the trace shows the call; never instead of the
         # user's own exception, which passes through untouched

@@ -9,6 +9,10 @@ program's timing and results are unchanged; the program's own peak statistics ar
 
 What the attributes claim (docs/attributes.md, "Memory per call"):
 
+Which calls read: by default (``OTEL_GPU_DEVICE_MEMORY_CALLS=outermost``) only a call not
+nested in another decorated call of its thread or task, so an instrumented module tree pays two
+readings a forward, not two per module; ``all``: every call, as described below for nested ones.
+
 * ``otel_gpu.device.memory.allocated_delta``: allocated bytes after the call minus before, on
   that device: what the call left allocated (its outputs, caches it filled), negative when it
   freed more than it kept. Every allocation of the process on that device in that interval
@@ -32,7 +36,7 @@ from otel_gpu.attributes import MEMORY_ALLOCATED_DELTA, MEMORY_PEAK, MEMORY_PREF
 from otel_gpu.core.record import Call
 from otel_gpu.devices import memory as devices
 
-__all__ = ["Reading", "begin", "end"]
+__all__ = ["NESTED", "Reading", "begin", "end"]
 
 _inside: ContextVar[bool] = ContextVar("otel_gpu_memory_inside", default=False)
 """True while a decorated call of this context (thread, task) is reading memory: a call that
@@ -54,9 +58,18 @@ class Reading:
         self.token = token  # set on the outermost call: it resets the nesting mark at its end
 
 
-def begin() -> Reading:
-    """Read the allocator just before a call runs (caller's thread)."""
+NESTED = Reading(None, 0, 0, None)
+"""What :func:`begin` returns for a nested call when only outermost calls read memory
+(``OTEL_GPU_DEVICE_MEMORY_CALLS=outermost``): nothing was read, nothing will be but an
+out-of-memory summary."""
+
+
+def begin(every: bool = True) -> Reading:
+    """Read the allocator just before a call runs (caller's thread). ``every`` False: a call
+    nested in another that reads memory reads nothing (:data:`NESTED`)."""
     outer = not _inside.get()
+    if not outer and not every:
+        return NESTED  # hot path: one context-variable read; the allocator's reads cost ~11 µs
     device: int | None = None
     allocated = peak = 0
     if devices.initialized():
@@ -73,6 +86,14 @@ def end(call: Call, reading: Reading | None) -> None:
     said then."""
     attrs: dict[str, int] = {}
     device: int | None = None
+    if reading is NESTED:
+        exc = call.exc
+        if exc is not None and isinstance(exc, devices.OUT_OF_MEMORY) and devices.initialized():
+            device = devices.current_device()
+            call.span.set_attributes(
+                {MEMORY_PREFIX + k: v for k, v in devices.summary(device).items()}
+            )
+        return
     try:
         if devices.initialized():
             # reading.device None: the call initialised CUDA, it began with nothing allocated

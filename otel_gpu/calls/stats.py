@@ -39,7 +39,7 @@ from typing import Any
 import torch
 
 from otel_gpu import _guard, config
-from otel_gpu.attributes import STATS_FINGERPRINT
+from otel_gpu.attributes import STATS_FINGERPRINT, STATS_NONFINITE_SEEN
 from otel_gpu.calls import _subclass, fingerprint, lowp
 from otel_gpu.core.stats import (
     CAPTURED_ROW,
@@ -63,9 +63,12 @@ __all__ = [
     "TensorStats",
     "capture",
     "captured_stats",
+    "complete",
     "compute",
     "event_attributes",
     "finish",
+    "read_later",
+    "refine_on",
     "skipped",
 ]
 
@@ -101,6 +104,7 @@ class Pending:
         "source",
         "values",
         "vec",
+        "version",
     )
 
     def __init__(
@@ -125,6 +129,7 @@ class Pending:
         self.extras: tuple[Extra, ...] = ()
         self.per_element = 1  # values per element: 2 for float4_e2m1fn_x2
         self.values: dict[str, Any] | None = None  # known without the device (an empty tensor)
+        self.version = -1  # source's version counter when its read was deferred (read_later)
 
 
 def skipped(key: str, numel: int, note: str) -> Pending:
@@ -388,7 +393,13 @@ def finish(pending: list[Pending], call: Any = None) -> list[TensorStats]:
     Vectors recorded during CUDA graph capture (:func:`capture`) are not read: they go to the
     graph's record of ``call`` and are read after each replay; their events say so.
     """
-    results: list[TensorStats] = []
+    _set_aside_captured(pending, call)
+    live = [p for p in pending if p.vec is not None]
+    rows = cuda.read_scalars([p.vec for p in live]) if live else []  # type: ignore[misc]
+    return complete(pending, live, rows, _refine)
+
+
+def _set_aside_captured(pending: list[Pending], call: Any) -> None:
     captured = [p for p in pending if p.captured]
     if captured:
         from otel_gpu.devices import cuda_graphs
@@ -397,10 +408,69 @@ def finish(pending: list[Pending], call: Any = None) -> list[TensorStats]:
         for p in captured:
             p.note = join_note(p.note, CAPTURED_NOTE)
             p.vec = None
+
+
+def read_later(pending: list[Pending], call: Any = None) -> cuda.Read | None:
+    """Start reading every pending vector back without waiting (:func:`cuda.read_later`);
+    None when there is nothing on a CUDA device to read, or something not on one (then
+    :func:`finish` reads them now). :func:`complete` finishes them once the read has landed."""
+    if any(p.captured or (p.vec is not None and not cuda.readable_later(p.vec)) for p in pending):
+        return None
+    _set_aside_captured(pending, call)
     live = [p for p in pending if p.vec is not None]
-    rows = cuda.read_scalars([p.vec for p in live]) if live else []  # type: ignore[misc]
+    if not live:
+        return None
+    for p in live:  # an in-place change after this moment bumps it (views share the counter)
+        if p.source is not None:
+            p.version = p.source._version
+    return cuda.read_later([p.vec for p in live])  # type: ignore[misc]
+
+
+MODIFIED_NOTE = (
+    "statistics from the first pass only: the tensor was modified in place before its NaN/Inf "
+    "or precise pass could run off the caller's thread (OTEL_GPU_STATS_READ=sync runs it on "
+    "the caller's thread)"
+)
+
+
+def refine_on(stream: Any) -> Refine:
+    """The refine pass of a deferred read, run off the caller's thread on the call's ``stream``
+    (after the caller's work on it), for each tensor not modified in place since the call.
+
+    A modified one keeps its first pass: its min/max/mean/std when they were finite (a
+    precision doubt left unresolved), NaN/Inf counts unknown otherwise; its note says so."""
+
+    def refine(items: list[tuple[TensorStats, Pending]]) -> None:
+        same: list[tuple[TensorStats, Pending]] = []
+        for stats, p in items:
+            source = p.source
+            if source is not None and source._version == p.version:
+                same.append((stats, p))
+            else:
+                stats.note = join_note(stats.note, MODIFIED_NOTE)
+                if not stats.values or any(
+                    isinstance(v, float) and not math.isfinite(v) for v in stats.values.values()
+                ):
+                    stats.values.clear()
+                    stats.values[STATS_NONFINITE_SEEN] = True
+        if same:
+            with cuda.on_stream(stream):
+                _refine(same)
+
+    return refine
+
+
+Refine = Callable[[list[tuple[TensorStats, "Pending"]]], None]
+
+
+def complete(
+    pending: list[Pending], live: list[Pending], rows: list[list[float]], refine: Refine
+) -> list[TensorStats]:
+    """The statistics of ``pending`` from the rows read back for ``live`` (the pending vectors
+    that were read), ``refine`` run on the tensors that need a precise or NaN/Inf pass."""
+    results: list[TensorStats] = []
     row_of = {id(p): row for p, row in zip(live, rows)}
-    refine: list[tuple[TensorStats, Pending]] = []
+    refine_items: list[tuple[TensorStats, Pending]] = []
     tails: list[tuple[TensorStats, tuple[Extra, ...], list[float]]] = []
     for p in pending:
         stats = TensorStats(p.key, p.numel, note=p.note)
@@ -423,7 +493,7 @@ def finish(pending: list[Pending], call: Any = None) -> list[TensorStats]:
             and math.isfinite(total)
             and math.isfinite(sumsq)
         ):
-            refine.append((stats, p))
+            refine_items.append((stats, p))
             continue
         if mn == mx:  # constant tensor: exact answer, nothing to refine
             mean, std, doubtful = mn, (0.0 if p.numel * p.per_element > 1 else None), False
@@ -431,9 +501,9 @@ def finish(pending: list[Pending], call: Any = None) -> list[TensorStats]:
             mean, std, doubtful = _moments(p.numel * p.per_element, total, sumsq)
         fill(stats, p.integer, mn, mx, mean, std)
         if doubtful:
-            refine.append((stats, p))
-    if refine:
-        _refine(refine)
+            refine_items.append((stats, p))
+    if refine_items:
+        refine(refine_items)
     for stats, extras, tail in tails:
         fill_extras(stats, extras, tail)
     for p in pending:  # drop references to user tensors as soon as possible

@@ -26,11 +26,13 @@ EXIT_USAGE = 2
 
 
 def _json_list(text: str) -> Any:
+    from otel_gpu import trigger_rules
+
     try:
-        value = json.loads(text)
-    except ValueError:
+        value = trigger_rules.load_json(text)  # nested too deep: this error, not a RecursionError
+    except ValueError as exc:
         raise argparse.ArgumentTypeError(
-            "not JSON: write a JSON list of trigger objects, such as "
+            f"{exc}: write a JSON list of trigger objects, such as "
             '\'[{"on": "nonfinite", "level": 10}]\''
         ) from None
     return value
@@ -168,6 +170,8 @@ def _main(args: argparse.Namespace) -> int:
         else:
             verb = "in force" if doc is None else "applied"
             print(printable(f"pid {pid}: {verb}: {_summary(effective)}"))
+            for line in _stack(effective):
+                print(printable(f"  {line}"))
     return code
 
 
@@ -235,6 +239,49 @@ def _summary(effective: Any) -> str:
         f"{effective.get('functions_changed')} of {effective.get('functions')} function(s) changed"
     )
     return ", ".join(parts)
+
+
+def _stack(effective: Any) -> list[str]:
+    """The baseline and each window in force, oldest first, with the time each has left."""
+    if not isinstance(effective, dict):
+        return []
+    lines = []
+    baseline = effective.get("baseline")
+    if isinstance(baseline, dict):
+        lines.append(f"baseline: {_layer(baseline)}, until changed")
+    overlays = effective.get("overlays")
+    overlays = [o for o in overlays if isinstance(o, dict)] if isinstance(overlays, list) else []
+    for n, overlay in enumerate(overlays, 1):
+        until = overlay.get("until")
+        left = ""
+        if isinstance(until, (int, float)):
+            clock = time.strftime("%H:%M:%S", time.localtime(until))
+            left = f", {max(0.0, until - time.time()):.0f} s left (until {clock})"
+        lines.append(f"window {n} of {len(overlays)}: {_layer(overlay)}{left}")
+    return lines
+
+
+def _layer(layer: dict[str, Any]) -> str:
+    """One layer of the stack: what it sets, and who set it."""
+    parts = []
+    if layer.get("level") is not None:
+        parts.append(f"level {layer['level']}")
+    for name in ("include", "exclude"):
+        if layer.get(name):
+            parts.append(f"{name} " + ",".join(map(str, layer[name])))
+    if layer.get("sample") is not None:
+        parts.append(f"sample {layer['sample']}")
+    for name, label in (
+        ("ring_size", "ring"),
+        ("dump_max_calls", "dump_max_calls"),
+        ("dump_max_bytes", "dump_max_bytes"),
+    ):
+        if layer.get(name) is not None:
+            parts.append(f"{label} {layer[name]}")
+    if layer.get("triggers") is not None:
+        parts.append(f"{len(layer['triggers'])} trigger(s)")
+    text = ", ".join(parts) or "no change"
+    return f"{text} (from {layer.get('source')})"
 
 
 _level = checked(

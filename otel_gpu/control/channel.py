@@ -39,6 +39,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import secrets
 import stat
 import threading
 from typing import Any
@@ -113,6 +114,9 @@ class Listener:
             info = os.lstat(self.request)
         except OSError:
             return False  # the usual case
+        if stat.S_ISDIR(info.st_mode):
+            _clear_directory(self.request)  # it would block every later request: moved away
+            return False
         raw = _read_request(self.request, info)
         try:
             os.unlink(self.request)
@@ -122,6 +126,9 @@ class Listener:
             return False  # not a small regular file of this user's: removed unread
         reply = answer(raw)
         reply["pid"] = self.pid
+        reply_at = reply_path(self.directory, self.pid)
+        if os.path.isdir(reply_at) and not os.path.islink(reply_at):
+            _clear_directory(reply_at)  # a file cannot be renamed over it
         _files.write_atomic_bytes(
             self.directory,
             os.path.basename(reply_path(self.directory, self.pid)),
@@ -135,7 +142,9 @@ def answer(raw: bytes) -> dict[str, Any]:
     """The reply to one request's bytes: applied (with the configuration in force) or refused
     (with the reason). Nothing is applied unless the whole document is valid."""
     try:
-        request = json.loads(raw)
+        request = json.loads(raw, object_pairs_hook=_unique)
+    except _Duplicate as exc:
+        return _refused(f"{exc} is named twice in the request: every field once")
     except (ValueError, RecursionError):
         return _refused("the request is not JSON")
     if not isinstance(request, dict):
@@ -175,8 +184,52 @@ def answer(raw: bytes) -> dict[str, Any]:
 _FIELDS = ("from", "show", "list", "document", "dry_run")
 
 
+class _Duplicate(Exception):
+    """A JSON object names a field twice (as OpAMP, a request is refused for it)."""
+
+
+def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _Duplicate(document._show(key))
+        out[key] = value
+    return out
+
+
 def _refused(reason: str) -> dict[str, Any]:
     return {"applied": False, "refused": reason}
+
+
+def _clear_directory(path: str) -> None:
+    """A directory planted at a request's or reply's name: removed when empty, else renamed to
+    a fresh hidden name beside it (its contents are never read or followed), so control of this
+    process is not blocked; one warning says where it went."""
+    try:
+        os.rmdir(path)
+        return
+    except OSError:
+        pass
+    aside = os.path.join(
+        os.path.dirname(path), f".{os.path.basename(path)}.planted-{secrets.token_hex(4)}"
+    )
+    try:
+        os.rename(path, aside)
+    except OSError as exc:
+        _guard.warn_once(
+            "control.planted_dir",
+            "otel-gpu: a directory sits at %s, where control requests go, and cannot be moved "
+            "(%s): remove it to control this process",
+            path,
+            exc,
+        )
+        return
+    _guard.warn_once(
+        "control.planted_dir",
+        "otel-gpu: a directory sat at %s, where control requests go; moved to %s",
+        path,
+        aside,
+    )
 
 
 def _read_request(path: str, info: os.stat_result) -> bytes | None:

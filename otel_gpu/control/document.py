@@ -135,7 +135,8 @@ def parse(doc: Mapping[str, Any]) -> Change:
             "ring_size, dump_max_calls, dump_max_bytes, triggers, or reset=true"
         )
     level = doc.get("level")
-    if level is not None and (isinstance(level, bool) or level not in LEVELS):
+    # a whole number: 5.0, 1e1 and true are refused (they compare equal to a level)
+    if level is not None and (type(level) is not int or level not in LEVELS):
         raise ControlError(
             f"level must be one of {', '.join(map(str, LEVELS))}, not {_show(level)}"
         )

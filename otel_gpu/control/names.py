@@ -38,11 +38,15 @@ def listing() -> list[dict[str, Any]]:
 
 
 def _globs(change: Change) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """The include and exclude globs the change would leave in force (a field it leaves out
-    keeps the value in force, as :func:`otel_gpu.control.state.apply` merges it)."""
-    now = state.effective()
-    include = change.include if change.include is not None else tuple(now.get("include") or ())
-    exclude = change.exclude if change.exclude is not None else tuple(now.get("exclude") or ())
+    """The include and exclude globs of the layer the change would make: a change until changed
+    is merged into the baseline field by field (a glob list it leaves out keeps the baseline's);
+    a window from ``otel-gpu control`` is a layer of its own, with its own globs only
+    (:func:`otel_gpu.control.state.apply`)."""
+    base: dict[str, Any] = {}
+    if change.window is None:
+        base = state.effective().get("baseline") or {}
+    include = change.include if change.include is not None else tuple(base.get("include") or ())
+    exclude = change.exclude if change.exclude is not None else tuple(base.get("exclude") or ())
     return include, exclude
 
 
@@ -62,13 +66,12 @@ def preview(change: Change) -> dict[str, Any]:
     pick, each with its level now and the level it would take) and ``changed`` (how many of
     them would move to another level)."""
     include, exclude = _globs(change)
-    level_now = state.effective().get("level")
     rows = []
     for row in listing():
         if not state.selected(row["qualified"], row["name"], include, exclude):
             continue
-        level = change.level if change.level is not None else level_now
-        row["would_be"] = row["configured_level"] if level is None else level
+        # the new layer goes on top: its level wins where it sets one, else the level stays
+        row["would_be"] = row["level"] if change.level is None else change.level
         rows.append(row)
     return {
         "selected": rows,

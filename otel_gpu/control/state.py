@@ -1,11 +1,15 @@
 """The process's control state: what live control changed, until when, and the span of each change.
 
 :func:`apply` takes a validated :class:`~otel_gpu.control.document.Change` and applies it whole:
-it merges the change into the state in force (a field the change leaves out keeps its value),
-sets the rule every armed function follows (:mod:`otel_gpu.calls.armed`: each function's path
-is swapped, none checks a level per call), resizes the ring, and starts the window. When the
-window lapses, a timer thread puts the configured state back; the calls never look at a clock
-for it. :func:`reset` puts the configured state back now.
+changes stack. A change ``for: null`` (until changed) is merged into the *baseline* (a field
+the change leaves out keeps its value); a change with a window is an *overlay* on top of the
+baseline and the windows already in force. Each function's level and sampling come from the
+topmost layer that selects it (docs/control.md, "Windows stack"); the process-wide fields (ring
+size, triggers, dump limits) from the topmost layer that sets them. The rule every armed function
+follows is set from that (:mod:`otel_gpu.calls.armed`: each function's path is swapped, none
+checks a level per call), and the ring resized. When a window lapses, a timer thread removes it
+and installs what remains (the baseline and the other windows), not the configured state; the
+calls never look at a clock for it. :func:`reset` puts the configured state back now.
 
 Every change, the window's end included, is one span named ``otel_gpu.control`` (its own trace)
 saying who asked, what changed, the configuration in force after it and until when
@@ -32,14 +36,15 @@ from otel_gpu.export import pipeline
 from otel_gpu.recorder import limits
 from otel_gpu.trigger_rules import Trigger
 
-__all__ = ["ControlError", "apply", "effective", "reset"]
+__all__ = ["MAX_OVERLAYS", "ControlError", "apply", "effective", "reset"]
 
 _MAX_SOURCE = 128
 
 
 @dataclass(frozen=True)
-class _Override:
-    """What control has changed; all None: the configured state."""
+class _Layer:
+    """One change in force: the baseline (``for: null``) or a window (an overlay). A field left
+    None (an empty glob list) is not set by this layer: the layers below decide it."""
 
     level: int | None = None
     include: tuple[str, ...] = ()
@@ -47,12 +52,12 @@ class _Override:
     sample: float | None = None
     ring_size: int | None = None
     triggers: tuple[Trigger, ...] | None = None
-    """The triggers control set (None: OTEL_GPU_TRIGGERS)."""
+    """The triggers control set (None: those of the layers below, or OTEL_GPU_TRIGGERS)."""
     dump_max_calls: int | None = None
     dump_max_bytes: int | None = None
     """The flight recorder's limits control set (None: OTEL_GPU_DUMP_MAX_COUNT, _SIZE_GB)."""
     until: float | None = None
-    """Epoch seconds when it lapses; None: until changed."""
+    """Epoch seconds when it lapses; None: until changed (the baseline)."""
     source: str | None = None
 
     @property
@@ -67,9 +72,31 @@ class _Override:
             or self.dump_max_bytes is not None
         )
 
+    def as_dict(self) -> dict[str, Any]:
+        """The layer as ``effective()`` reports it (JSON-able): what it sets, until, source."""
+        out: dict[str, Any] = {
+            "level": self.level,
+            "include": list(self.include),
+            "exclude": list(self.exclude),
+            "sample": self.sample,
+        }
+        for name in ("ring_size", "dump_max_calls", "dump_max_bytes"):
+            if getattr(self, name) is not None:
+                out[name] = getattr(self, name)
+        if self.triggers is not None:
+            out["triggers"] = [t.as_dict() for t in self.triggers]
+        out["until"] = None if self.until is None else round(self.until, 3)
+        out["source"] = self.source
+        return out
+
+
+MAX_OVERLAYS = 16
+"""Windows in force at once; one more is refused (a window from the source of one in force is
+merged into that one, so it never counts twice)."""
 
 _lock = threading.RLock()
-_override = _Override()
+_baseline = _Layer()
+_overlays: tuple[_Layer, ...] = ()
 _timer: threading.Timer | None = None
 _generation = 0
 
@@ -77,7 +104,12 @@ _generation = 0
 def apply(change: Change, source: str) -> dict[str, Any]:
     """Apply ``change`` whole, on behalf of ``source`` (who asked, for the span); returns the
     configuration in force after it (:func:`effective`). Raises :class:`ControlError`, having
-    changed nothing, when the process cannot honour a field."""
+    changed nothing, when the process cannot honour a field.
+
+    A change ``for: null`` (until changed) is merged into the baseline, field by field. A
+    change with a window is an overlay on top of the baseline and the overlays in force: when
+    it ends, the state is computed again from what remains (docs/control.md, "Windows stack")."""
+    global _baseline, _overlays
     if change.reset:
         return reset(source)
     source = _source(source)
@@ -89,21 +121,29 @@ def apply(change: Change, source: str) -> dict[str, Any]:
                 "ring_size: this process keeps no ring (it needs OTEL_GPU_RING > 0, or "
                 "OTEL_GPU_ON_NONFINITE=dump, at level >= 3 when it started); nothing was changed"
             )
-        old = _override
-        new = _Override(
-            level=change.level if change.level is not None else old.level,
-            include=change.include if change.include is not None else old.include,
-            exclude=change.exclude if change.exclude is not None else old.exclude,
-            sample=change.sample if change.sample is not None else old.sample,
-            ring_size=change.ring_size if change.ring_size is not None else old.ring_size,
-            triggers=change.triggers if change.triggers is not None else old.triggers,
-            dump_max_calls=_kept(change.dump_max_calls, old.dump_max_calls),
-            dump_max_bytes=_kept(change.dump_max_bytes, old.dump_max_bytes),
-            until=None if change.window is None else time.time() + change.window,
-            source=source,
-        )
-        changed = _install(new, ring)
-        _schedule(change.window)
+        if change.window is None:
+            # a window of the same source is folded into the baseline first: that source's
+            # change until changed follows on from its own window, as one change always did
+            base = _baseline
+            for own in (o for o in _overlays if o.source == source):
+                base = _folded(base, own)
+            baseline = _merged(base, change, source)
+            overlays = tuple(o for o in _overlays if o.source != source)
+        else:
+            # a window from the same source as one in force is merged into it (and goes on top)
+            mine = [o for o in _overlays if o.source == source]
+            below = mine[-1] if mine else _Layer()
+            layer = _merged(below, change, source, until=time.time() + change.window)
+            overlays = (*(o for o in _overlays if o.source != source), layer)
+            if len(overlays) > MAX_OVERLAYS:
+                raise ControlError(
+                    f"for: at most {MAX_OVERLAYS} windows are in force at once; wait for one to "
+                    "end, send this one --until-changed, or reset; nothing was changed"
+                )
+            baseline = _baseline
+        _baseline, _overlays = baseline, overlays
+        changed = _install(ring)
+        _schedule()
         result = effective()
     _emit(source, change.fields(), result, len(changed), begun)
     return result
@@ -111,45 +151,55 @@ def apply(change: Change, source: str) -> dict[str, Any]:
 
 def reset(source: str) -> dict[str, Any]:
     """Put the configured state back now (every armed function on its configured path, the
-    ring at its configured size); returns :func:`effective`."""
+    ring at its configured size): the baseline and every window go; returns :func:`effective`."""
+    global _baseline, _overlays
     source = _source(source)
     begun = time.time_ns()
     with _lock:
-        changed = _install(_Override(source=source), _ring())
-        _schedule(None)
+        _baseline, _overlays = _Layer(source=source), ()
+        changed = _install(_ring())
+        _schedule()
         result = effective()
     _emit(source, {"reset": True}, result, len(changed), begun)
     return result
 
 
 def effective() -> dict[str, Any]:
-    """The configuration in force, JSON-able: ``level`` (the level control set, None: each
-    function's configured level), ``include``/``exclude``, ``sample``, ``until`` (epoch seconds,
-    None: until changed or nothing changed), ``ring_size`` (None: no ring), ``source`` of the
-    last change, and counts of the armed functions and of those off their configured level."""
+    """The configuration in force, JSON-able.
+
+    ``baseline`` (the changes made until changed, or None) and ``overlays`` (the windows in
+    force, oldest first, each with its ``until`` in epoch seconds) are the stack; the fields
+    beside them are what it resolves to: ``level``, ``include``/``exclude``, ``sample`` and
+    ``source`` of the change on top (the last window, else the baseline; ``level`` None: each
+    function's configured level), ``until`` (the next end of a window, None: nothing ends by
+    itself), ``ring_size`` (None: no ring), the triggers and dump limits in force, and counts of
+    the armed functions and of those off their configured level."""
     with _lock:
         settings = config.current()
-        o = _override
+        top = _top()
         ring = _ring()
         entries = armed.entries()
         dump_limits = limits.in_force(settings)
+        ends = [o.until for o in _overlays if o.until is not None]
         return {
             "pid": os.getpid(),
             "control": settings.control,
             "configured_level": settings.level,
-            "changed": o.active,
-            "level": o.level,
-            "include": list(o.include),
-            "exclude": list(o.exclude),
-            "sample": o.sample,
-            "until": None if o.until is None else round(o.until, 3),
+            "changed": any(layer.active for layer in _layers()),
+            "level": top.level,
+            "include": list(top.include),
+            "exclude": list(top.exclude),
+            "sample": top.sample,
+            "until": round(min(ends), 3) if ends else None,
             "ring_size": None if ring is None else int(getattr(ring, "size", 0)),
             "triggers": [t.as_dict() for t in triggers.current()],
             # the flight recorder's limits in force (control's, else the settings')
             "dump_max_calls": dump_limits.max_calls,
             "dump_max_bytes": dump_limits.max_bytes,
             "functions_boosted": triggers.boosted_count(),
-            "source": o.source,
+            "source": top.source,
+            "baseline": _baseline.as_dict() if _baseline.active else None,
+            "overlays": [o.as_dict() for o in _overlays],
             "functions": len(entries),
             "functions_changed": sum(1 for e in entries if e.level != e.configured_level),
         }
@@ -158,33 +208,101 @@ def effective() -> dict[str, Any]:
 # --------------------------------------------------------------------------- internals
 
 
-def _install(new: _Override, ring: Any) -> list[armed.Armed]:
-    """Make ``new`` the state in force: the armed functions' rule and the ring's size."""
-    global _override
-    _override = new
-    triggers.set_triggers(new.triggers)
-    limits.set_limits(new.dump_max_calls, new.dump_max_bytes)
+def _layers() -> tuple[_Layer, ...]:
+    """The stack, bottom first: the baseline, then the windows in the order they were applied."""
+    return (_baseline, *_overlays)
+
+
+def _top() -> _Layer:
+    """The change on top: the last window in force, else the baseline."""
+    return _overlays[-1] if _overlays else _baseline
+
+
+def _resolved(name: str) -> Any:
+    """A process-wide field (ring size, triggers, dump limits): the topmost layer that sets it."""
+    for layer in reversed(_layers()):
+        value = getattr(layer, name)
+        if value is not None:
+            return value
+    return None
+
+
+def _merged(old: _Layer, change: Change, source: str, until: float | None = None) -> _Layer:
+    """``old`` with the fields ``change`` sets replaced (a field it leaves out keeps its value)."""
+    return _Layer(
+        level=_kept(change.level, old.level),
+        include=change.include if change.include is not None else old.include,
+        exclude=change.exclude if change.exclude is not None else old.exclude,
+        sample=_kept(change.sample, old.sample),
+        ring_size=_kept(change.ring_size, old.ring_size),
+        triggers=change.triggers if change.triggers is not None else old.triggers,
+        dump_max_calls=_kept(change.dump_max_calls, old.dump_max_calls),
+        dump_max_bytes=_kept(change.dump_max_bytes, old.dump_max_bytes),
+        until=until,
+        source=source,
+    )
+
+
+def _folded(base: _Layer, window: _Layer) -> _Layer:
+    """``base`` with the fields ``window`` sets (the window made lasting)."""
+    return _Layer(
+        level=_kept(window.level, base.level),
+        include=window.include or base.include,
+        exclude=window.exclude or base.exclude,
+        sample=_kept(window.sample, base.sample),
+        ring_size=_kept(window.ring_size, base.ring_size),
+        triggers=_kept(window.triggers, base.triggers),
+        dump_max_calls=_kept(window.dump_max_calls, base.dump_max_calls),
+        dump_max_bytes=_kept(window.dump_max_bytes, base.dump_max_bytes),
+        until=None,
+        source=window.source,
+    )
+
+
+def _install(ring: Any) -> list[armed.Armed]:
+    """Make the stack the state in force: the armed functions' rule, the triggers, the dump
+    limits and the ring's size."""
+    triggers.set_triggers(_resolved("triggers"))
+    limits.set_limits(_resolved("dump_max_calls"), _resolved("dump_max_bytes"))
     if ring is not None:
         # the ring's configured size is its own settings' (a reconfigured process has a new ring)
         configured = getattr(getattr(ring, "settings", None), "ring", None)
-        if new.ring_size is not None:
-            ring.size = new.ring_size
+        size = _resolved("ring_size")
+        if size is not None:
+            ring.size = size
         elif isinstance(configured, int):
             ring.size = configured
-    if not new.active:
+    chosen = tuple(
+        layer for layer in _layers() if layer.level is not None or layer.sample is not None
+    )
+    if not chosen:
         return armed.set_rule(None)
-    return armed.set_rule(_rule_of(new))
+    return armed.set_rule(_rule_of(chosen))
 
 
-def _kept(new: int | None, old: int | None) -> int | None:
+def _kept(new: Any, old: Any) -> Any:
     return new if new is not None else old
 
 
-def _rule_of(o: _Override) -> armed.Rule:
-    include, exclude, level, sample = o.include, o.exclude, o.level, o.sample
+def _rule_of(layers: tuple[_Layer, ...]) -> armed.Rule:
+    """Each function's level and sampling from the stack: the topmost layer that selects the
+    function (its include and exclude) and sets a level decides the level, and likewise the
+    sampling; a function no layer selects keeps its configured path."""
+    top_down = tuple(reversed(layers))
 
     def rule(entry: armed.Armed) -> tuple[int, float | None] | None:
-        if not selected(entry.qualified, entry.name, include, exclude):
+        level: int | None = None
+        sample: float | None = None
+        hit = False
+        for layer in top_down:
+            if not selected(entry.qualified, entry.name, layer.include, layer.exclude):
+                continue
+            hit = True
+            level = layer.level if level is None else level
+            sample = layer.sample if sample is None else sample
+            if level is not None and sample is not None:
+                break
+        if not hit:
             return None
         return (entry.configured_level if level is None else level, sample)
 
@@ -194,28 +312,43 @@ def _rule_of(o: _Override) -> armed.Rule:
 selected = triggers.selected  # the same glob rule as the triggers' ``functions``
 
 
-def _schedule(window: float | None) -> None:
-    """Start the window's timer (cancelling the last one); None: no timer."""
+def _schedule() -> None:
+    """Start the timer of the next window to end (cancelling the last one); none: no timer."""
     global _timer, _generation
     _generation += 1
     if _timer is not None:
         _timer.cancel()
         _timer = None
-    if window is None:
+    ends = [o.until for o in _overlays if o.until is not None]
+    if not ends:
         return
-    timer = threading.Timer(window, _lapse, (_generation,))
+    timer = threading.Timer(max(0.001, min(ends) - time.time()), _lapse, (_generation,))
     timer.name = "otel-gpu-control-window"
     timer.daemon = True
     timer.start()
     _timer = timer
 
 
-def _lapse(generation: int) -> None:
-    with _lock:
-        if generation != _generation or not _override.active:
-            return  # a later change replaced this window
+def _lapse(generation: int, now: float | None = None) -> None:
+    """The next window's time came: drop the windows that ended (by ``now``, epoch seconds,
+    the clock's time unless given), and install what remains."""
+    global _overlays
+    begun = time.time_ns()
     try:
-        reset("window end")
+        with _lock:
+            if generation != _generation:
+                return  # a later change rescheduled
+            now = time.time() if now is None else now
+            ended = [o for o in _overlays if o.until is not None and o.until <= now + 0.001]
+            if not ended:
+                _schedule()  # woke early: wait for the rest
+                return
+            _overlays = tuple(o for o in _overlays if o not in ended)
+            changed = _install(_ring())
+            _schedule()
+            result = effective()
+        fields = {"window_end": [o.as_dict() for o in ended]}
+        _emit("window end", fields, result, len(changed), begun)
     except Exception as exc:
         _guard.internal_error("control", exc)
 
@@ -242,13 +375,11 @@ def _emit(
 
 def _after_fork_in_child() -> None:
     # The parent's timer thread stays with the parent: the child gets its own for what is left
-    # of the window, and fresh locks.
+    # of the windows, and fresh locks.
     global _lock, _timer
     _lock = threading.RLock()
     _timer = None
-    until = _override.until
-    if _override.active and until is not None:
-        _schedule(max(0.001, until - time.time()))
+    _schedule()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

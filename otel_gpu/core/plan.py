@@ -38,6 +38,7 @@ class Plan:
         "on_nonfinite",
         "param_names",
         "qualname",
+        "read_later",
         "receiver",
         "receiver_passed",
         "redact",
@@ -75,8 +76,13 @@ class Plan:
         """Positional parameter names after the receiver (under ``torch.compile``)."""
         self.capture_stats: Callable[[], bool] | None = None
         """Level 5 and up where CUDA exists: whether a CUDA graph capture is in progress."""
-        self.memory = False
-        """Level 3 and up where CUDA exists: memory per call is read (calls/memory.py)."""
+        self.read_later = False
+        """Level 5 to 9 where CUDA exists, OTEL_GPU_STATS_READ=async and the non-finite policy
+        mark: statistics on a CUDA device are read off the caller's thread
+        (calls/stats_reader.py)."""
+        self.memory = 0
+        """Level 3 and up where CUDA exists: memory per call is read (calls/memory.py), by the
+        outermost call only (1) or by every call (2); 0: never."""
 
 
 class Shape:

@@ -59,6 +59,11 @@ class RingDump(Protocol):
         """Write the ring's calls (and ``trigger``, None for none); the directory, or None."""
         ...
 
+    def dump_call(self, call: Call, reason: str) -> str | None:
+        """Write the ring with ``call`` (ended) as the trigger, as ``OTEL_GPU_ON_NONFINITE=dump``
+        does (the triggers' dumps); the directory, or None."""
+        ...
+
 
 class Host(Protocol):
     """What an observer may use of the running pipeline.
@@ -131,6 +136,11 @@ class SpanSink(Protocol):
 
     def submit(self, call: Call) -> None:
         """Queue a finished call (never blocks beyond the queue's back-pressure)."""
+        ...
+
+    def add_before_flush(self, hook: Callable[[float], Any]) -> None:
+        """Have every flush and the exit first call ``hook(timeout)``, which waits for calls
+        still on their way to :meth:`submit` (read off the caller's thread)."""
         ...
 
     def note_unsampled(self, plan: Plan, duration_ns: int, failed: Any) -> None:

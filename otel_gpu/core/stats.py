@@ -20,6 +20,7 @@ from otel_gpu.attributes import (
     STATS_MEAN,
     STATS_MIN,
     STATS_NAN_COUNT,
+    STATS_NONFINITE_SEEN,
     STATS_NOTE,
     STATS_NUMEL,
     STATS_OVERFLOW,
@@ -129,7 +130,12 @@ class TensorStats:
 
     @property
     def nonfinite(self) -> bool:
-        return bool(self.values.get(STATS_NAN_COUNT, 0) or self.values.get(STATS_INF_COUNT, 0))
+        values = self.values
+        return bool(
+            values.get(STATS_NAN_COUNT, 0)
+            or values.get(STATS_INF_COUNT, 0)
+            or values.get(STATS_NONFINITE_SEEN, False)
+        )
 
 
 def event_attributes(stats: TensorStats) -> dict[str, Any]:

@@ -13,13 +13,18 @@ from typing import Any
 import torch
 
 __all__ = [
+    "Read",
     "copy_to_host",
     "cuda_available",
     "host_reads",
     "is_capturing",
     "is_cuda_tensor",
+    "on_stream",
     "pinned_empty",
+    "read_later",
+    "read_rows",
     "read_scalars",
+    "readable_later",
     "wait_copy",
 ]
 
@@ -65,6 +70,67 @@ def read_scalars(vectors: Sequence[torch.Tensor]) -> list[list[float]]:
             out[i] = values[start:end]
             start = end
     return out  # type: ignore[return-value]
+
+
+class Read:
+    """Vectors on their way to the host (:func:`read_later`): the host copies, which vectors
+    each holds, the event that completes with them and the stream they were queued on."""
+
+    __slots__ = ("event", "hosts", "indices", "lengths", "stream")
+
+    def __init__(self) -> None:
+        self.hosts: list[torch.Tensor] = []
+        self.indices: list[list[int]] = []
+        self.lengths: list[int] = []
+        self.event: Any = None
+        self.stream: Any = None
+
+
+def readable_later(t: torch.Tensor) -> bool:
+    """Whether :func:`read_later` can bring ``t`` back without a host sync: it is on a CUDA
+    device (``t.is_cuda``)."""
+    return bool(t.is_cuda)
+
+
+def read_later(vectors: Sequence[torch.Tensor]) -> Read:
+    """Start bringing CUDA vectors to the host without waiting: per device, one ``torch.cat``
+    and one non-blocking copy into page-locked host memory (``.to("cpu", non_blocking=True)``),
+    then an event recorded on the current stream. The caller's thread never synchronises;
+    another thread waits for the event (:func:`wait_copy`) and reads the copies
+    (:func:`read_rows`)."""
+    read = Read()
+    read.lengths = [int(v.shape[0]) for v in vectors]
+    by_device: dict[torch.device, list[int]] = {}
+    for i, vec in enumerate(vectors):
+        by_device.setdefault(vec.device, []).append(i)
+    for indices in by_device.values():
+        flat = torch.cat([vectors[i] for i in indices]) if len(indices) > 1 else vectors[indices[0]]
+        read.hosts.append(flat.to("cpu", non_blocking=True))  # pinned, queued after the stats
+        read.indices.append(indices)
+    read.stream = torch.cuda.current_stream()
+    read.event = torch.cuda.Event()
+    read.event.record(read.stream)
+    return read
+
+
+def read_rows(read: Read) -> list[list[float]]:
+    """The vectors of ``read`` as host lists, in the order given to :func:`read_later`; call it
+    once :func:`wait_copy` returned for ``read.event`` (it then reads host memory only)."""
+    out: list[list[float] | None] = [None] * len(read.lengths)
+    for host, indices in zip(read.hosts, read.indices):
+        values = host.tolist()
+        start = 0
+        for i in indices:
+            end = start + read.lengths[i]
+            out[i] = values[start:end]
+            start = end
+    return out  # type: ignore[return-value]
+
+
+def on_stream(stream: Any) -> Any:
+    """A context in which this thread launches on ``stream`` (``torch.cuda.stream``): a
+    statistic computed off the caller's thread runs after the caller's work on its stream."""
+    return torch.cuda.stream(stream)
 
 
 # --------------------------------------------------------------------------- flight recorder copies

@@ -23,6 +23,7 @@ Every query also notes what it saw (start reached, end reached) for the fault su
 from __future__ import annotations
 
 import collections
+import itertools
 import os
 import random
 import threading
@@ -89,7 +90,7 @@ class Pair:
         self.stream: Any = None
         self.stream_id: int | str = 0
         self.device = 0
-        self.ended = False  # the end event was recorded
+        self.ended = 0  # when the end event was recorded (the order of end records), 0: not yet
         self.start_seen = False  # a query found the start event complete
         self.end_seen = False
         self.seen_ns = 0  # host time the end was found complete
@@ -124,8 +125,10 @@ class DeviceTime:
         self.faults: dict[int, cuda_fault.Verdict] = {}
         self._lock = threading.Lock()  # held, active's flags, calibration, faults
         self._grow_lock = threading.Lock()
-        self._calibration: dict[int, tuple[int, Any, float]] = {}  # device -> host ns, ref, when
+        # device -> its last two references (host ns, event, when taken), the newest last
+        self._calibration: dict[int, list[tuple[int, Any, float]]] = {}
         self._child_plans: dict[Any, Plan] = {}
+        self._tick = itertools.count(1).__next__  # the order of end records (the fence)
 
     # ------------------------------------------------------------------ caller's thread
 
@@ -180,7 +183,7 @@ class DeviceTime:
     def end(self, call: Call) -> None:
         pair = call.device
         if pair is not None and not pair.ended:
-            pair.ended = True
+            pair.ended = self._tick()
             try:
                 self._record(pair.end, pair.stream)
             except Exception as exc:
@@ -189,7 +192,7 @@ class DeviceTime:
             self.raised(call)
 
     def record_end(self, pair: Pair) -> None:
-        pair.ended = True
+        pair.ended = self._tick()
         try:
             self.backend.record(pair.end, pair.stream)
         except Exception as exc:
@@ -250,15 +253,41 @@ class DeviceTime:
             queue.extendleft(reversed(ready))
 
     def _observe(self) -> None:
-        """Query every pending pair once, in record order; a stream's later events cannot have
-        completed when an earlier one has not, so its queries stop there."""
+        """Learn which pending pairs completed, with as few queries as the streams allow.
+
+        First one query per stream, of its fence: the end event recorded last on it. A stream
+        runs its work in order, so when the fence has completed every event recorded on that
+        stream before it has too (one ``cudaEventQuery`` for a whole batch: queries and the
+        caller's launches contend in the driver). Otherwise every pending pair is queried once,
+        in record order; a stream's later events cannot have completed when an earlier one has
+        not, so its queries stop there."""
+        fences: dict[tuple[int, int | str], Pair] = {}
+        for pair in self.active:
+            if pair.ended and not pair.end_seen:
+                key = (pair.device, pair.stream_id)
+                fence = fences.get(key)
+                if fence is None or pair.ended > fence.ended:
+                    fences[key] = pair
+        passed: dict[tuple[int, int | str], int] = {}
+        for key, fence in fences.items():
+            if self._look(fence):
+                passed[key] = fence.ended
+        now = time.time_ns()
         stalled: set[Any] = set()
         for pair in list(self.active):
-            if pair.end_seen or (pair.device, pair.stream_id) in stalled:
-                continue
-            if not self._look(pair):
-                stalled.add((pair.device, pair.stream_id))
-            elif pair.call is None:  # its span went out unresolved: the pair is free again
+            key = (pair.device, pair.stream_id)
+            if not pair.end_seen:
+                reached = passed.get(key)
+                if reached is not None and pair.ended and pair.ended <= reached:
+                    # recorded on this stream before its completed fence: completed too
+                    pair.start_seen = pair.end_seen = True
+                    pair.seen_ns = now
+                elif key in stalled or key in passed:
+                    continue  # recorded after the fence, or behind an incomplete event
+                elif not self._look(pair):
+                    stalled.add(key)
+                    continue
+            if pair.call is None:  # its span went out unresolved: the pair is free again
                 self._free(pair)
 
     def _look(self, pair: Pair) -> bool:
@@ -267,12 +296,12 @@ class DeviceTime:
             return False
         query = self.backend.query
         try:
-            if not pair.start_seen:
+            # the end first: when it has completed, so has the start recorded before it
+            if pair.ended and not pair.end_seen and query(pair.end):
+                pair.start_seen = pair.end_seen = True
+                pair.seen_ns = time.time_ns()
+            elif not pair.start_seen:
                 pair.start_seen = query(pair.start)
-            if pair.start_seen and pair.ended and not pair.end_seen:
-                if query(pair.end):
-                    pair.end_seen = True
-                    pair.seen_ns = time.time_ns()
         except Exception as exc:
             self._query_failed(exc, pair.device)
             return False
@@ -349,25 +378,35 @@ class DeviceTime:
     def _free(self, pair: Pair) -> None:
         self.active.pop(pair, None)
         pair.call = None
-        pair.ended = pair.start_seen = pair.end_seen = False
+        pair.ended = 0
+        pair.start_seen = pair.end_seen = False
         self.free.append(pair)
 
     def _host_ns(self, pair: Pair, call_start_ns: int) -> int | None:
         """Host time (ns) at which the device reached ``pair.start``, from a reference event:
-        ``elapsed`` is measured forwards, from whichever of the two the device reached first."""
-        cal = self._calibration.get(pair.device)
+        ``elapsed`` is measured forwards, from whichever of the two the device reached first.
+
+        A reference serves a call only when it surely ran before the call's start or after its
+        end. The last two are kept: a call that was running while the newest was taken uses
+        the one before, so a reference is taken about once a second, not once per call that
+        straddles the last one."""
+        cals = self._calibration.get(pair.device)
         # the start event was recorded just before call_start_ns: a reference 1 ms older surely
         # ran before it; one taken after the end was seen complete surely ran after it
         before = call_start_ns - _MARGIN_NS
-        if (
-            cal is None
-            or time.monotonic() - cal[2] > _RECALIBRATE
-            or not (cal[0] < before or cal[0] > pair.seen_ns)
-        ):
+        cal = None
+        if cals:
+            for candidate in reversed(cals):
+                if candidate[0] < before or candidate[0] > pair.seen_ns:
+                    cal = candidate
+                    break
+        if cal is None or time.monotonic() - cals[-1][2] > _RECALIBRATE:  # type: ignore[index]
             found = self.backend.reference(pair.device, _REFERENCE_TIMEOUT)
-            if found is None:
+            if found is not None:
+                cal = (found[0], found[1], time.monotonic())  # taken now: after the end was seen
+                self._calibration[pair.device] = [*(cals or [])[-1:], cal]
+            elif cal is None:
                 return None
-            cal = self._calibration[pair.device] = (found[0], found[1], time.monotonic())
         host, ref = cal[0], cal[1]
         if host < before:  # the reference ran before the call's start was recorded
             return host + round(self.backend.elapsed_ms(ref, pair.start) * 1e6)

@@ -93,13 +93,38 @@ def is_cuda_error(exc: BaseException) -> bool:
 
 
 class CudaEvents:
-    """:class:`EventBackend` over ``torch.cuda`` (unverified where docs/gpu.md says so)."""
+    """:class:`EventBackend` over ``torch.cuda`` (unverified where docs/gpu.md says so).
 
-    def __init__(self) -> None:
-        import torch
+    What a call costs the caller's thread (``stream`` once, ``record`` twice), each a C getter
+    of torch's, never a Python stream object: ``torch._C._cuda_isCurrentStreamCapturing()``
+    (the capture query: an event recorded into someone's graph capture would change their
+    graph, so it is asked per call, ~0.1 µs), ``torch._C._cuda_getDevice()``,
+    ``torch._C._cuda_getCurrentRawStream(device)`` (the stream's handle, ~0.2 µs against
+    ~4.4 µs for ``torch.cuda.current_stream()``, pytorch PRs #78066/#78165), and
+    ``torch._C._CudaEventBase.record(event, stream)`` (``cudaEventRecord`` without
+    ``torch.cuda.Event.record``'s Python frame). ``torch.cuda.current_stream()`` runs only the
+    first time a handle is seen: its stream object is kept, keyed by handle. A stream destroyed
+    and another created at the same handle (only a user's ``ExternalStream`` can do that) keeps
+    the first one's ``stream_id`` until the cache is cleared (``_MAX_STREAMS``); the events are
+    still recorded on the right CUDA stream, since a stream object records by its handle.
+    ``torch_module`` replaces ``torch`` (tests: a counting stand-in)."""
 
-        self._cuda = torch.cuda
+    def __init__(self, torch_module: Any = None) -> None:
+        if torch_module is None:
+            import torch as torch_module
+        cuda = self._cuda = torch_module.cuda
+        native = torch_module._C
         self._streams: dict[int, Any] = {}  # device -> a stream of our own for reference events
+        self._known: dict[int, tuple[Any, int | str, int]] = {}  # raw handle -> stream, id, device
+        self._refs: dict[int, list[Any]] = {}  # device -> reference events, reused
+        # C getters where this torch has them, else the public (slower) ones
+        self._capturing = getattr(
+            native, "_cuda_isCurrentStreamCapturing", cuda.is_current_stream_capturing
+        )
+        self._device = getattr(native, "_cuda_getDevice", cuda.current_device)
+        self._raw = getattr(native, "_cuda_getCurrentRawStream", None)
+        base = getattr(native, "_CudaEventBase", None)
+        self._record = getattr(base, "record", None) if base is not None else None
 
     def ready(self) -> bool:
         try:
@@ -108,17 +133,32 @@ class CudaEvents:
             return False
 
     def stream(self) -> tuple[Any, int | str, int] | None:
-        cuda = self._cuda
-        if cuda.is_current_stream_capturing():
+        # Hot path (every call): three C getters and a dict lookup, no Python stream object.
+        if self._capturing():
             return None
-        s = cuda.current_stream()
-        return s, s.stream_id, s.device_index
+        raw = self._raw
+        if raw is None:  # a torch without the raw getter: the public, slower path
+            s = self._cuda.current_stream()
+            return s, s.stream_id, s.device_index
+        device = self._device()
+        handle = raw(device)
+        known = self._known.get(handle)
+        if known is None:
+            if len(self._known) >= _MAX_STREAMS:
+                self._known.clear()
+            s = self._cuda.current_stream(device)
+            known = self._known[handle] = (s, s.stream_id, s.device_index)
+        return known
 
     def new_event(self) -> Any:
         return self._cuda.Event(enable_timing=True)
 
     def record(self, event: Any, stream: Any) -> None:
-        event.record(stream)
+        record = self._record
+        if record is None:
+            event.record(stream)
+        else:
+            record(event, stream)  # cudaEventRecord, without Event.record's Python frame
 
     def query(self, event: Any) -> bool:
         return bool(event.query())
@@ -131,16 +171,28 @@ class CudaEvents:
         stream = self._streams.get(device)
         if stream is None:
             stream = self._streams[device] = cuda.Stream(device=device, priority=-1)
-        event = cuda.Event(enable_timing=True)
+        # two events per device, used in turn: the caller keeps the latest reference and the
+        # one before it (devices/device_time.py), so the third record may reuse the first
+        refs = self._refs.setdefault(device, [])
+        if len(refs) < 3:
+            refs.append(cuda.Event(enable_timing=True))
+        event = refs.pop(0)
+        refs.append(event)
         before = time.time_ns()
-        event.record(stream)  # an idle stream of our own: it runs at once
+        self.record(event, stream)  # an idle stream of our own: it runs at once
         deadline = time.monotonic() + timeout
         while not event.query():  # polled, not synchronised: a hung device ends the wait
             if time.monotonic() > deadline:
                 return None
-            time.sleep(0)
+            # a short sleep, not sleep(0): each wake takes the GIL from a caller launching
+            # kernels, and the event needs only microseconds on a stream of its own
+            time.sleep(_POLL)
         after = time.time_ns()
         return (before + after) // 2, event
+
+
+_MAX_STREAMS = 256  # stream handles remembered (a program uses a few)
+_POLL = 20e-6  # seconds between polls of a reference event
 
 
 class FakeEvent:

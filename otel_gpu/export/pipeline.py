@@ -108,6 +108,9 @@ class Pipeline:
         self._own_provider: SdkTracerProvider | None = None
         self._after_drain: list[Any] = []  # destinations' batch writes: after every chunk
         self._after_drain_hooks: list[Any] = []  # add_after_drain (the watchdog): drains only
+        self._before_flush: list[
+            Callable[[float], Any]
+        ] = []  # add_before_flush: calls on their way
         self._counters: list[Any] = []  # own destinations' exporters, counting confirmed spans
         self.native = False  # the processors take SpanData (own provider, native encoders)
         self.metrics: MetricsSink | None = None  # OTEL_GPU_METRICS: fed each chunk's calls
@@ -173,6 +176,19 @@ class Pipeline:
         """otel-gpu's own destinations' exporters, each counting the spans it confirmed (the
         exit report and the metrics' summary read them)."""
         return self._counters
+
+    def add_before_flush(self, hook: Callable[[float], Any]) -> None:
+        """Call ``hook(timeout)`` at the start of every flush and at exit: it waits (within
+        ``timeout`` seconds) for calls still on their way to :meth:`submit` (the level-5
+        statistics reader, calls/stats_reader.py)."""
+        self._before_flush.append(hook)
+
+    def _calls_on_their_way(self, deadline: float) -> None:
+        for hook in tuple(self._before_flush):
+            try:
+                hook(max(deadline - time.monotonic(), 0.0))
+            except Exception as exc:
+                self.report_internal("export", exc)
 
     def add_after_drain(self, hook: Callable[[], Any]) -> None:
         """Run ``hook`` on the export thread after each drain (every ~100 ms), e.g. a heartbeat."""
@@ -387,6 +403,8 @@ class Pipeline:
         """Export everything queued so far; True when the processors confirmed within ``timeout``."""
         timeout = self.settings.flush_timeout if timeout is None else timeout
         deadline = time.monotonic() + timeout
+        if self._before_flush:
+            self._calls_on_their_way(deadline)
         self.drain(deadline)
         for observer in self.observers:  # e.g. the flight recorder's queued output files
             try:
@@ -435,6 +453,8 @@ class Pipeline:
         bounded = timeout is not None or self.settings.flush_timeout_explicit
         timeout = self.settings.flush_timeout if timeout is None else timeout
         deadline = time.monotonic() + timeout
+        if self._before_flush:  # calls still on their way come into the queue first
+            self._calls_on_their_way(deadline)
         self._stopped = True
         self._wake.set()
         if bounded:  # the user chose a bound: what is not built within it is dropped, counted

@@ -140,11 +140,7 @@ class Recorder:
         self._queued_bytes = 0
         self._closing = False
         self._errors: list[BaseException] = []
-        try:
-            if not _files.make_dirs(self.root):  # created 0700, parents too, or the user's own
-                _files.warn_if_shared(self.root, "dump dir (OTEL_GPU_DUMP_DIR)")
-        except OSError as exc:
-            self._fail(exc)
+        self._root_made = False  # the folder is created by the first call dumped, not before
         self._writer = threading.Thread(target=self._write_loop, name="otel-gpu-dump", daemon=True)
         self._writer.start()
         _limits.watch(self)
@@ -237,10 +233,27 @@ class Recorder:
             self._selected[name] = selected
         if not selected:
             return "filtered"
+        if not self._root_made:
+            self._make_root()
+            if self.stopped is not None:
+                return self.stopped
         capturing = plan.capture_stats  # _gpu.is_capturing where CUDA exists, decided at decoration
         if capturing is not None and capturing():
             return "cuda_graph_capture"
         return None
+
+    def _make_root(self) -> None:
+        """Create the dump folder (0700, parents too, or the user's own) when a first call is
+        to be written into it: a process whose calls never reach level 10 creates none."""
+        with self._lock:
+            if self._root_made:
+                return
+            try:
+                if not _files.make_dirs(self.root):
+                    _files.warn_if_shared(self.root, "dump dir (OTEL_GPU_DUMP_DIR)")
+            except OSError as exc:
+                self._fail(exc)
+            self._root_made = True
 
     def _reserve(self, nbytes: int, new_call: bool) -> str | None:
         """Count a call and its bytes against the limits before anything is copied."""

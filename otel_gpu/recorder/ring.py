@@ -10,6 +10,9 @@ as flight-recorder dumps (``otel-gpu replay`` re-runs them) when:
   whose outputs hold NaN/Inf while its inputs are finite, and the first non-finite call of the
   process; calls that merely pass a NaN on are not dumped again (``OTEL_GPU_RING=0`` with
   ``dump`` writes the call alone);
+* a trigger rule with ``dump: true`` fires on a call (:meth:`Ring.dump_call`: the same dump, the
+  call with its outputs for ``nonfinite``, named by its span id); which call produced a NaN is
+  one verdict shared with the triggers (``recorder/nonfinite.py``);
 * a call is stuck (``OTEL_GPU_STUCK_AFTER``; the call as in flight);
 * the process gets ``SIGTERM`` (every call in flight), before the previous handler runs.
 
@@ -37,8 +40,8 @@ from otel_gpu import _files, _guard
 from otel_gpu.attributes import RING_DUMP_DIR
 from otel_gpu.calls import describe, metadata
 from otel_gpu.config import Settings, expand_path
+from otel_gpu.recorder import nonfinite, tensor_files
 from otel_gpu.recorder import target as _target
-from otel_gpu.recorder import tensor_files
 
 if TYPE_CHECKING:
     from otel_gpu.core.plan import Plan
@@ -101,8 +104,8 @@ class Ring:
         self.active: dict[int, _Entry] = {}
         self.dumps = 0
         self.on_nonfinite_dump = settings.on_nonfinite == "dump"
-        self.seen_nonfinite = False
-        self._explained: set[int] = set()  # span ids whose NaN output a call inside produced
+        self.origins = nonfinite.Origins()
+        """Which call produced a NaN: shared with the nonfinite triggers (one verdict a call)."""
         self._lock = threading.RLock()
         self._targets: dict[Plan, _target.Target] = {}
         self._buffers = tensor_files.HostBuffers(self.max_bytes)
@@ -147,39 +150,30 @@ class Ring:
         else:
             entry.status = "completed"
         self._keep(entry)
-        reason = None
         if call.exc is not None:
-            reason = "raised"
-        elif self.on_nonfinite_dump and call.stats and self._produced_nonfinite(call):
-            reason = "nonfinite"
-        if reason is not None:
-            directory = self.dump(
-                reason, entry, result=call.result if reason == "nonfinite" else None
-            )
-            if directory is not None:
-                call.span.set_attribute(ATTR_RING_DIR, directory)
+            self._dump_ended(call, entry, "raised")
+        elif self.on_nonfinite_dump and self.origins.produced(call):
+            self._dump_ended(call, entry, "nonfinite")
 
-    def _produced_nonfinite(self, call: Call) -> bool:
-        """Dump a call that produced NaN/Inf: its outputs hold some, its inputs are finite, and no
-        call inside it produced them; and the first non-finite call of the process whatever its
-        inputs (they came from code otel-gpu does not see). Calls that merely pass a NaN on, and
-        callers whose NaN came from a call inside them, are not dumped again: one NaN would
-        otherwise dump every call that follows it."""
-        results = call.stats
-        bad_in = any(r.nonfinite for r in results if r.key.startswith("input."))
-        bad_out = any(r.nonfinite for r in results if r.key.startswith("output."))
-        if not (bad_in or bad_out):
-            return False
-        span_id = call.span.get_span_context().span_id
-        explained = span_id in self._explained
-        self._explained.discard(span_id)
-        if bad_out and call.parent is not None:  # the caller's NaN output is explained by this
-            if len(self._explained) > 65536:
-                self._explained.clear()
-            self._explained.add(call.parent.span_id)
-        first = not self.seen_nonfinite
-        self.seen_nonfinite = True
-        return first or (bad_out and not bad_in and not explained)
+    def dump_call(self, call: Call, reason: str) -> str | None:
+        """Dump the ring with ``call``, which ended and is kept in it, as the trigger (a trigger
+        rule fired on it): named by its span id, with its outputs when ``reason`` is
+        ``nonfinite``; the call's span carries the directory. The same dump
+        ``OTEL_GPU_ON_NONFINITE=dump`` writes. A call no longer in the ring (a ring of size 0, or
+        a device-clock trigger judged later) dumps the calls the ring holds, still named by its
+        span id; None when there are none or nothing could be written."""
+        span_id = f"{call.span.get_span_context().span_id:016x}"
+        with self._lock:
+            entry = next((e for e in reversed(self.entries) if e.span_id == span_id), None)
+        if entry is None:
+            return self.dump(reason, None, span_id=span_id)
+        return self._dump_ended(call, entry, reason)
+
+    def _dump_ended(self, call: Call, entry: _Entry, reason: str) -> str | None:
+        directory = self.dump(reason, entry, result=call.result if reason == "nonfinite" else None)
+        if directory is not None:
+            call.span.set_attribute(ATTR_RING_DIR, directory)
+        return directory
 
     def flush(self, timeout: float) -> bool:
         """Nothing queued: a ring writes only when triggered."""
@@ -200,15 +194,20 @@ class Ring:
             entry = self.active.get(id(call))
         return self.dump(reason, entry)
 
-    def dump(self, reason: str, trigger: _Entry | None, result: Any = None) -> str | None:
-        """Write the ring's calls and ``trigger`` as flight-recorder dumps; returns the directory."""
+    def dump(
+        self, reason: str, trigger: _Entry | None, result: Any = None, span_id: str | None = None
+    ) -> str | None:
+        """Write the ring's calls and ``trigger`` as flight-recorder dumps; returns the directory
+        (named by the trigger's span id, else ``span_id``, else zeros)."""
         try:
-            return self._dump(reason, trigger, result)
+            return self._dump(reason, trigger, result, span_id)
         except Exception as exc:  # a full disk must never break the program being observed
             _guard.internal_error("ring", exc)
             return None
 
-    def _dump(self, reason: str, trigger: _Entry | None, result: Any) -> str | None:
+    def _dump(
+        self, reason: str, trigger: _Entry | None, result: Any, name_id: str | None
+    ) -> str | None:
         from otel_gpu.recorder import call_manifest
 
         with self._lock:
@@ -217,7 +216,7 @@ class Ring:
                 entries.append(trigger)
             if not entries:
                 return None
-            span_id = trigger.span_id if trigger is not None else "0" * 16
+            span_id = trigger.span_id if trigger is not None else (name_id or "0" * 16)
             directory = _make_ring_dir(self.root, reason, span_id)
             for entry in sorted(entries, key=lambda e: e.start_ns):
                 with_outputs = entry is trigger and reason == "nonfinite"

@@ -55,9 +55,10 @@ def test_levels_1_and_3_make_no_host_sync(otel_gpu_spans, level):
 
 
 def test_level_5_makes_exactly_one_host_read_per_clean_call(otel_gpu_spans):
-    """Level 5: one device-to-host read per clean call for all its tensors, two with NaN, and
-    no other synchronisation (the refine pass masks, it never indexes by a boolean mask)."""
-    otel_gpu_spans(level=5)
+    """Level 5 with OTEL_GPU_STATS_READ=sync: one device-to-host read per clean call for all its
+    tensors, two with NaN, and no other synchronisation (the refine pass masks, it never
+    indexes by a boolean mask)."""
+    otel_gpu_spans(level=5, stats_read="sync")
     combine = _lib()
     x, y = torch.randn(64, device="cuda"), torch.randn(64, device="cuda")
     combine(x, y)
@@ -68,6 +69,40 @@ def test_level_5_makes_exactly_one_host_read_per_clean_call(otel_gpu_spans):
     reads = cuda.host_reads
     assert _syncs(lambda: combine(x, y)) == 2  # the refine pass: one more read
     assert cuda.host_reads - reads == 2
+
+
+def test_level_5_by_default_never_synchronises_the_caller(otel_gpu_spans):
+    """Level 5 with the defaults (OTEL_GPU_STATS_READ=async, the mark policy): a call, clean or
+    with NaN, makes no synchronising CUDA call on the caller's thread (sync debug mode error),
+    and its statistics, read off that thread, equal value for value those of a synchronous
+    read of the same tensors."""
+    x, y = torch.randn(64, device="cuda"), torch.randn(64, device="cuda")
+    x2 = x.clone()
+    x2[0] = float("nan")
+    got = {}
+    for mode in ("sync", "async"):
+        spans = otel_gpu_spans(level=5, stats_read=mode)
+        combine = _lib()
+        combine(x, y)  # first call: lazy set-up outside the measured calls
+        torch.cuda.synchronize()
+        otel_gpu.flush()
+        spans.clear()
+        if mode == "async":
+            # the stream is kept busy (~0.2 s) so that the reader thread's own reads (the NaN
+            # pass) come after the error window, which covers the caller's thread alone
+            torch.cuda._sleep(400_000_000)
+            torch.cuda.set_sync_debug_mode("error")
+        try:
+            combine(x, y)
+            combine(x2, y)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        got[mode] = [
+            [dict(e.attributes) for e in s.events if e.name == "otel_gpu.stats"]
+            for s in spans.get()
+        ]
+    assert got["async"] == got["sync"]
+    assert any(e.get("nan_count") == 1 for span in got["async"] for e in span)
 
 
 def test_recorder_host_buffers_are_pinned(otel_gpu_spans, tmp_path):

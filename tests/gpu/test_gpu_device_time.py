@@ -89,6 +89,36 @@ def test_device_duration_of_a_known_kernel_while_the_host_span_is_short(otel_gpu
     assert span.attributes[DEVICE_STREAM] == torch.cuda.current_stream().stream_id
 
 
+def test_a_call_on_a_side_stream_is_timed_on_that_stream(otel_gpu_spans):
+    """The stream is found through its raw handle and a kept stream object: a call made under
+    ``torch.cuda.stream(side)`` records its events on the side stream (its id on the span, and
+    its 30 ms kernel timed there), and the next call on the default stream is on that one again."""
+    torch.cuda.init()
+    cycles = int(30 * _cycles_per_ms())
+    reference = _reference_ms(cycles) / 1e3
+    spans = otel_gpu_spans(level=1)
+
+    @otel_gpu.api
+    def sleeper(n):
+        torch.cuda._sleep(n)
+
+    sleeper(1000)
+    torch.cuda.synchronize()
+    otel_gpu.flush()
+    spans.clear()
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        sleeper(cycles)
+    (span,) = _wait_for(spans, "sleeper", DEVICE_DURATION)
+    assert span.attributes[DEVICE_STREAM] == side.stream_id
+    assert span.attributes[DEVICE_DURATION] == pytest.approx(reference, rel=0.10)
+    torch.cuda.synchronize()
+    spans.clear()
+    sleeper(1000)
+    (span,) = _wait_for(spans, "sleeper", DEVICE_DURATION)
+    assert span.attributes[DEVICE_STREAM] == torch.cuda.current_stream().stream_id
+
+
 def test_queue_delay_when_the_stream_is_busy(otel_gpu_spans):
     """Behind 50 ms of earlier work on the stream, a tiny call's queue delay is about 50 ms and
     its device duration small; its ``[device]`` child (level 3) starts that much later."""

@@ -64,9 +64,11 @@ def test_delta_and_peak_of_a_known_allocation(otel_gpu_spans):
     del out
 
 
-def test_nested_call_has_a_delta_but_no_peak(otel_gpu_spans):
-    """The inner call of two gets its own delta and no peak; the outer one gets both."""
-    spans = otel_gpu_spans(level=3)
+@pytest.mark.parametrize("calls", ["all", "outermost"])
+def test_nested_call_has_a_delta_but_no_peak(otel_gpu_spans, calls):
+    """With OTEL_GPU_DEVICE_MEMORY_CALLS=all the inner call of two gets its own delta and no
+    peak; with outermost (the default) it reads nothing; the outer one gets both either way."""
+    spans = otel_gpu_spans(level=3, device_memory_calls=calls)
 
     @otel_gpu.api
     def inner():
@@ -82,7 +84,10 @@ def test_nested_call_has_a_delta_but_no_peak(otel_gpu_spans):
     before = torch.cuda.memory_allocated()
     out = outer()
     inner_span, outer_span = _span(spans, ".inner"), _span(spans, ".outer")
-    assert inner_span.attributes[MEMORY_ALLOCATED_DELTA] == 16 * MiB
+    if calls == "all":
+        assert inner_span.attributes[MEMORY_ALLOCATED_DELTA] == 16 * MiB
+    else:
+        assert MEMORY_ALLOCATED_DELTA not in inner_span.attributes
     assert MEMORY_PEAK not in inner_span.attributes
     assert outer_span.attributes[MEMORY_ALLOCATED_DELTA] == 24 * MiB
     assert outer_span.attributes[MEMORY_PEAK] == before + 24 * MiB

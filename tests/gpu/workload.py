@@ -1,7 +1,8 @@
 """A short real workload on a GPU: a tiny GPT2 built from a config, every module instrumented.
 
 Run by ``tests/gpu/run.sh`` after the GPU suite (it needs CUDA and transformers; without them it
-says so and exits 0). For each level in 0, 1, 3, 5 and 10, and level 1 with device time off, a
+says so and exits 0). For each level in 0, 1, 3, 5 and 10, level 1 with device time off and level
+3 with memory read by every call (OTEL_GPU_DEVICE_MEMORY_CALLS=all), a
 fresh process (the level is read at decoration):
 
 - builds the model on ``cuda``, keeps its logits uninstrumented as the reference, then wraps
@@ -33,12 +34,14 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-# (label, level, extra settings): level 1 also with device time off, for its cost on the GPU
+# (label, level, extra settings): level 1 also with device time off, for its cost on the GPU;
+# level 3 also with memory read by every call, not only the outermost (the default)
 CONFIGS: tuple[tuple[str, int, dict[str, str]], ...] = (
     ("0", 0, {}),
     ("1", 1, {}),
     ("1-device-time-off", 1, {"OTEL_GPU_DEVICE_TIME": "off"}),
     ("3", 3, {}),
+    ("3-memory-all-calls", 3, {"OTEL_GPU_DEVICE_MEMORY_CALLS": "all"}),
     ("5", 5, {}),
     ("10", 10, {}),
 )
@@ -207,7 +210,9 @@ if __name__ == "__main__":
     flags = ("--device", "cpu", "--no-compile", "--no-replay")
     args = [a for a in sys.argv[1:] if a not in flags]
     if len(args) != 1:
-        sys.exit("usage: python tests/gpu/workload.py OUT [--device cpu] [--no-compile] [--no-replay]")
+        sys.exit(
+            "usage: python tests/gpu/workload.py OUT [--device cpu] [--no-compile] [--no-replay]"
+        )
     device = "cpu" if "cpu" in sys.argv[1:] else "cuda"
     compile_, replay = "--no-compile" not in sys.argv[1:], "--no-replay" not in sys.argv[1:]
     sys.exit(main(Path(args[0]), device, compile_, replay))

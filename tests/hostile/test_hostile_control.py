@@ -72,6 +72,14 @@ REFUSED = [
     (b'{"document": {"reset": "yes"}}', "reset must be"),
     (b'{"document": {"reset": true, "level": 10}}', "reset goes alone"),
     (b'{"document": {}}', "changes something"),
+    # a level equal to one but not a whole number (the old parser compared 5.0 == 5)
+    (b'{"document": {"level": 5.0}}', "level must be one of"),
+    (b'{"document": {"level": 1e1}}', "level must be one of"),
+    (b'{"document": {"triggers": [{"on": "nonfinite", "level": 10.0}]}}', "level must be one of"),
+    # a field named twice: json.loads keeps the last, so {"level":10,"level":0} applied level 0
+    (b'{"document": {"level": 10, "level": 0}}', "'level' is named twice"),
+    (b'{"show": true, "show": true}', "'show' is named twice"),
+    (b'{"document": {"level": 1}, "document": {"level": 10}}', "'document' is named twice"),
 ]
 
 
@@ -143,16 +151,43 @@ def test_an_oversized_request_is_removed_unread(armed_process, tmp_path):
     assert state.effective() == before and not os.path.exists(listener.request)
 
 
-def test_a_directory_at_the_request_name_does_not_stop_the_listener(armed_process, tmp_path):
-    """A directory where the request goes is left alone and answered by nothing; a later real
-    request is still answered."""
+def test_a_directory_at_the_request_name_does_not_block_control(armed_process, tmp_path):
+    """A directory planted where the request goes is answered by nothing, and does not block
+    control until someone removes it: an empty one is removed, one with files in it is moved
+    aside under a hidden name (its contents untouched, not followed); the next real request
+    is answered, and the command can write it (a file cannot be renamed over a directory)."""
     listener = _listener(tmp_path)
     os.mkdir(listener.request)
     assert listener.check() is False
-    os.rmdir(listener.request)
+    assert not os.path.exists(listener.request)
+    os.mkdir(listener.request)
+    with open(os.path.join(listener.request, "keep"), "w") as f:
+        f.write("theirs")
+    os.symlink("/", os.path.join(listener.request, "root"))
+    assert listener.check() is False
+    assert not os.path.exists(listener.request)
+    (aside,) = [n for n in os.listdir(listener.directory) if ".planted-" in n]
+    assert aside.startswith(".") and sorted(
+        os.listdir(os.path.join(listener.directory, aside))
+    ) == [
+        "keep",
+        "root",
+    ]
+    channel._files.write_atomic_bytes(
+        listener.directory, os.path.basename(listener.request), b'{"show": true}'
+    )
+    assert listener.check() is True
+
+
+def test_a_directory_at_the_reply_name_does_not_lose_the_reply(armed_process, tmp_path):
+    """A directory planted at the reply's name is cleared before the reply is renamed there."""
+    listener = _listener(tmp_path)
+    reply = channel.reply_path(listener.directory, listener.pid)
+    os.mkdir(reply)
     with open(listener.request, "w") as f:
         json.dump({"show": True}, f)
     assert listener.check() is True
+    assert json.loads(open(reply).read())["applied"] is True
 
 
 def test_a_link_planted_at_the_reply_name_is_replaced_not_written_through(armed_process, tmp_path):
