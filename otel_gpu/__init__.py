@@ -15,7 +15,9 @@ import torch.
 
 from __future__ import annotations
 
+import atexit
 import importlib
+import sys
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ imports on use
@@ -83,3 +85,44 @@ def settings() -> Settings:
     from otel_gpu import config
 
     return config.current()
+
+
+def _instrument_left_unapplied() -> None:
+    """At exit: one warning where ``OTEL_GPU_INSTRUMENT`` names a module this program imported
+    and nothing applied the variable (no ``import otel_gpu.auto``, no ``otel-gpu run``, no
+    ``opentelemetry-instrument``, nothing decorated or configured): its calls made no span."""
+    if "otel_gpu.cli" in sys.modules:  # otel-gpu's own commands are not the program
+        return
+    targets = sys.modules.get("otel_gpu.instrumentation.targets")
+    if targets is not None and targets.applied_how() is not None:
+        return
+    try:
+        from otel_gpu import _guard, config
+
+        if not config.in_environment("instrument"):
+            return  # the usual case: one dictionary lookup
+        wanted = config.current()
+    except Exception:  # a bad setting is reported where it is used, not at exit
+        return
+    if not wanted.instrument or (wanted.level == 0 and not wanted.controllable):
+        return
+    names = [spec for spec in wanted.instrument if _imported(spec)]
+    if names:
+        _guard.logger.warning(
+            "otel-gpu: OTEL_GPU_INSTRUMENT names %s, imported in this process, but nothing "
+            "applied it, so its calls made no span: `import otel_gpu.auto` first, or start the "
+            "program with `otel-gpu run` or `opentelemetry-instrument` (docs/instrument.md)",
+            ", ".join(repr(n) for n in names),
+        )
+
+
+def _imported(spec: str) -> bool:
+    import fnmatch
+
+    if set(spec) & set("*?["):
+        return any(fnmatch.fnmatchcase(name, spec) for name in list(sys.modules))
+    parts = spec.replace(":", ".").split(".")
+    return any(".".join(parts[:i]) in sys.modules for i in range(len(parts), 0, -1))
+
+
+atexit.register(_instrument_left_unapplied)

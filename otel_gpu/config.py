@@ -505,8 +505,9 @@ SETTINGS: tuple[Setting, ...] = (
         "internals and what torch needs to start (docs/instrument.md)",
         _patterns,
         "Code to instrument without editing it, applied by `otel-gpu run` and the "
-        "`opentelemetry-instrument` entry point at start-up, and otherwise at the first "
-        "decorated function, configure() or instrument() of the process: modules not yet "
+        "`opentelemetry-instrument` entry point at start-up, by `import otel_gpu.auto`, and "
+        "otherwise at the first decorated function, configure() or instrument() of the "
+        "process (a program that does none of these is warned at exit): modules not yet "
         "imported are instrumented when first imported; a name a program bound itself "
         "(from x import f) before that moment keeps the original.",
     ),
@@ -804,10 +805,11 @@ SETTINGS: tuple[Setting, ...] = (
         "OTEL_GPU_CONTROL",
         "on, off",
         _str_choice(("on", "off")),
-        "on: every decorated function, level 0 included, is a trampoline whose path live control "
-        "(otel-gpu control) can swap for another level's, per function by glob, for a time "
-        "window; level 0 costs one extra call (docs/control.md). off: level 0 is the function "
-        "itself and the level is fixed at decoration.",
+        "on: every decorated or instrumented function (instrument(), OTEL_GPU_INSTRUMENT, "
+        "instrument_module(), flashinfer), level 0 included, is a trampoline whose path live "
+        "control (otel-gpu control) can swap for another level's, per function by glob, for a "
+        "time window; level 0 costs one extra call (docs/control.md). off: level 0 is the "
+        "function itself, nothing is instrumented, and the level is fixed at decoration.",
     ),
     Setting(
         "triggers",

@@ -230,6 +230,27 @@ def test_worker_gpt2_attention_only_writes_a_span_per_attention_call(
 
 @pytest.mark.transformers
 @needs_transformers
+def test_worker_gpt2_armed_level_0_wraps_every_module_and_writes_nothing(
+    tensors, tmp_path, deferred_export
+):
+    """The gpt2arm0 row (OTEL_GPU_CONTROL=on, level 0) puts a trampoline on every module, which
+    the plain level-0 row does not, and its forwards record no span: it measures the cost of
+    being controllable, not of recording."""
+    from otel_gpu.control import state
+
+    q, k = tensors
+    cfg = worker.Gpt2({"level": 0, "control": True, "dir": str(tmp_path)}, q, k)
+    try:
+        assert cfg.instrumented >= 30 and not cfg.identity
+        sample = worker._timed_round(cfg, 3, "cpu")
+        assert sample["n"] == 3
+        assert cfg.count() is None
+    finally:
+        state.reset("test teardown")
+
+
+@pytest.mark.transformers
+@needs_transformers
 @pytest.mark.parametrize("level", [0, 1])
 def test_worker_mixtral_round_writes_a_span_per_submodule_call(
     tensors, tmp_path, deferred_export, level: int
@@ -668,6 +689,23 @@ def test_calibration_takes_the_longest_round_allowed_when_it_fits_the_target(mon
     totals[16] = 4e6
     totals[33] = 400e6  # 33 calls take longer than the target: fewer calls a round
     assert worker._calibrate(None, 0.2, "cpu", 33) < 33
+
+
+@pytest.mark.transformers
+@pytest.mark.slow
+@needs_transformers
+def test_control_row_measures_a_change_through_the_real_command():
+    """The live-control row sends real `otel-gpu control` commands to a child in a forward
+    loop: each change makes spans of the raised module, none before its control span, and the
+    text states both budgets' verdicts (the figures themselves are not asserted)."""
+    from otel_gpu.bench import control
+
+    result = control.row(quick=True)
+    assert result["ok"] is True
+    assert len(result["rounds"]["reply_s"]) == 2 == len(result["rounds"]["effect_s"])
+    assert result["rounds"]["ordered"] is True
+    assert "otel-gpu control --show, idle process" in result["text"]
+    assert "≤ 1.0 s:" in result["text"]
 
 
 def test_count_spans_leaves_out_device_time_children(tmp_path):

@@ -219,6 +219,38 @@ def test_level_0_leaves_flashinfer_untouched(otel_gpu_spans: Any) -> None:
         _flashinfer.uninstall()
 
 
+def test_the_flashinfer_target_arms_at_level_0_under_control(
+    otel_gpu_spans: Any, tmp_path: Any
+) -> None:
+    """With OTEL_GPU_CONTROL=on at level 0, the target routes FlashInfer's APIs to armed
+    trampolines: no span until otel-gpu control raises one by its span name, then that API's
+    calls are spans; uninstrument() puts FlashInfer's own objects back."""
+    from otel_gpu.control import document, state
+
+    qo_indptr = _qo_indptr_api()
+    spans = otel_gpu_spans(level=0, control="on", journal_dir=str(tmp_path / "journal"))
+    before = flashinfer.rmsnorm
+    assert otel_gpu.instrument("flashinfer")
+    try:
+        assert (
+            hasattr(flashinfer.rmsnorm, "__otel_gpu_armed__") and flashinfer.rmsnorm is not before
+        )
+        qo_indptr = _qo_indptr_api()
+        starts = torch.tensor([0, 4, 8], dtype=torch.int32)
+        assert qo_indptr(starts, 8, group_size=2).tolist() == [0, 2, 4, 6, 8]
+        otel_gpu.flush()
+        assert [s.name for s in spans.get()] == []
+        name = "flashinfer.make_q_token_kv_block_sparse_qo_indptr"
+        state.apply(document.parse({"level": 3, "include": [name], "for": None}), "test")
+        assert qo_indptr(starts, 8, group_size=2).tolist() == [0, 2, 4, 6, 8]
+        otel_gpu.flush()
+        assert [s.name for s in spans.get() if s.name != "otel_gpu.control"] == [name]
+    finally:
+        state.reset("test teardown")
+        otel_gpu.uninstrument()
+    assert flashinfer.rmsnorm is before
+
+
 _CHILD = textwrap.dedent(
     """
     import json, sys, warnings

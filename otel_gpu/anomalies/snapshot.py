@@ -88,7 +88,7 @@ class Responder:
     """On the export thread, after each drain: answer a snapshot request, if there is one."""
 
     def __init__(self, settings: Settings, pipeline: Host) -> None:
-        from otel_gpu.journal.writer import journal_dir
+        from otel_gpu.journal.directory import journal_dir
 
         self.pid = os.getpid()
         self.level = settings.level
@@ -260,7 +260,7 @@ def request(directory: str, pids: list[int], timeout: float, *, chosen: bool = T
 
     ``chosen``: the directory was set (``OTEL_GPU_JOURNAL_DIR``), not the default one, whose
     parent is shared: checked as the journal checks it."""
-    from otel_gpu.journal.writer import private_dir
+    from otel_gpu.journal.directory import private_dir
 
     private_dir(directory, shared_parent=not chosen)
     for pid in pids:

@@ -329,16 +329,24 @@ def selected(qualified: str, name: str, include: tuple[str, ...], exclude: tuple
 
 
 def emit_control_span(
-    source: str, fields: Mapping[str, Any], result: Mapping[str, Any], changed: int
+    source: str,
+    fields: Mapping[str, Any],
+    result: Mapping[str, Any],
+    changed: int,
+    start_ns: int | None = None,
 ) -> None:
     """One ``otel_gpu.control`` span (its own trace): who asked (``source``), what changed
     (``fields``), the configuration in force after it (``result``, with ``until`` when a window
-    runs) and how many functions changed path. Exported with the process's other spans."""
+    runs) and how many functions changed path. Exported with the process's other spans.
+    ``start_ns``: when the change began to apply (before any function's path was swapped), so
+    that no span of a new level starts before the span that explains it; it ends now."""
     try:
         pipe = sink.get()
         if pipe is None:
             return
-        record = standalone(Plan(CONTROL_SPAN_NAME, 1), time.time_ns())
+        now = time.time_ns()
+        record = standalone(Plan(CONTROL_SPAN_NAME, 1), now if start_ns is None else start_ns)
+        record.end_ns = now
         attrs: dict[str, Any] = {
             CONTROL_SOURCE: source,
             CONTROL_CHANGE: json.dumps(dict(fields), sort_keys=True, default=str),

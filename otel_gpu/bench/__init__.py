@@ -25,7 +25,10 @@ metrics cost per call, on the caller's thread and in total.
 ``armed0`` is level 0 with ``OTEL_GPU_CONTROL=on``: the trampoline live control can swap,
 against the bare call (and ``ours0``, the function itself). ``armed1`` is the same armed
 function switched to level 1 by live control before the rounds: against ``ours1``, a function
-decorated at level 1, it gives what a switched path costs over a decided one.
+decorated at level 1, it gives what a switched path costs over a decided one. ``gpt2arm0``
+is the tiny GPT2 forward with every module armed at level 0 by ``instrument_module`` under
+``OTEL_GPU_CONTROL=on`` (a trampoline per module, no span): against ``gpt2_0``, the plain
+forward, it is what a server pays to be controllable.
 
 ``ours5fp`` is level 5 with ``OTEL_GPU_FINGERPRINT`` on: against ``ours5`` (fingerprints off,
 the default) it gives what the fingerprint costs per call.
@@ -102,6 +105,7 @@ CONFIGS: tuple[ConfigSpec, ...] = (
     ConfigSpec("gpt2_1", "tiny GPT2 forward, level 1", "gpt2", 1),
     ConfigSpec("gpt2_3", "tiny GPT2 forward, level 3", "gpt2", 3),
     ConfigSpec("gpt2_5", "tiny GPT2 forward, level 5", "gpt2", 5),
+    ConfigSpec("gpt2arm0", "tiny GPT2 forward, armed L0", "gpt2", 0, control=True),
     ConfigSpec("gpt2att_1", "tiny GPT2, attention only, L1", "gpt2", 1, include=("*Attention",)),
     ConfigSpec("gpt2att_3", "tiny GPT2, attention only, L3", "gpt2", 3, include=("*Attention",)),
     ConfigSpec("mixtral_0", "tiny Mixtral forward, level 0", "mixtral", 0),
@@ -117,7 +121,11 @@ SECTIONS = ("otel_gpu.bench.tools",)
 (``--only`` takes it): ``measure(rounds=, spans=, log=)`` returns a section with ``budgets``,
 ``problems`` and what its ``render(section)`` turns into lines."""
 # Rows measured by their own module's row(quick), after the per-call configurations.
-_ROWS = {"sustained": "otel_gpu.bench.sustained", "device_time": "otel_gpu.bench.device_time"}
+_ROWS = {
+    "sustained": "otel_gpu.bench.sustained",
+    "device_time": "otel_gpu.bench.device_time",
+    "control": "otel_gpu.bench.control",
+}
 
 _MAX_QUEUED = (
     1024  # otel_gpu.export.pipeline._WAKE_AT: production never defers more calls than this
@@ -483,7 +491,9 @@ def register(sub: Any) -> None:
             "process, measured in interleaved rounds; medians and ratios against the budgets. "
             "Then the sustained-load row (--only sustained): 300k level-1 calls in one tight loop "
             "at default settings, the fraction of spans that reached the file and the process CPU "
-            "against FlashInfer's logger for the same calls."
+            "against FlashInfer's logger for the same calls. And the live-control row (--only "
+            "control): how fast otel-gpu control answers an idle process, and how fast a change "
+            "takes effect in one busy in a forward loop."
         ),
     )
     p.add_argument("--json", action="store_true", help="machine-readable report on stdout")

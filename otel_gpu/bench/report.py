@@ -33,6 +33,7 @@ _PEER = {
     "gpt2_5": "gpt2_0",
     "gpt2att_1": "gpt2_0",
     "gpt2att_3": "gpt2_0",
+    "gpt2arm0": "gpt2_0",  # every module armed at level 0 (OTEL_GPU_CONTROL=on), against plain
     "mixtral_1": "mixtral_0",
     "mixtral_3": "mixtral_0",
     "ours1m": "ours1",  # the call metrics' own cost: level 1 with them on, against level 1
@@ -143,6 +144,14 @@ BUDGETS: tuple[Budget, ...] = (
         "gpt2_0",
         "total",
         2.0,
+    ),
+    Budget(
+        "tiny GPT2 forward, every module armed at level 0 ≤ 1.02× the plain forward "
+        "(caller-visible)",
+        "gpt2arm0",
+        "gpt2_0",
+        "caller",
+        1.02,
     ),
     Budget(
         "tiny Mixtral forward, level 1 ≤ 1.3× level 0 (total: every span on disk)",

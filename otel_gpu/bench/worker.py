@@ -213,7 +213,8 @@ class Gpt2(Ours):
         self.model, self.ids = self.build(q.device)
         include = spec.get("include") or None
         self.spans_per_call = module_calls(self.model, self.ids, include=include)
-        # Level 0: instrument_module wraps nothing and returns 0 (the baseline of these rows).
+        # Level 0: instrument_module wraps nothing and returns 0 (the baseline of these rows);
+        # armed level 0 (gpt2arm0): every module gets a trampoline, and no span is made.
         self.instrumented = otel_gpu.instrument_module(self.model, include=include)
         self.identity = self.instrumented == 0
         self.no_grad = torch.no_grad

@@ -39,8 +39,8 @@ def _json_list(text: str) -> Any:
 
 
 def _document(args: argparse.Namespace) -> dict[str, Any] | None:
-    """The control document the flags describe; None for --show."""
-    if args.show:
+    """The control document the flags describe; None for --show and --list."""
+    if args.show or args.list:
         return None
     if args.reset:
         return {"reset": True}
@@ -73,8 +73,8 @@ def _document(args: argparse.Namespace) -> dict[str, Any] | None:
 def _main(args: argparse.Namespace) -> int:
     from otel_gpu import config
     from otel_gpu._text import printable
-    from otel_gpu.control import channel, document
-    from otel_gpu.journal.writer import journal_dir
+    from otel_gpu.control import ask, document
+    from otel_gpu.journal.directory import journal_dir
 
     def say(line: str) -> None:
         cli.say(f"otel-gpu control: {line}")
@@ -94,8 +94,14 @@ def _main(args: argparse.Namespace) -> int:
             "--sample, --ring-size, --dump-max-calls, --dump-max-bytes, --triggers, --for)"
         )
         return EXIT_USAGE
-    if args.show and args.reset:
-        say("--show or --reset, not both")
+    if args.list and (any(changes) or args.window or args.until_changed):
+        say("--list takes no change: it prints every controllable name")
+        return EXIT_USAGE
+    if sum((args.show, args.reset, args.list)) > 1:
+        say("one of --show, --reset and --list")
+        return EXIT_USAGE
+    if args.dry_run and (args.show or args.reset or args.list or not any(changes)):
+        say("--dry-run previews a change: give --level, --include, --exclude or --sample with it")
         return EXIT_USAGE
     if args.window is not None and args.until_changed:
         say("--for or --until-changed, not both")
@@ -111,25 +117,29 @@ def _main(args: argparse.Namespace) -> int:
     directory = journal_dir(settings)
     nobody = (
         f"no live otel-gpu process of this user listens for control in {directory} "
-        "(it needs OTEL_GPU_CONTROL=on and one decorated function)"
+        "(it needs OTEL_GPU_CONTROL=on and one decorated or instrumented function)"
     )
     request: dict[str, Any] = {"from": os.getpid()}
-    if doc is None:
+    if args.list:
+        request["list"] = True
+    elif doc is None:
         request["show"] = True
     else:
         request["document"] = doc
+        if args.dry_run:
+            request["dry_run"] = True
     try:
-        pids = live.targets(args, directory, channel.listening, nobody, EXIT_REFUSED)
-        if not args.all and not channel.is_listening(directory, args.pid):
+        pids = live.targets(args, directory, ask.listening, nobody, EXIT_REFUSED)
+        if not args.all and not ask.is_listening(directory, args.pid):
             raise live.Refused(
                 f"pid {args.pid} is not an otel-gpu process listening for control in {directory}: "
-                "it needs OTEL_GPU_CONTROL=on and one decorated function, and the same "
+                "it needs OTEL_GPU_CONTROL=on and one decorated or instrumented function, and the same "
                 "OTEL_GPU_JOURNAL_DIR",
                 EXIT_REFUSED,
             )
         replies = live.ask(
             directory,
-            lambda: channel.ask(
+            lambda: ask.ask(
                 directory, pids, request, args.timeout, chosen=bool(settings.journal_dir)
             ),
             EXIT_REFUSED,
@@ -146,9 +156,15 @@ def _main(args: argparse.Namespace) -> int:
                 "or exited)"
             )
             continue
+        if reply.get("dry_run") is True:
+            _print_preview(pid, reply.get("preview"), args.json)
+            continue
         if not reply.get("applied"):
             code = EXIT_REFUSED
             say(f"pid {pid} refused: {reply.get('refused')}")
+            continue
+        if args.list:
+            _print_list(pid, reply.get("functions"), args.json)
             continue
         effective = reply.get("effective")
         if args.json:
@@ -159,6 +175,40 @@ def _main(args: argparse.Namespace) -> int:
             for line in _stack(effective):
                 print(printable(f"  {line}"))
     return code
+
+
+def _print_list(pid: int, functions: Any, as_json: bool) -> None:
+    from otel_gpu._text import printable
+
+    rows = [f for f in functions if isinstance(f, dict)] if isinstance(functions, list) else []
+    if as_json:
+        print(json.dumps({"pid": pid, "functions": rows}, sort_keys=True))
+        return
+    print(printable(f"pid {pid}: {len(rows)} controllable function(s) (name, level now)"))
+    for row in rows:
+        name, qualified = str(row.get("name")), str(row.get("qualified"))
+        also = "" if qualified == name else f"  ({qualified})"
+        print(printable(f"  {name}  level {row.get('level')}{also}"))
+
+
+def _print_preview(pid: int, preview: Any, as_json: bool) -> None:
+    from otel_gpu._text import printable
+
+    if not isinstance(preview, dict):
+        preview = {}
+    if as_json:
+        print(json.dumps({"pid": pid, "preview": preview}, sort_keys=True))
+        return
+    rows = [r for r in preview.get("selected") or () if isinstance(r, dict)]
+    print(
+        printable(
+            f"pid {pid}: dry run, nothing applied: would select {len(rows)} of "
+            f"{preview.get('functions')} function(s), {preview.get('changed')} of them to "
+            "another level"
+        )
+    )
+    for row in rows:
+        print(printable(f"  {row.get('name')}  level {row.get('level')} -> {row.get('would_be')}"))
 
 
 def _summary(effective: Any) -> str:
@@ -331,6 +381,17 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--reset", action="store_true", help="back to the configured state now")
     p.add_argument("--show", action="store_true", help="print the configuration in force")
+    p.add_argument(
+        "--list",
+        action="store_true",
+        help="print every controllable name: span names (a module's path in an "
+        "instrument_module() tree) and module.qualname, with each one's level now",
+    )
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print what the change would select and to which level, applying nothing",
+    )
     add_json(p, "print each answer as one JSON line")
     live.add_timeout(p)
     p.set_defaults(func=_main)

@@ -46,10 +46,11 @@ def _main(args: argparse.Namespace) -> int:
     env = build_env(config.child_environment(), targets, level, args.dest)
     # the same validation as the program will do: a ConfigError fails here, at the front door
     settings = config.load(env=env)
-    if settings.level == 0:
+    if settings.level == 0 and not settings.controllable:
         print(
             "otel-gpu run: OTEL_GPU_LOGLEVEL is 0, so nothing is instrumented; set --level or "
-            "OTEL_GPU_LOGLEVEL to 1, 3, 5 or 10",
+            "OTEL_GPU_LOGLEVEL to 1, 3, 5 or 10, or OTEL_GPU_CONTROL=on to arm the targets at level 0 "
+            "for otel-gpu control",
             file=sys.stderr,
         )
     elif not settings.instrument:

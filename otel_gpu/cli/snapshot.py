@@ -19,7 +19,7 @@ def _main(args: argparse.Namespace) -> int:
     from otel_gpu import config
     from otel_gpu._text import printable
     from otel_gpu.anomalies import snapshot
-    from otel_gpu.journal.writer import journal_dir
+    from otel_gpu.journal.directory import journal_dir
 
     def say(line: str) -> None:
         cli.say(f"otel-gpu snapshot: {line}")

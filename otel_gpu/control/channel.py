@@ -1,7 +1,7 @@
 """The control channel: ``otel-gpu control PID`` asks a live process through files, as
 ``otel-gpu snapshot`` does (docs/control.md, Security).
 
-In a process with ``OTEL_GPU_CONTROL=on``, the first decorated function starts one daemon
+In a process with ``OTEL_GPU_CONTROL=on``, the first armed function starts one daemon
 thread, ``otel-gpu-control``, which every 100 ms ``lstat``s ``otel-gpu-<pid>.control`` in the
 crash journal's directory (``OTEL_GPU_JOURNAL_DIR``, private to the user, 0700). It does not
 wait for the export thread: a process at armed level 0 has none. On start it leaves a marker,
@@ -11,13 +11,21 @@ listen, and removes it at exit.
 A request is a small JSON object written whole (under a temporary name, then renamed)::
 
     {"from": 4242, "show": true}
+    {"from": 4242, "list": true}
     {"from": 4242, "document": {"level": 5, "include": ["mylib.*"], "for": "2m"}}
+    {"from": 4242, "document": {"level": 5, "include": ["*layers.1.mlp"]}, "dry_run": true}
 
 The process removes it, answers in ``otel-gpu-<pid>.control-done`` (written under a fresh name,
 then renamed)::
 
     {"pid": 17, "applied": true, "effective": {...}}
+    {"pid": 17, "applied": true, "functions": [{"name": ..., "qualified": ..., "level": 0}, ...]}
+    {"pid": 17, "applied": false, "dry_run": true, "preview": {"selected": [...], ...}}
     {"pid": 17, "applied": false, "refused": "level must be one of 0, 1, 3, 5, 10, not 7"}
+
+A document whose globs select no controllable function is refused, naming the closest names
+(:mod:`otel_gpu.control.names`). The asking side (the files' names, ``ask``) is
+:mod:`otel_gpu.control.ask`, which the command imports without this module or torch.
 
 The rules are the snapshot's: only a regular file of this user's, at most 64 KiB, opened
 without following a link or blocking on a FIFO, is read; anything else is removed unread. The
@@ -37,9 +45,21 @@ import threading
 from typing import Any
 
 from otel_gpu import _files, _guard
-from otel_gpu.anomalies import snapshot
 from otel_gpu.config import Settings
-from otel_gpu.control import document, state
+from otel_gpu.control import document, names, state
+from otel_gpu.control.ask import (
+    MARKER_SUFFIX,
+    REPLY_SUFFIX,
+    REQUEST_LIMIT,
+    REQUEST_SUFFIX,
+    ask,
+    is_listening,
+    listening,
+    marker_path,
+    read_reply,
+    reply_path,
+    request_path,
+)
 
 __all__ = [
     "MARKER_SUFFIX",
@@ -58,25 +78,7 @@ __all__ = [
     "start",
 ]
 
-REQUEST_SUFFIX = ".control"
-REPLY_SUFFIX = ".control-done"
-MARKER_SUFFIX = ".controllable"
-REQUEST_LIMIT = 64 * 1024
-"""The largest request read, in bytes (a document is a few hundred)."""
-_PREFIX = "otel-gpu-"
 _POLL = 0.1  # seconds between lstat()s: one failed system call per poll when nothing is asked
-
-
-def request_path(directory: str, pid: int) -> str:
-    return os.path.join(directory, f"{_PREFIX}{pid}{REQUEST_SUFFIX}")
-
-
-def reply_path(directory: str, pid: int) -> str:
-    return os.path.join(directory, f"{_PREFIX}{pid}{REPLY_SUFFIX}")
-
-
-def marker_path(directory: str, pid: int) -> str:
-    return os.path.join(directory, f"{_PREFIX}{pid}{MARKER_SUFFIX}")
 
 
 class Listener:
@@ -147,25 +149,39 @@ def answer(raw: bytes) -> dict[str, Any]:
         return _refused("the request is not JSON")
     if not isinstance(request, dict):
         return _refused("the request is not a JSON object")
-    unknown = sorted(str(k) for k in request if k not in ("from", "show", "document"))
+    unknown = sorted(str(k) for k in request if k not in _FIELDS)
     if unknown:
         return _refused(
-            f"unknown request field {document._show(unknown[0])}: a request has from, show, document"
+            f"unknown request field {document._show(unknown[0])}: a request has "
+            + ", ".join(_FIELDS)
         )
     sender = request.get("from")
     if sender is not None and (isinstance(sender, bool) or not isinstance(sender, int)):
         return _refused(f"from must be the asking process's pid, not {document._show(sender)}")
+    for flag in ("show", "list", "dry_run"):
+        if flag in request and not isinstance(request[flag], bool):
+            return _refused(f"{flag} must be true or false, not {document._show(request[flag])}")
     source = "otel-gpu control" + (f" (pid {sender})" if sender is not None else "")
     if request.get("show") is True and "document" not in request:
         return {"applied": True, "effective": state.effective()}
+    if request.get("list") is True and "document" not in request:
+        return {"applied": True, "functions": names.listing()}
     if "document" not in request:
-        return _refused("a request holds show=true or a document")
+        return _refused("a request holds list=true, show=true or a document")
     try:
         change = document.parse(request["document"])
+        refusal = names.unmatched(change)
+        if refusal is not None:
+            return _refused(refusal)
+        if request.get("dry_run") is True:
+            return {"applied": False, "dry_run": True, "preview": names.preview(change)}
         effective = state.apply(change, source)
     except document.ControlError as exc:
         return _refused(str(exc))
     return {"applied": True, "effective": effective}
+
+
+_FIELDS = ("from", "show", "list", "document", "dry_run")
 
 
 class _Duplicate(Exception):
@@ -256,7 +272,7 @@ def start(settings: Settings) -> Listener | None:
     """Start this process's listener once (``OTEL_GPU_CONTROL=on``); None when the directory
     cannot be used (a warning says why: control then cannot reach this process)."""
     global _listener
-    from otel_gpu.journal.writer import journal_dir, private_dir
+    from otel_gpu.journal.directory import journal_dir, private_dir
 
     with _lock:
         if running() is not None:
@@ -294,63 +310,5 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-# --------------------------------------------------------------------------- the asking side
-
-
-def listening(directory: str) -> list[int]:
-    """Pids of this user's live processes on this host that listen for control in
-    ``directory`` (their marker is there; this command excluded)."""
-    import glob
-
-    pattern = os.path.join(glob.escape(directory), f"{_PREFIX}*{MARKER_SUFFIX}")
-    return snapshot.live_pids(pattern, lambda name: name[len(_PREFIX) : -len(MARKER_SUFFIX)])
-
-
-def is_listening(directory: str, pid: int) -> bool:
-    """Whether ``pid`` left its marker in ``directory`` (a regular file of this user's)."""
-    try:
-        info = os.lstat(marker_path(directory, pid))
-    except OSError:
-        return False
-    return stat.S_ISREG(info.st_mode) and info.st_uid == os.getuid()
-
-
-def ask(
-    directory: str,
-    pids: list[int],
-    request: dict[str, Any],
-    timeout: float,
-    *,
-    chosen: bool = True,
-) -> list[tuple[int, dict[str, Any] | None]]:
-    """Send ``request`` to every pid and wait up to ``timeout`` seconds for the replies (None:
-    no reply in time; the request is then withdrawn, so a late process does not apply it).
-
-    ``chosen``: the directory was set (``OTEL_GPU_JOURNAL_DIR``), not the default one, whose
-    parent is shared: checked as the journal checks it."""
-    from otel_gpu.journal.writer import private_dir
-
-    private_dir(directory, shared_parent=not chosen)
-    data = json.dumps(request).encode()
-    for pid in pids:
-        try:
-            os.unlink(reply_path(directory, pid))
-        except FileNotFoundError:
-            pass
-        # written whole under a fresh name, then renamed: the process never reads half of it
-        _files.write_atomic_bytes(directory, os.path.basename(request_path(directory, pid)), data)
-    answers = snapshot.collect_replies(
-        pids,
-        lambda pid: reply_path(directory, pid),
-        lambda pid: request_path(directory, pid),
-        timeout,
-        _REPLY_LIMIT,
-    )
-    return [(pid, answers.get(pid)) for pid in pids]
-
-
-_REPLY_LIMIT = 256 * 1024
-
-
 def _read_reply(path: str) -> dict[str, Any] | None:
-    return snapshot.read_reply(path, _REPLY_LIMIT)
+    return read_reply(path)

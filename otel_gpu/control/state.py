@@ -119,6 +119,7 @@ def apply(change: Change, source: str) -> dict[str, Any]:
     if change.reset:
         return reset(source)
     source = _source(source)
+    begun = time.time_ns()  # before any path is swapped: the span starts before their spans
     with _lock:
         ring = _ring(build=change.ring_size is not None)
         if change.ring_size is not None and ring is None:
@@ -150,7 +151,7 @@ def apply(change: Change, source: str) -> dict[str, Any]:
         changed = _install(ring)
         _schedule()
         result = effective()
-    _emit(source, change.fields(), result, len(changed))
+    _emit(source, change.fields(), result, len(changed), begun)
     return result
 
 
@@ -159,12 +160,13 @@ def reset(source: str) -> dict[str, Any]:
     ring at its configured size): the baseline and every window go; returns :func:`effective`."""
     global _baseline, _overlays
     source = _source(source)
+    begun = time.time_ns()
     with _lock:
         _baseline, _overlays = _Layer(source=source), ()
         changed = _install(_ring())
         _schedule()
         result = effective()
-    _emit(source, {"reset": True}, result, len(changed))
+    _emit(source, {"reset": True}, result, len(changed), begun)
     return result
 
 
@@ -348,6 +350,7 @@ def _lapse(generation: int, now: float | None = None) -> None:
     """The next window's time came: drop the windows that ended (by ``now``, epoch seconds,
     the clock's time unless given), and install what remains."""
     global _overlays
+    begun = time.time_ns()
     try:
         with _lock:
             if generation != _generation:
@@ -362,7 +365,7 @@ def _lapse(generation: int, now: float | None = None) -> None:
             _schedule()
             result = effective()
         fields = {"window_end": [o.as_dict() for o in ended]}
-        _emit("window end", fields, result, len(changed))
+        _emit("window end", fields, result, len(changed), begun)
     except Exception as exc:
         _guard.internal_error("control", exc)
 
@@ -379,9 +382,12 @@ def _source(source: str) -> str:
     return "".join(c if c.isprintable() else "?" for c in text) or "unknown"
 
 
-def _emit(source: str, fields: Mapping[str, Any], result: Mapping[str, Any], changed: int) -> None:
-    """The change's span, exported with the process's other spans (its own trace)."""
-    triggers.emit_control_span(source, fields, result, changed)
+def _emit(
+    source: str, fields: Mapping[str, Any], result: Mapping[str, Any], changed: int, begun: int
+) -> None:
+    """The change's span, exported with the process's other spans (its own trace), from
+    ``begun`` (before any path was swapped) to now."""
+    triggers.emit_control_span(source, fields, result, changed, begun)
 
 
 def _after_fork_in_child() -> None:

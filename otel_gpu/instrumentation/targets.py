@@ -9,7 +9,9 @@ Patching replaces the attribute in its owner (module or class) with ``@otel_gpu.
 named after the library's own ``module.qualname``; other modules that imported the same object
 under the same top-level package are patched too. Instrumenting twice never wraps twice, and
 :func:`uninstrument` puts back exactly the objects that were there. At level 0 nothing is
-patched at all. ``OTEL_GPU_INSTRUMENT`` lists targets for :func:`instrument_from_settings`, which
+patched at all, unless the process is controllable (``OTEL_GPU_CONTROL=on``, triggers): then
+every target gets an armed trampoline at level 0 that live control can raise (calls/armed.py).
+``OTEL_GPU_INSTRUMENT`` lists targets for :func:`instrument_from_settings`, which
 ``otel-gpu run`` and the ``opentelemetry-instrument`` entry point call.
 """
 
@@ -75,8 +77,8 @@ def instrument(
     ``name``: the span name, for a single function target only.
     """
     settings = config.current()
-    if settings.level == 0:
-        return []  # level 0 stays free: nothing is patched
+    if settings.level == 0 and not settings.controllable:
+        return []  # level 0 stays free: nothing is patched (armed: trampolines control swaps)
     apply_settings(settings)
     inc, exc = _patterns(include), _patterns(exclude)
     spec = target.strip() if isinstance(target, str) else _spec_of(target)
@@ -180,7 +182,7 @@ def instrument_from_settings(
     ``opentelemetry-instrument``)."""
     global _applied_how, _seen_settings
     settings = settings or config.current()
-    if settings.level == 0:
+    if settings.level == 0 and not settings.controllable:
         return []
     with _lock:
         if settings is not _seen_settings:
@@ -228,7 +230,7 @@ def apply_settings(settings: config.Settings) -> None:
             return
         _seen_settings = settings
         _start_live(settings)
-        if settings.level == 0:
+        if settings.level == 0 and not settings.controllable:
             return
         specs = [s for s in settings.instrument if s not in _applied]
         if not specs:
@@ -490,7 +492,7 @@ def decorate(
     from otel_gpu.export import pipeline  # noqa: F401  (installs the sink's accessors)
 
     settings = config.current()
-    if settings.level != 0 or settings.control == "on":  # control: starts its listener
+    if settings.level != 0 or settings.controllable:  # control: starts its listener
         apply_settings(settings)
     return decorator.decorate(fn, name, attributes, instrumented)
 

@@ -142,9 +142,11 @@ def wrap(original: Any, op: str) -> Any:
 
     functools.update_wrapper(inner, original)
     sync = decorate(inner, span_name(op), instrumented=SPEC)
-    if sync is inner:
-        return original  # level 0: nothing patched
-    plan = sync.__otel_gpu_plan__
+    plan = getattr(sync, "__otel_gpu_plan__", None)
+    # level 0: nothing patched, armed or not (an async collective's span follows the plan it is
+    # given here, which live control does not swap)
+    if sync is inner or plan is None or plan.level == 0:
+        return original
 
     def collective(*args: Any, **kwargs: Any) -> Any:
         if getattr(_inside, "op", None) is not None:  # torch's own use inside an observed call

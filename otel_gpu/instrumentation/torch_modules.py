@@ -47,11 +47,12 @@ def instrument_module(
     ``depth``: how many dotted path components below the root (0 = the root only;
     ``layers.3`` is 2 deep). ``include``: fnmatch patterns on the
     path (``layers.*.self_attn``) or the class name (``*Attention``). ``name``: the root's span
-    name (default: its class name). Idempotent; nothing is wrapped at level 0.
+    name (default: its class name). Idempotent; nothing is wrapped at level 0
+    unless the process is controllable (``OTEL_GPU_CONTROL=on``).
     """
     settings = config.current()
-    if settings.level == 0:
-        return 0
+    if settings.level == 0 and not settings.controllable:
+        return 0  # armed (OTEL_GPU_CONTROL=on): level-0 trampolines that control can raise
     if settings.level >= 10:
         _guard.warn_once(
             "instrument_module_replay",

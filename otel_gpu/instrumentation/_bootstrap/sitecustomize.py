@@ -11,6 +11,7 @@ import sys
 
 def _instrument() -> None:
     # `otel-gpu run` puts this directory on PYTHONPATH only when there are targets and a level
+    # (or OTEL_GPU_CONTROL=on: armed at level 0)
     try:
         import otel_gpu
         from otel_gpu import config
