@@ -102,6 +102,8 @@ def test_the_command_sends_requests_and_counts_it_as_a_change(capsys: Any) -> No
     args = argparse.Namespace(
         show=False,
         reset=False,
+        list=False,
+        dry_run=False,
         level=5,
         include=None,
         exclude=None,
