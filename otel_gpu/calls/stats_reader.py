@@ -19,13 +19,9 @@ as with ``OTEL_GPU_STATS_READ=sync``. Policies that decide on the caller's threa
 
 from __future__ import annotations
 
-import os
-import queue
-import threading
-import time
-
 from otel_gpu.core.protocols import SpanSink
 from otel_gpu.core.record import Call
+from otel_gpu.core.threads import JobThread
 from otel_gpu.devices import cuda
 
 from . import stats
@@ -55,52 +51,13 @@ class _Job:
         self.call, self.pipe, self.pending, self.live, self.read = call, pipe, pending, live, read
 
 
-class _Reader:
-    def __init__(self) -> None:
-        self._queue: queue.Queue[_Job] = queue.Queue(_QUEUE)
-        self._thread: threading.Thread | None = None
-        self._pid = 0
-        self._lock = threading.Lock()
-        self._hooked: set[int] = set()  # pipelines whose flush waits for this reader
-
-    def put(self, job: _Job) -> bool:
-        with self._lock:
-            if self._thread is None or self._pid != os.getpid() or not self._thread.is_alive():
-                self._queue = queue.Queue(_QUEUE)  # a forked child starts with no reader
-                self._pid = os.getpid()
-                self._hooked = set()
-                self._thread = threading.Thread(
-                    target=self._loop, args=(self._queue,), name="otel-gpu-stats", daemon=True
-                )
-                self._thread.start()
-            if id(job.pipe) not in self._hooked:
-                self._hooked.add(id(job.pipe))
-                job.pipe.add_before_flush(self.flush)
-            try:
-                self._queue.put_nowait(job)
-            except queue.Full:
-                return False
-        return True
-
-    def flush(self, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while self._queue.unfinished_tasks:
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.002)
-        return True
-
-    def _loop(self, jobs: queue.Queue[_Job]) -> None:
-        while True:
-            job = jobs.get()
-            try:
-                _complete(job)
-            except Exception as exc:  # strict mode: kept for the pipeline's flush to raise
-                job.pipe.report_internal("statistics", exc)
-                job.call.stats = None
-                job.pipe.submit(job.call)
-            finally:
-                jobs.task_done()
+def _read(job: _Job) -> None:
+    try:
+        _complete(job)
+    except Exception as exc:  # strict mode: kept for the pipeline's flush to raise
+        job.pipe.report_internal("statistics", exc)
+        job.call.stats = None
+        job.pipe.submit(job.call)
 
 
 def _complete(job: _Job) -> None:
@@ -111,7 +68,16 @@ def _complete(job: _Job) -> None:
     job.pipe.submit(job.call)
 
 
-_reader = _Reader()
+_hooked: set[int] = set()  # pipelines whose flush waits for the reader
+
+
+def _hook(job: _Job) -> None:  # under the queue's lock, once queued
+    if id(job.pipe) not in _hooked:
+        _hooked.add(id(job.pipe))
+        job.pipe.add_before_flush(_reader.flush)
+
+
+_reader: JobThread[_Job] = JobThread("otel-gpu-stats", _QUEUE, _read, on_put=_hook)
 
 
 def submit(call: Call, pipe: SpanSink, pending: list, read: cuda.Read) -> None:

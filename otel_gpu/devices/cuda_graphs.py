@@ -27,8 +27,6 @@ call is captured, and removed by :func:`uninstall` (the original methods are put
 from __future__ import annotations
 
 import dataclasses
-import os
-import queue
 import random
 import threading
 import time
@@ -48,6 +46,7 @@ from otel_gpu.attributes import (
     DUMP_DIR,
 )
 from otel_gpu.core import sink
+from otel_gpu.core.threads import JobThread
 from otel_gpu.devices import cuda, replay_timing
 
 if TYPE_CHECKING:
@@ -335,57 +334,41 @@ class Job:
 
 
 class _Reader:
-    """The thread that waits for each read replay's copy and turns its calls into spans."""
+    """The thread that waits for each read replay's copy and turns its calls into spans; it
+    counts, per graph, the jobs holding one of the graph's host buffers."""
 
     def __init__(self) -> None:
-        self._queue: queue.Queue[Job] = queue.Queue(_QUEUE)
-        self._thread: threading.Thread | None = None
-        self._pid = 0
-        self._lock = threading.Lock()
         self._busy: dict[int, int] = {}  # id(graph) -> jobs holding one of its host buffers
+        self._jobs: JobThread[Job] = JobThread(
+            "otel-gpu-graphs", _QUEUE, _read, done=self._release, on_put=self._hold
+        )
 
     def busy(self, graph: _Graph) -> int:
         return self._busy.get(id(graph), 0)
 
     def put(self, job: Job) -> bool:
-        with self._lock:
-            if self._thread is None or self._pid != os.getpid() or not self._thread.is_alive():
-                self._queue = queue.Queue(_QUEUE)  # a forked child starts with no reader
-                self._pid = os.getpid()
-                self._thread = threading.Thread(
-                    target=self._loop, args=(self._queue,), name="otel-gpu-graphs", daemon=True
-                )
-                self._thread.start()
-            try:
-                self._queue.put_nowait(job)
-            except queue.Full:
-                return False
-            if job.host is not None:
-                self._busy[id(job.graph)] = self._busy.get(id(job.graph), 0) + 1
-        return True
+        return self._jobs.put(job)
 
     def flush(self, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while self._queue.unfinished_tasks:
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.002)
-        return True
+        return self._jobs.flush(timeout)
 
-    def _loop(self, jobs: queue.Queue[Job]) -> None:
-        while True:
-            job = jobs.get()
-            try:
-                _emit(job)
-            except Exception as exc:  # strict mode: kept for the pipeline's flush to raise
-                job.pipe.report_internal("cuda_graph", exc)
-            finally:
-                if job.host is not None:
-                    with self._lock:
-                        self._busy[id(job.graph)] -= 1
-                    with job.graph.lock:
-                        job.graph.free.append(job.host)
-                jobs.task_done()
+    def _hold(self, job: Job) -> None:  # under the queue's lock, once queued
+        if job.host is not None:
+            self._busy[id(job.graph)] = self._busy.get(id(job.graph), 0) + 1
+
+    def _release(self, job: Job) -> None:
+        if job.host is not None:
+            with self._jobs.lock:
+                self._busy[id(job.graph)] -= 1
+            with job.graph.lock:
+                job.graph.free.append(job.host)
+
+
+def _read(job: Job) -> None:
+    try:
+        _emit(job)
+    except Exception as exc:  # strict mode: kept for the pipeline's flush to raise
+        job.pipe.report_internal("cuda_graph", exc)
 
 
 _reader = _Reader()
