@@ -187,25 +187,12 @@ def parse(doc: Mapping[str, Any]) -> Change:
 
 
 def _request_globs(doc: Mapping[str, Any]) -> tuple[str, ...] | None:
-    raw = doc.get("requests")
-    if raw is None:
-        return None
-    if isinstance(raw, str):
-        raw = [raw]
-    allowed = (
+    return _patterns(
+        doc.get("requests"),
         f"requests must be a list of 1 to {MAX_PATTERNS} glob patterns (strings of 1 to "
-        f"{MAX_PATTERN_LENGTH} printable characters) matched on a request's id and its trace id"
+        f"{MAX_PATTERN_LENGTH} printable characters) matched on a request's id and its trace id",
+        least=1,
     )
-    if not isinstance(raw, (list, tuple)) or not 0 < len(raw) <= MAX_PATTERNS:
-        raise ControlError(f"{allowed}, not {_show(raw)}")
-    for item in raw:
-        if (
-            not isinstance(item, str)
-            or not 0 < len(item) <= MAX_PATTERN_LENGTH
-            or not item.isprintable()
-        ):
-            raise ControlError(f"{allowed}, not {_show(item)}")
-    return tuple(raw)
 
 
 def _limit(doc: Mapping[str, Any], name: str, low: int, high: int, unit: str) -> int | None:
@@ -250,16 +237,22 @@ def parse_window(raw: Any, name: str = "for") -> float | None:
 
 
 def _globs(doc: Mapping[str, Any], name: str) -> tuple[str, ...] | None:
-    raw = doc.get(name)
+    return _patterns(
+        doc.get(name),
+        f"{name} must be a list of at most {MAX_PATTERNS} glob patterns (strings of 1 to "
+        f"{MAX_PATTERN_LENGTH} printable characters) matched on 'module.qualname' and the span "
+        "name",
+    )
+
+
+def _patterns(raw: Any, allowed: str, least: int = 0) -> tuple[str, ...] | None:
+    """``raw`` (a string, or a list of strings) as glob patterns, each printable and of 1 to
+    ``MAX_PATTERN_LENGTH`` characters, ``least`` to ``MAX_PATTERNS`` of them; None when absent."""
     if raw is None:
         return None
     if isinstance(raw, str):
         raw = [raw]
-    allowed = (
-        f"{name} must be a list of at most {MAX_PATTERNS} glob patterns (strings of 1 to "
-        f"{MAX_PATTERN_LENGTH} printable characters) matched on 'module.qualname' and the span name"
-    )
-    if not isinstance(raw, (list, tuple)) or len(raw) > MAX_PATTERNS:
+    if not isinstance(raw, (list, tuple)) or not least <= len(raw) <= MAX_PATTERNS:
         raise ControlError(f"{allowed}, not {_show(raw)}")
     for item in raw:
         if (
