@@ -45,6 +45,7 @@ from otel_gpu.core.stats import (
     CAPTURED_ROW,
     Extra,
     FingerprintSpec,
+    IntExtremesSpec,
     TensorStats,
     captured_stats,
     event_attributes,
@@ -249,6 +250,9 @@ def _launch(
     if x is not None:
         vec, source = vector(x, scale)
         parts.append(vec)
+        if t.dtype is torch.int64:  # the moments' min/max went through float64: exact ones
+            parts.append(_int_extremes(t))
+            extras.append(_INT_EXTREMES)
         if not t.is_quantized:  # low-precision formats, or a wide float's simulated cast
             spec = lowp.spec_for(t.dtype, opts.simulate, x.numel())
             if spec is not None:
@@ -272,6 +276,18 @@ def _launch(
     if t.dtype is _FP4:
         pending.per_element = 2
     return pending
+
+
+_INT_EXTREMES = IntExtremesSpec()
+
+
+def _int_extremes(t: torch.Tensor) -> torch.Tensor:
+    """An int64 tensor's exact min and max as four float64 columns, each a high half (an
+    arithmetic shift: floor of x / 2**32) and a low half (x mod 2**32); capturable, no read."""
+    mn, mx = torch.aminmax(t)
+    both = torch.stack([mn, mx])
+    hi, lo = both >> 32, both & 0xFFFFFFFF
+    return torch.stack([hi[0], lo[0], hi[1], lo[1]]).to(torch.float64)
 
 
 def _add_fingerprint(

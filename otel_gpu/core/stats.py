@@ -36,6 +36,7 @@ __all__ = [
     "CAPTURED_ROW",
     "Extra",
     "FingerprintSpec",
+    "IntExtremesSpec",
     "LowpSpec",
     "TensorStats",
     "captured_stats",
@@ -77,6 +78,20 @@ class FingerprintSpec:
 
 
 @dataclass(frozen=True)
+class IntExtremesSpec:
+    """Four columns of a 64-bit integer tensor's vector: its min and max, each as a high half
+    (floor of x / 2**32) and a low half (x mod 2**32), every half exact in a float64. The
+    moments' min and max pass through float64, which rounds above 2**53 (2**63 - 1 becomes
+    2**63, beyond int64); these replace them with the exact values."""
+
+    width = 4
+
+    def fill(self, values: dict[str, Any], part: list[float]) -> None:
+        values[STATS_MIN] = int(part[0]) * 2**32 + int(part[1])
+        values[STATS_MAX] = int(part[2]) * 2**32 + int(part[3])
+
+
+@dataclass(frozen=True)
 class LowpSpec:
     """Low-precision statistics' columns (:mod:`otel_gpu.calls.lowp`): amax, the smallest
     non-zero magnitude, the zero count, the count at the format's max (stored) or beyond it
@@ -107,7 +122,7 @@ class LowpSpec:
             values[STATS_SATURATION] = top / n
 
 
-Extra = FingerprintSpec | LowpSpec
+Extra = FingerprintSpec | IntExtremesSpec | LowpSpec
 """What follows the moments in a tensor's statistics vector, one spec per group of columns."""
 
 
@@ -163,7 +178,6 @@ def captured_stats(
     if not moments:
         fill_extras(stats, extras, row)
         return stats
-    fill_extras(stats, extras, row[CAPTURED_ROW:])
     nan_n, inf_n, n_finite, lo, hi, mean, m2 = row[:CAPTURED_ROW]
     values = stats.values
     if not integer:
@@ -171,11 +185,12 @@ def captured_stats(
         values[STATS_INF_COUNT] = int(inf_n)
     if n_finite == 0:
         stats.note = join_note(stats.note, "no finite values: min/max/mean/std left out")
-        return stats
-    std = math.sqrt(max(m2, 0.0) / (n_finite - 1)) if n_finite > 1 else None
-    fill(stats, integer, lo, hi, mean, std)
-    if nan_n or inf_n:
-        stats.note = join_note(stats.note, "min/max/mean/std over finite values only")
+    else:
+        std = math.sqrt(max(m2, 0.0) / (n_finite - 1)) if n_finite > 1 else None
+        fill(stats, integer, lo, hi, mean, std)
+        if nan_n or inf_n:
+            stats.note = join_note(stats.note, "min/max/mean/std over finite values only")
+    fill_extras(stats, extras, row[CAPTURED_ROW:])  # last: exact int extremes replace min/max
     return stats
 
 
