@@ -19,6 +19,9 @@ as with ``OTEL_GPU_STATS_READ=sync``. Policies that decide on the caller's threa
 
 from __future__ import annotations
 
+import weakref
+from typing import Any
+
 from otel_gpu.core.protocols import SpanSink
 from otel_gpu.core.record import Call
 from otel_gpu.core.threads import JobThread
@@ -68,12 +71,12 @@ def _complete(job: _Job) -> None:
     job.pipe.submit(job.call)
 
 
-_hooked: set[int] = set()  # pipelines whose flush waits for the reader
+_hooked: weakref.WeakSet[Any] = weakref.WeakSet()  # pipelines whose flush waits for the reader
 
 
 def _hook(job: _Job) -> None:  # under the queue's lock, once queued
-    if id(job.pipe) not in _hooked:
-        _hooked.add(id(job.pipe))
+    if job.pipe not in _hooked:  # by identity of a live pipeline: a new one is never taken for it
+        _hooked.add(job.pipe)
         job.pipe.add_before_flush(_reader.flush)
 
 
