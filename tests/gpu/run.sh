@@ -11,7 +11,7 @@
 # and (unless --suite-only) the short real workload of tests/gpu/workload.py; --bench adds the
 # per-call rows of `otel-gpu bench --device cuda` (--rounds N of them, default 5); --short runs the workload without its
 # torch.compile checks and level-10 replay (the timings and identical-output checks only, minutes
-# less, for a short lease of a GPU machine). Everything goes to DIR (default ./gpu-run):
+# less, when time on a GPU machine is short). Everything goes to DIR (default ./gpu-run):
 # run.log (all of it), suite.xml (JUnit), workload.json, bench.json, traces/.
 # PYTHON picks the interpreter (default python3). Exit status: non-zero when anything failed.
 # On a machine without CUDA the GPU tests report skips and the workload says it was skipped.

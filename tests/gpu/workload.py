@@ -19,7 +19,7 @@ Spans go to ``OUT/traces/level-N.jsonl``; the summary to ``OUT/workload.json``, 
 how many spans carry a device time and the model's forward's host and device durations.
 Usage: ``python tests/gpu/workload.py OUT`` (``--device cpu --no-compile`` checks the script
 itself on a machine without a GPU; ``--no-compile --no-replay`` keeps only the timings and the
-checks of identical outputs, for a short lease of a GPU machine).
+checks of identical outputs, when time on a GPU machine is short).
 """
 
 from __future__ import annotations
