@@ -171,32 +171,27 @@ class CachingEncoder:
 
     def _resource(self, resource: Any) -> Any:
         """:meth:`_encode_resource`, once per resource object."""
-        hit = self._resources.get(id(resource))
-        if hit is not None and hit[0] is resource:  # the entry holds the object: no id reuse
-            return hit[1]
-        encoded = self._encode_resource(resource)
-        self._remember(self._resources, id(resource), (resource, encoded))
-        return encoded
+        return self._once(self._resources, resource, self._encode_resource)
 
     def _scope(self, scope: Any) -> Any:
         """:meth:`_encode_scope`, once per scope object."""
-        hit = self._scopes.get(id(scope))
-        if hit is not None and hit[0] is scope:
-            return hit[1]
-        encoded = self._encode_scope(scope)
-        self._remember(self._scopes, id(scope), (scope, encoded))
-        return encoded
+        return self._once(self._scopes, scope, self._encode_scope)
 
     def _links(self, links: Any) -> Any:
         """:meth:`_encode_links`; a tuple once per tuple object: a batch step's spans share one
         (otel_gpu.batch), so its links are encoded once per step, not once per span."""
         if type(links) is not tuple:
             return self._encode_links(links)
-        hit = self._link_lists.get(id(links))
-        if hit is not None and hit[0] is links:  # the entry holds the tuple: no id reuse
+        return self._once(self._link_lists, links, self._encode_links)
+
+    def _once(self, table: dict[int, Any], obj: Any, encode: Callable[[Any], Any]) -> Any:
+        """``encode(obj)``, kept in ``table`` by the object's identity (the entry holds the
+        object, so a reused id is never taken for it)."""
+        hit = table.get(id(obj))
+        if hit is not None and hit[0] is obj:
             return hit[1]
-        encoded = self._encode_links(links)
-        self._remember(self._link_lists, id(links), (links, encoded))
+        encoded = encode(obj)
+        self._remember(table, id(obj), (obj, encoded))
         return encoded
 
     def _encode_links(self, links: Any) -> Any:
