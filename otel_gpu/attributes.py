@@ -130,6 +130,8 @@ REPLAY_UNCHECKED = "otel_gpu.replay.unchecked"  # outputs not compared, each wit
 BATCH_REQUESTS = "otel_gpu.batch.requests"  # how many requests the step serves
 BATCH_LINKS = "otel_gpu.batch.links"  # how many links to them the span carries (the cap)
 REQUEST_ID = "otel_gpu.request.id"  # link attribute: the request's id, when the engine names it
+BATCH_REQUEST_TRACE_IDS = "otel_gpu.batch.request.trace_ids"  # step span: the linked trace ids
+BATCH_REQUEST_IDS = "otel_gpu.batch.request.ids"  # step span: the linked requests' ids, if named
 
 # --- Events ---
 EVENT_STATS = "otel_gpu.stats"  # one per tensor of the call, level >= 5

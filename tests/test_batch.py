@@ -29,7 +29,13 @@ from otel_gpu.exporters.otlp_json import JsonEncoder
 from otel_gpu.exporters.otlp_proto import ProtoEncoder
 
 import otel_gpu
-from otel_gpu.attributes import BATCH_LINKS, BATCH_REQUESTS, REQUEST_ID
+from otel_gpu.attributes import (
+    BATCH_LINKS,
+    BATCH_REQUEST_IDS,
+    BATCH_REQUEST_TRACE_IDS,
+    BATCH_REQUESTS,
+    REQUEST_ID,
+)
 from otel_gpu.calls import batch as batch_module
 from otel_gpu.export import pipeline
 
@@ -90,6 +96,27 @@ def test_calls_in_a_step_link_to_its_requests_under_one_step_span(otel_gpu_spans
     outside = [s for s in got if s.context.trace_id != step.context.trace_id]
     assert len(outside) == 2
     assert all(not s.links and BATCH_REQUESTS not in s.attributes for s in outside)
+
+
+def test_the_step_span_alone_names_its_linked_requests(otel_gpu_spans, monkeypatch) -> None:
+    """For backends that drop links (Phoenix) and searches by attribute, the step span (not its
+    calls) carries the linked requests' trace ids, and their ids when named, in link order and
+    within the cap; a list of requests has no ids to name."""
+    monkeypatch.setenv("OTEL_GPU_BATCH_MAX_LINKS", "2")
+    spans = otel_gpu_spans(level=1)
+    forward, _ = _lib()
+    with otel_gpu.batch(requests={"a": TP[0], "b": "00-malformed-01", "c": TP[2], "d": TP[3]}):
+        forward(1)
+    with otel_gpu.batch(requests=[TP[4], TP[5]]):
+        forward(2)
+    named, listed = spans.by_name("otel_gpu.batch")
+    assert named.attributes[BATCH_REQUEST_TRACE_IDS] == (TP[0].split("-")[1], TP[2].split("-")[1])
+    assert named.attributes[BATCH_REQUEST_IDS] == ("a", "c")
+    assert listed.attributes[BATCH_REQUEST_TRACE_IDS] == (TP[4].split("-")[1], TP[5].split("-")[1])
+    assert BATCH_REQUEST_IDS not in listed.attributes
+    calls = [s for s in spans.get() if s.name != "otel_gpu.batch"]
+    assert len(calls) == 4
+    assert all(BATCH_REQUEST_TRACE_IDS not in s.attributes for s in calls)
 
 
 def test_one_request_makes_the_calls_its_children(otel_gpu_spans) -> None:

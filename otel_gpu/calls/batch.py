@@ -13,7 +13,10 @@ the calls of that forward belong to none of them. Inside a :func:`batch` context
   many requests there were and how many links were kept (``otel_gpu.batch.requests``,
   ``otel_gpu.batch.links``);
 - with one request, the calls are children of the request's span itself and no step span is
-  made: a plain trace view shows them inline in the request's trace.
+  made: a plain trace view shows them inline in the request's trace;
+- the step span alone also names the linked requests as attributes (their trace ids,
+  ``otel_gpu.batch.request.trace_ids``, and their ids, ``otel_gpu.batch.request.ids``), for
+  backends that drop links and for searches by attribute.
 
 Cost: the links are built once per step (:class:`~otel_gpu.core.record.StepLinks`); a call
 span holds that one object (a slot it inherits from its parent call, or one context-variable
@@ -40,6 +43,8 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from otel_gpu import _guard, config
 from otel_gpu.attributes import (
     BATCH_LINKS,
+    BATCH_REQUEST_IDS,
+    BATCH_REQUEST_TRACE_IDS,
     BATCH_REQUESTS,
     REQUEST_ID,
 )
@@ -196,6 +201,18 @@ def step_links(
     return StepLinks(tuple(links), {BATCH_REQUESTS: n, BATCH_LINKS: len(links)}), single
 
 
+def _name_requests(span: CallSpan, step: StepLinks) -> None:
+    """The step span alone names its linked requests as attributes (their trace ids, and their
+    ids when given): a backend that drops links (Arize Phoenix) or a search by attribute still
+    finds the steps of a request. Once per step, not on the calls, whose spans are many."""
+    span.set_attribute(
+        BATCH_REQUEST_TRACE_IDS, tuple(f"{link.context.trace_id:032x}" for link in step.links)
+    )
+    ids = tuple(a[REQUEST_ID] for link in step.links if (a := link.attributes) and REQUEST_ID in a)
+    if ids:
+        span.set_attribute(BATCH_REQUEST_IDS, ids)
+
+
 class Step:
     """The context manager :func:`batch` returns; one ``with`` per object."""
 
@@ -248,6 +265,8 @@ class Step:
                     return self  # the enclosing trace is not sampled: nor are the calls
                 if isinstance(made, Call):
                     made.span.batch = step
+                    if step.links:
+                        _name_requests(made.span, step)
                     self._call, self._pipe = made, pipe
                     span = made.span
                 else:
