@@ -280,3 +280,60 @@ def test_traceparents_must_match_the_inputs(tmp_path: Path) -> None:
         otel_gpu.uninstrument("transformers.continuous_batching")
         pipeline.reset(timeout=5.0)
         config.reset_overrides()
+
+
+def test_request_attributes_select_the_steps_live_control_raises(tmp_path: Path) -> None:
+    """``add_requests(request_attributes=[...])`` puts each request's attributes on its span, and
+    a control document's ``request_attributes`` ({"tenant": "acme"}) raises to level 3 exactly
+    the steps (their ``compute_batch`` spans) that serve an acme request, per the links."""
+    import otel_gpu
+    from otel_gpu import config
+    from otel_gpu.attributes import INPUT_PREFIX
+    from otel_gpu.control import document, state
+    from otel_gpu.export import pipeline
+    from otel_gpu.instrumentation.transformers_cb import REQUEST_SPAN_NAME
+
+    model, generation, batching, inputs = _setup()
+    acme = {2, 9, 15}
+    tenants = [{"tenant": "acme" if i in acme else "globex"} for i in range(N)]
+    path = tmp_path / "cb.jsonl"
+    otel_gpu.configure(level=1, dest=str(path), provider="own", strict=True, control="on")
+    try:
+        assert otel_gpu.instrument("transformers.continuous_batching")
+        state.apply(
+            document.parse({"request_attributes": {"tenant": "acme"}, "level": 3, "for": None}),
+            "test",
+        )
+        traced = _queued_then_run(
+            model,
+            generation,
+            batching,
+            inputs,
+            traceparents=TRACEPARENTS,
+            request_attributes=tenants,
+        )
+        otel_gpu.flush()
+    finally:
+        state.reset("test")
+        otel_gpu.uninstrument("transformers.continuous_batching")
+        pipeline.reset(timeout=5.0)
+        config.reset_overrides()
+    assert all(r.error is None for r in traced.values())
+    spans = _spans(path)
+    requests = {_attr(s, "otel_gpu.request.id"): s for s in spans if s["name"] == REQUEST_SPAN_NAME}
+    acme_ids = {f"req_{i}" for i in acme}
+    assert {rid for rid, s in requests.items() if _attr(s, "tenant") == "acme"} == acme_ids
+    acme_spans = {(requests[r]["traceId"], requests[r]["spanId"]) for r in acme_ids}
+    by_id = {s["spanId"]: s for s in spans}
+    forwards = [s for s in spans if s["name"] == "transformers.continuous_batching.compute_batch"]
+    served = []
+    for forward in forwards:
+        if forward.get("links"):
+            linked = {(link["traceId"], link["spanId"]) for link in forward["links"]}
+        else:  # a step of one request: under its span
+            parent = by_id[forward["parentSpanId"]]
+            linked = {(parent["traceId"], parent["spanId"])}
+        detailed = any(kv["key"].startswith(INPUT_PREFIX) for kv in forward.get("attributes", []))
+        served.append((bool(linked & acme_spans), detailed))
+    assert any(m for m, _ in served) and any(not m for m, _ in served)
+    assert all(matched == detailed for matched, detailed in served), served

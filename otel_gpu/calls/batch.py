@@ -55,6 +55,7 @@ from otel_gpu.core.record import Call, CallSpan, StepLinks
 
 __all__ = [
     "BATCH_SPAN_NAME",
+    "Matcher",
     "Request",
     "Step",
     "batch",
@@ -136,32 +137,72 @@ def _parse(traceparent: str) -> SpanContext | None:
     return span_context if span_context.is_valid else None
 
 
-# live control by request (control/state.py): (globs on request ids and trace ids, the rule the
-# armed functions follow during a step serving a matching request); None: no such control
-_request_rule: tuple[tuple[str, ...], armed.Rule] | None = None
+Matcher = str | tuple[str, str]
+"""What selects a request for live control: a glob on its id and trace id (a string), or a
+request attribute's key and a glob on its value (a pair)."""
+
+# live control by request (control/state.py): (the matchers, the rule the armed functions
+# follow during a step serving a request one of them matches); None: no such control
+_request_rule: tuple[tuple[Matcher, ...], armed.Rule] | None = None
 
 
-def set_request_rule(globs: tuple[str, ...] | None, rule: armed.Rule | None) -> None:
-    """During each step serving a request whose id (or trace id, 32 hex digits) matches one of
-    ``globs``, the armed functions follow ``rule``; None: no step is treated apart. Set by live
-    control (a control document's ``requests``); read once per step."""
+def set_request_rule(matchers: tuple[Matcher, ...] | None, rule: armed.Rule | None) -> None:
+    """During each step serving a request that one of ``matchers`` matches (a glob on its id or
+    trace id, 32 hex digits; a (key, glob) pair on one of its attributes), the armed functions
+    follow ``rule``; None: no step is treated apart. Set by live control (a control document's
+    ``requests`` and ``request_attributes``); read once per step."""
     global _request_rule
-    _request_rule = (tuple(globs), rule) if globs and rule is not None else None
+    _request_rule = (tuple(matchers), rule) if matchers and rule is not None else None
 
 
-def _matches(requests: Any, globs: tuple[str, ...]) -> bool:
-    """Whether a request of the step has an id or trace id that ``globs`` match."""
+def _attributes_of(rid: Any, request: Any, given: Mapping[Any, Any] | None) -> Mapping[Any, Any]:
+    """A request's attributes: those ``batch(attributes=...)`` gave for its id, else its span's
+    (a recording span of the OTel SDK, or of otel-gpu, shows them), else none."""
+    if given is not None and rid is not None:
+        own = given.get(rid)
+        if isinstance(own, Mapping):
+            return own
+    if isinstance(request, Span):
+        spans = getattr(request, "attributes", None)
+        if isinstance(spans, Mapping):
+            return spans
+    return {}
+
+
+def _value_matches(value: Any, glob: str) -> bool:
+    """An attribute's value against a glob: a string, number or bool as its text; a sequence
+    when any element matches."""
+    if isinstance(value, (list, tuple)):
+        return any(_value_matches(v, glob) for v in value)
+    if isinstance(value, bool):
+        value = "true" if value else "false"
+    return value is not None and fnmatch.fnmatchcase(str(value), glob)
+
+
+def _matches(
+    requests: Any, matchers: tuple[Matcher, ...], given: Mapping[Any, Any] | None = None
+) -> bool:
+    """Whether a request of the step has an id, a trace id or an attribute one of ``matchers``
+    matches (``given``: ``batch(attributes=...)``, attributes by request id)."""
+    globs = [m for m in matchers if isinstance(m, str)]
+    pairs_of_attributes = [m for m in matchers if not isinstance(m, str)]
     pairs = requests.items() if isinstance(requests, Mapping) else ((None, r) for r in requests)
     for rid, request in pairs:
-        names = [] if rid is None else [str(rid)]
-        try:
-            ctx = request_context(request)
-        except TypeError:
-            ctx = None
-        if ctx is not None:
-            names.append(f"{ctx.trace_id:032x}")
-        if any(fnmatch.fnmatchcase(n, g) for n in names for g in globs):
-            return True
+        if globs:
+            names = [] if rid is None else [str(rid)]
+            try:
+                ctx = request_context(request)
+            except TypeError:
+                ctx = None
+            if ctx is not None:
+                names.append(f"{ctx.trace_id:032x}")
+            if any(fnmatch.fnmatchcase(n, g) for n in names for g in globs):
+                return True
+        if pairs_of_attributes:
+            attributes = _attributes_of(rid, request, given)
+            for key, glob in pairs_of_attributes:
+                if key in attributes and _value_matches(attributes[key], glob):
+                    return True
     return False
 
 
@@ -216,9 +257,13 @@ def _name_requests(span: CallSpan, step: StepLinks) -> None:
 class Step:
     """The context manager :func:`batch` returns; one ``with`` per object."""
 
-    __slots__ = ("_call", "_pipe", "_raised", "_requests", "_tokens")
+    __slots__ = ("_attributes", "_call", "_pipe", "_raised", "_requests", "_tokens")
 
-    def __init__(self, requests: Iterable[Request] | Mapping[Any, Request]) -> None:
+    def __init__(
+        self,
+        requests: Iterable[Request] | Mapping[Any, Request],
+        attributes: Mapping[Any, Mapping[str, Any]] | None = None,
+    ) -> None:
         if isinstance(requests, (str, SpanContext, Span)) or not isinstance(
             requests, (Iterable, Mapping)
         ):
@@ -226,7 +271,13 @@ class Step:
                 "otel_gpu.batch: requests= takes a list of requests (SpanContext, Span or W3C "
                 f"traceparent string) or a mapping of request id to one, not {type(requests).__name__}"
             )
+        if attributes is not None and not isinstance(attributes, Mapping):
+            raise TypeError(
+                "otel_gpu.batch: attributes= takes a mapping of request id (a key of requests=) "
+                f"to that request's attributes, not {type(attributes).__name__}"
+            )
         self._requests = requests
+        self._attributes = attributes
         self._call: Call | None = None
         self._pipe: Any = None
         self._tokens: tuple[Any, Any] | None = None
@@ -240,7 +291,7 @@ class Step:
                     requests: Any = self._requests
                 else:
                     requests = self._requests = list(self._requests)  # read twice: keep it
-                if _matches(requests, control[0]):
+                if _matches(requests, control[0], self._attributes):
                     before = armed.rule_in_force()
                     armed.set_rule(control[1])
                     self._raised = (control[1], before)
@@ -305,11 +356,20 @@ class Step:
             _guard.internal_error("batch", err)
 
 
-def batch(requests: Iterable[Request] | Mapping[Any, Request]) -> Step:
+def batch(
+    requests: Iterable[Request] | Mapping[Any, Request],
+    attributes: Mapping[Any, Mapping[str, Any]] | None = None,
+) -> Step:
     """The step that serves ``requests``: its calls carry links to them (see the module).
 
     ``requests``: a list of requests, each a ``SpanContext``, a ``Span`` or a W3C
     ``traceparent`` string; or a mapping of request id to request (each link then carries
     ``otel_gpu.request.id``). Use as ``with otel_gpu.batch(requests=[...]):`` around one step.
+
+    ``attributes``: optional, each request's attributes by its id (a key of ``requests``), e.g.
+    ``{"req-17": {"tenant": "acme"}}``, for live control by request attribute (a control
+    document's ``request_attributes``); a request given as a recording span is matched on the
+    span's own attributes. They are read only while such control is in force, and are not
+    recorded: they select steps, nothing more.
     """
-    return Step(requests)
+    return Step(requests, attributes)

@@ -53,6 +53,11 @@ def _document(args: argparse.Namespace) -> dict[str, Any] | None:
         doc["exclude"] = args.exclude
     if args.requests:
         doc["requests"] = args.requests
+    if args.request_attributes:
+        attributes: dict[str, list[str]] = {}
+        for key, glob in args.request_attributes:
+            attributes.setdefault(key, []).append(glob)
+        doc["request_attributes"] = attributes
     if args.sample is not None:
         doc["sample"] = args.sample
     if args.ring_size is not None:
@@ -81,7 +86,7 @@ def _main(args: argparse.Namespace) -> int:
 
     changes = [
         args.level is not None,
-        bool(args.include or args.exclude or args.requests),
+        bool(args.include or args.exclude or args.requests or args.request_attributes),
         args.sample is not None,
         args.ring_size is not None,
         args.triggers is not None,
@@ -91,7 +96,7 @@ def _main(args: argparse.Namespace) -> int:
     if (args.show or args.reset) and (any(changes) or args.window or args.until_changed):
         say(
             "--show and --reset take no other change (--level, --include, --exclude, --requests, "
-            "--sample, --ring-size, --dump-max-calls, --dump-max-bytes, --triggers, --for)"
+            "--request-attribute, --sample, --ring-size, --dump-max-calls, --dump-max-bytes, --triggers, --for)"
         )
         return EXIT_USAGE
     if args.list and (any(changes) or args.window or args.until_changed):
@@ -225,8 +230,12 @@ def _summary(effective: Any) -> str:
         parts.append("include " + ",".join(map(str, effective["include"])))
     if effective.get("exclude"):
         parts.append("exclude " + ",".join(map(str, effective["exclude"])))
-    if effective.get("requests"):
-        parts.append("only in steps serving " + ",".join(map(str, effective["requests"])))
+    scope = [str(g) for g in effective.get("requests") or ()]
+    attributes = effective.get("request_attributes") or {}
+    if isinstance(attributes, dict):
+        scope += [f"{k}={g}" for k, globs in attributes.items() for g in globs]
+    if scope:
+        parts.append("only in steps serving " + ",".join(scope))
     if effective.get("sample") is not None:
         parts.append(f"sample {effective['sample']:g}")
     if effective.get("ring_size") is not None:
@@ -293,6 +302,19 @@ _level = checked(
     lambda level: level in LEVELS,
     f"must be one of {', '.join(map(str, LEVELS))}, not {{raw!r}}",
 )
+
+
+def _attribute_glob(text: str) -> tuple[str, str]:
+    """``KEY=GLOB`` (``--request-attribute``): the attribute's key and the glob on its value."""
+    key, sep, glob = text.partition("=")
+    if not sep or not key or not glob:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not KEY=GLOB: a request attribute's key and a glob on its value, "
+            "e.g. tenant=acme or tenant=beta-*"
+        )
+    return key, glob
+
+
 _ratio = checked(float, lambda share: 0 <= share <= 1, "must be a ratio from 0 to 1, not {raw!r}")
 _count = checked(digits, lambda _: True, "must be a whole number of calls >= 0, not {raw!r}")
 
@@ -343,6 +365,16 @@ def register(sub: Any) -> None:
         metavar="GLOB",
         help="only during the serving steps (otel_gpu.batch) that serve a request whose id or "
         "trace id matches (repeatable; needs --level); see docs/serving.md",
+    )
+    p.add_argument(
+        "--request-attribute",
+        dest="request_attributes",
+        action="append",
+        type=_attribute_glob,
+        metavar="KEY=GLOB",
+        help="only during the serving steps that serve a request whose attribute KEY matches "
+        "GLOB, e.g. tenant=acme (repeatable, any one matching; with --requests too; needs "
+        "--level); see docs/serving.md",
     )
     p.add_argument(
         "--sample", type=_ratio, metavar="RATIO", help="record this share of the calls (0 to 1)"

@@ -32,8 +32,10 @@ __all__ = [
     "MAX_WINDOW",
     "Change",
     "ControlError",
+    "RequestMatcher",
     "parse",
     "parse_window",
+    "request_fields",
 ]
 
 DEFAULT_WINDOW = 60.0
@@ -59,9 +61,14 @@ FIELDS = (
     "dump_max_bytes",
     "triggers",
     "requests",
+    "request_attributes",
     "reset",
 )
 """The fields a document may hold."""
+
+RequestMatcher = str | tuple[str, str]
+"""What a document's ``requests`` or ``request_attributes`` asks of a request: a glob on its id
+and trace id (a string), or an attribute's key and a glob on its value (a pair)."""
 
 
 class ControlError(ValueError):
@@ -86,10 +93,10 @@ class Change:
     """The flight recorder's limit on dumped calls while the change lasts; None: unchanged."""
     dump_max_bytes: int | None = None
     """Its limit on bytes of tensors written; None: unchanged."""
-    requests: tuple[str, ...] | None = None
-    """Globs on request ids (or trace ids): the level, include, exclude and sample apply only
-    during the serving steps (``otel_gpu.batch``) that serve a matching request; None: to every
-    call, as without it."""
+    requests: tuple[RequestMatcher, ...] | None = None
+    """Globs on request ids (or trace ids), and (key, glob) pairs on request attributes: the
+    level, include, exclude and sample apply only during the serving steps (``otel_gpu.batch``)
+    that serve a request any of them matches; None: to every call, as without it."""
 
     def fields(self) -> dict[str, Any]:
         """The fields this change sets, JSON-able (for the control span and the reply)."""
@@ -102,11 +109,12 @@ class Change:
             "ring_size",
             "dump_max_calls",
             "dump_max_bytes",
-            "requests",
         ):
             value = getattr(self, name)
             if value is not None:
                 out[name] = list(value) if isinstance(value, tuple) else value
+        if self.requests is not None:
+            out.update(request_fields(self.requests))
         if self.triggers is not None:
             out["triggers"] = [t.as_dict() for t in self.triggers]
         if self.reset:
@@ -138,7 +146,8 @@ def parse(doc: Mapping[str, Any]) -> Change:
     if not any(k in doc for k in FIELDS if k not in ("for", "reset")):
         raise ControlError(
             "a control document changes something: level, include, exclude, sample, "
-            "ring_size, dump_max_calls, dump_max_bytes, triggers, requests, or reset=true"
+            "ring_size, dump_max_calls, dump_max_bytes, triggers, requests, request_attributes, "
+            "or reset=true"
         )
     level = doc.get("level")
     # a whole number: 5.0, 1e1 and true are refused (they compare equal to a level)
@@ -174,11 +183,13 @@ def parse(doc: Mapping[str, Any]) -> Change:
         except ValueError as exc:
             raise ControlError(f"triggers: {exc}") from None
     window = parse_window(doc["for"], "for") if "for" in doc else DEFAULT_WINDOW
-    requests = _request_globs(doc)
+    requests = _request_matchers(doc)
     if requests is not None and level is None:
+        named = " and ".join(k for k in ("requests", "request_attributes") if k in doc)
         raise ControlError(
-            "requests needs a level: the level the functions run at during the steps that serve "
-            'a matching request (e.g. {"requests": ["tenant-a:*"], "level": 5})'
+            f"{named} needs a level: the level the functions run at during the steps that "
+            'serve a matching request (e.g. {"requests": ["tenant-a:*"], "level": 5} or '
+            '{"request_attributes": {"tenant": "acme"}, "level": 5})'
         )
     calls, size = limits
     return Change(
@@ -186,13 +197,61 @@ def parse(doc: Mapping[str, Any]) -> Change:
     )
 
 
-def _request_globs(doc: Mapping[str, Any]) -> tuple[str, ...] | None:
-    return _patterns(
+def _request_matchers(doc: Mapping[str, Any]) -> tuple[RequestMatcher, ...] | None:
+    """``requests`` and ``request_attributes`` as one tuple of matchers (any one matching a
+    request selects its step); None when the document has neither."""
+    globs = _patterns(
         doc.get("requests"),
         f"requests must be a list of 1 to {MAX_PATTERNS} glob patterns (strings of 1 to "
         f"{MAX_PATTERN_LENGTH} printable characters) matched on a request's id and its trace id",
         least=1,
     )
+    raw = doc.get("request_attributes")
+    if raw is None:
+        return globs
+    allowed = (
+        "request_attributes must be an object of request attribute keys (strings of 1 to "
+        f"{MAX_PATTERN_LENGTH} printable characters) to a glob pattern or a list of them, "
+        f'matched on the attribute\'s value (e.g. {{"tenant": ["acme", "beta-*"]}}); at most '
+        f"{MAX_PATTERNS} patterns in all"
+    )
+    if not isinstance(raw, Mapping) or not raw:
+        raise ControlError(f"{allowed}, not {_show(raw)}")
+    pairs: list[RequestMatcher] = []
+    for key, value in raw.items():
+        if (
+            not isinstance(key, str)
+            or not 0 < len(key) <= MAX_PATTERN_LENGTH
+            or not key.isprintable()
+        ):
+            raise ControlError(f"{allowed}, not the key {_show(key)}")
+        globs_of_key = _patterns(value, allowed, least=1) if value is not None else None
+        if globs_of_key is None:
+            raise ControlError(f"{allowed}, not {_show(value)} for {_show(key)}")
+        pairs.extend((key, glob) for glob in globs_of_key)
+    matchers = (*(globs or ()), *pairs)
+    if len(matchers) > MAX_PATTERNS:
+        raise ControlError(
+            f"requests and request_attributes hold {len(matchers)} patterns: at most "
+            f"{MAX_PATTERNS} in all"
+        )
+    return matchers
+
+
+def request_fields(matchers: tuple[RequestMatcher, ...]) -> dict[str, Any]:
+    """Matchers as a document writes them (JSON-able): ``requests`` (the id and trace id globs)
+    and ``request_attributes`` (each key's globs), each only when it has any."""
+    out: dict[str, Any] = {}
+    globs = [m for m in matchers if isinstance(m, str)]
+    if globs:
+        out["requests"] = globs
+    attributes: dict[str, list[str]] = {}
+    for m in matchers:
+        if not isinstance(m, str):
+            attributes.setdefault(m[0], []).append(m[1])
+    if attributes:
+        out["request_attributes"] = attributes
+    return out
 
 
 def _limit(doc: Mapping[str, Any], name: str, low: int, high: int, unit: str) -> int | None:

@@ -31,7 +31,7 @@ from typing import Any
 from otel_gpu import _guard, config
 from otel_gpu.anomalies import triggers
 from otel_gpu.calls import armed, batch
-from otel_gpu.control.document import Change, ControlError
+from otel_gpu.control.document import Change, ControlError, RequestMatcher, request_fields
 from otel_gpu.export import pipeline
 from otel_gpu.recorder import limits
 from otel_gpu.trigger_rules import Trigger
@@ -56,9 +56,10 @@ class _Layer:
     dump_max_calls: int | None = None
     dump_max_bytes: int | None = None
     """The flight recorder's limits control set (None: OTEL_GPU_DUMP_MAX_COUNT, _SIZE_GB)."""
-    requests: tuple[str, ...] = ()
-    """Globs on request ids: level, include, exclude and sample apply only during the serving
-    steps that serve a matching request (calls/batch.py); (): to every call."""
+    requests: tuple[RequestMatcher, ...] = ()
+    """Globs on request ids and (key, glob) pairs on request attributes: level, include,
+    exclude and sample apply only during the serving steps that serve a matching request
+    (calls/batch.py); (): to every call."""
     until: float | None = None
     """Epoch seconds when it lapses; None: until changed (the baseline)."""
     source: str | None = None
@@ -89,8 +90,7 @@ class _Layer:
                 out[name] = getattr(self, name)
         if self.triggers is not None:
             out["triggers"] = [t.as_dict() for t in self.triggers]
-        if self.requests:
-            out["requests"] = list(self.requests)
+        out.update(request_fields(self.requests))
         out["until"] = None if self.until is None else round(self.until, 3)
         out["source"] = self.source
         return out
@@ -199,7 +199,9 @@ def effective() -> dict[str, Any]:
             "until": round(min(ends), 3) if ends else None,
             "ring_size": None if ring is None else int(getattr(ring, "size", 0)),
             "triggers": [t.as_dict() for t in triggers.current()],
-            "requests": list(next((x.requests for x in reversed(_layers()) if x.requests), ())),
+            # the request scope in force: id/trace-id globs and attribute globs (docs/serving.md)
+            "requests": request_fields(_scope()).get("requests", []),
+            "request_attributes": request_fields(_scope()).get("request_attributes", {}),
             # the flight recorder's limits in force (control's, else the settings')
             "dump_max_calls": dump_limits.max_calls,
             "dump_max_bytes": dump_limits.max_bytes,
@@ -218,6 +220,11 @@ def effective() -> dict[str, Any]:
 def _layers() -> tuple[_Layer, ...]:
     """The stack, bottom first: the baseline, then the windows in the order they were applied."""
     return (_baseline, *_overlays)
+
+
+def _scope() -> tuple[RequestMatcher, ...]:
+    """The request matchers in force: the topmost layer's that has any."""
+    return next((x.requests for x in reversed(_layers()) if x.requests), ())
 
 
 def _top() -> _Layer:

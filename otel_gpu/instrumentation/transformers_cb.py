@@ -11,7 +11,9 @@ the classes of ``transformers.generation.continuous_batching.continuous_api``:
   ``generate_batch(..., traceparents=[...])`` (one per input, in order), keywords this target
   takes out before transformers sees them; without one, the span current at submission is its
   parent. A malformed ``traceparent`` is refused with one warning: the request runs, and its
-  span starts a new trace. The span carries ``otel_gpu.request.id``.
+  span starts a new trace. The span carries ``otel_gpu.request.id``, and the attributes given
+  as ``request_attributes={...}`` (``add_requests``/``generate_batch``: one per input), which
+  live control's ``request_attributes`` matches.
 - **a scheduler step** (``ContinuousBatchProcessor._generation_step``) is an
   ``otel_gpu.batch`` context over the requests the scheduler put in it (the
   ``FutureRequestState`` list the step's inputs were built from), so its calls link to their
@@ -32,7 +34,7 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from opentelemetry import trace
@@ -57,19 +59,27 @@ _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 
 
 class _Request:
-    """A submitted request: its span's record (None when not recorded) and what steps link to."""
+    """A submitted request: its span's record (None when not recorded), what steps link to, and
+    the attributes its submitter gave (live control by request attribute matches them)."""
 
-    __slots__ = ("call", "link", "pipe")
+    __slots__ = ("attributes", "call", "link", "pipe")
 
-    def __init__(self, call: Call | None, link: SpanContext | None, pipe: Any) -> None:
+    def __init__(
+        self,
+        call: Call | None,
+        link: SpanContext | None,
+        pipe: Any,
+        attributes: dict[str, Any] | None = None,
+    ) -> None:
         self.call = call
         self.link = link
         self.pipe = pipe
+        self.attributes = attributes
 
 
 _requests: dict[str, _Request] = {}
 _lock = threading.Lock()
-_given = threading.local()  # .traceparents: {id(input list): traceparent} during add_requests
+_given = threading.local()  # .traceparents, .attributes: {id(input list): ...} during add_requests
 _patched: list[tuple[Any, str, Any]] = []
 
 
@@ -82,7 +92,13 @@ def open_requests() -> list[str]:
 # --------------------------------------------------------------------------- request spans
 
 
-def _open(rid: str, traceparent: Any, caller: SpanContext | None, start_ns: int) -> None:
+def _open(
+    rid: str,
+    traceparent: Any,
+    caller: SpanContext | None,
+    start_ns: int,
+    attributes: dict[str, Any] | None = None,
+) -> None:
     pipe = sink.get()
     if pipe is None:
         return
@@ -91,17 +107,19 @@ def _open(rid: str, traceparent: Any, caller: SpanContext | None, start_ns: int)
     else:
         parent = caller if caller is not None and caller.is_valid else None
     if parent is not None and not parent.trace_flags.sampled:
-        entry = _Request(None, parent, pipe)  # the caller's trace is not sampled: nor is ours
+        entry = _Request(None, parent, pipe, attributes)  # the caller's trace is not sampled
     else:
         trace_id = parent.trace_id if parent is not None else random.getrandbits(128) or 1
         sampler = pipe.root_sampler
         if parent is None and sampler is not None and not sampler(trace_id, REQUEST_SPAN_NAME):
-            entry = _Request(None, None, pipe)
+            entry = _Request(None, None, pipe, attributes)
         else:
             ctx = SpanContext(trace_id, random.getrandbits(64) or 1, False, _SAMPLED)
             call = Call(_PLAN, CallSpan(ctx, REQUEST_SPAN_NAME), parent, start_ns)
+            if attributes:
+                call.span.set_attributes(attributes)
             call.span.set_attribute(REQUEST_ID, rid)
-            entry = _Request(call, ctx, pipe)
+            entry = _Request(call, ctx, pipe, attributes)
     with _lock:
         _requests[rid] = entry
 
@@ -118,19 +136,25 @@ def _close(rid: str, error: str | None) -> None:
     entry.pipe.submit(call)
 
 
-def _step_requests(processor: Any) -> dict[str, SpanContext] | None:
-    """The step's request ids and what each links to, from the states its inputs were built of."""
+def _step_requests(
+    processor: Any,
+) -> tuple[dict[str, SpanContext], dict[str, dict[str, Any]]] | None:
+    """The step's request ids and what each links to, from the states its inputs were built of;
+    and the attributes of those that were given some."""
     ios = processor.inputs_and_outputs
     pairs = getattr(ios, "io_pairs", None)
     host = pairs[ios.current_pair].host_io if pairs is not None else ios
     out: dict[str, SpanContext] = {}
+    attributes: dict[str, dict[str, Any]] = {}
     with _lock:
         for future in host.requests_in_batch:
             rid = future.state.request_id
             entry = _requests.get(rid.split(_CHILD, 1)[0])
             if entry is not None and entry.link is not None:
                 out[rid] = entry.link
-    return out or None
+                if entry.attributes:
+                    attributes[rid] = entry.attributes
+    return (out, attributes) if out else None
 
 
 # --------------------------------------------------------------------------- the wrappers
@@ -143,15 +167,19 @@ def _wrap_add_request(original: Callable[..., Any]) -> Callable[..., Any]:
 
     def add_request(self: Any, input_ids: Any, *args: Any, **kwargs: Any) -> Any:
         traceparent = kwargs.pop("traceparent", None)
+        attributes = _checked_attributes(kwargs.pop("request_attributes", None))
         if traceparent is None:
             given = getattr(_given, "traceparents", None)
             traceparent = given.get(id(input_ids)) if given else None
+        if attributes is None:
+            given = getattr(_given, "attributes", None)
+            attributes = given.get(id(input_ids)) if given else None
         caller: SpanContext | None = None
         try:
             caller = trace.get_current_span().get_span_context()
         except Exception as exc:
             _guard.internal_error(SPEC, exc)
-        _given.submitting = [traceparent, caller, time.time_ns(), None]
+        _given.submitting = [traceparent, caller, time.time_ns(), None, attributes]
         try:
             return original(self, input_ids, *args, **kwargs)
         except BaseException as exc:
@@ -174,7 +202,7 @@ def _state_factory(original: Callable[..., Any]) -> Callable[..., Any]:
         if submitting is not None and submitting[3] is None:
             try:
                 rid = str(state.request_id)
-                _open(rid, submitting[0], submitting[1], submitting[2])
+                _open(rid, submitting[0], submitting[1], submitting[2], submitting[4])
                 submitting[3] = rid
             except Exception as exc:
                 _guard.internal_error(SPEC, exc)
@@ -183,42 +211,69 @@ def _state_factory(original: Callable[..., Any]) -> Callable[..., Any]:
     return request_state
 
 
+def _checked_attributes(attributes: Any) -> dict[str, Any] | None:
+    """``request_attributes=``: a mapping of string keys (the request's attributes, e.g.
+    ``{"tenant": "acme"}``), or None; anything else is the caller's :class:`TypeError`."""
+    if attributes is None:
+        return None
+    if not isinstance(attributes, Mapping) or not all(isinstance(k, str) for k in attributes):
+        raise TypeError(
+            "request_attributes= takes a mapping of attribute name (str) to value, e.g. "
+            f'{{"tenant": "acme"}}, not {type(attributes).__name__}'
+        )
+    return dict(attributes) or None
+
+
+def _per_input(kwargs: dict[str, Any], name: str, inputs: Any, what: str) -> list[Any] | None:
+    given = kwargs.pop(name, None)
+    if given is None:
+        return None
+    given = list(given)
+    if len(given) != len(inputs):
+        raise ValueError(
+            f"{name}= has {len(given)} entries for {len(inputs)} inputs: give one {what} "
+            "(or None) per input, in order"
+        )
+    return given
+
+
 def _with_traceparents(original: Callable[..., Any]) -> Callable[..., Any]:
-    """``add_requests``/``generate_batch``: ``traceparents=[...]``, one per input, taken out and
-    handed to ``add_request`` by the identity of each input list (which both pass on as is)."""
+    """``add_requests``/``generate_batch``: ``traceparents=[...]`` and ``request_attributes=
+    [...]``, one per input, taken out and handed to ``add_request`` by the identity of each
+    input list (which both pass on as is)."""
 
     def wrapper(self: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
-        traceparents = kwargs.pop("traceparents", None)
-        if traceparents is None:
+        traceparents = _per_input(kwargs, "traceparents", inputs, "W3C traceparent")
+        attributes = _per_input(kwargs, "request_attributes", inputs, "mapping of attributes")
+        if traceparents is None and attributes is None:
             return original(self, inputs, *args, **kwargs)
-        traceparents = list(traceparents)
-        if len(traceparents) != len(inputs):
-            raise ValueError(
-                f"traceparents= has {len(traceparents)} entries for {len(inputs)} inputs: "
-                "give one W3C traceparent (or None) per input, in order"
-            )
-        outer = getattr(_given, "traceparents", None)
+        outer = (getattr(_given, "traceparents", None), getattr(_given, "attributes", None))
         _given.traceparents = {
-            id(ids): tp for ids, tp in zip(inputs, traceparents) if tp is not None
+            id(ids): tp for ids, tp in zip(inputs, traceparents or ()) if tp is not None
+        }
+        _given.attributes = {
+            id(ids): checked
+            for ids, a in zip(inputs, attributes or ())
+            if (checked := _checked_attributes(a)) is not None
         }
         try:
             return original(self, inputs, *args, **kwargs)
         finally:
-            _given.traceparents = outer
+            _given.traceparents, _given.attributes = outer
 
     return wrapper
 
 
 def _wrap_step(original: Callable[..., Any]) -> Callable[..., Any]:
     def _generation_step(self: Any, model: Any) -> Any:
-        requests = None
+        step = None
         try:
-            requests = _step_requests(self)
+            step = _step_requests(self)
         except Exception as exc:
             _guard.internal_error(SPEC, exc)
-        if requests is None:
+        if step is None:
             return original(self, model)
-        with batch(requests=requests):
+        with batch(requests=step[0], attributes=step[1] or None):
             return original(self, model)
 
     return _generation_step
