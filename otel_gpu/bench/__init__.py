@@ -146,6 +146,10 @@ class Result:
     total: list[float] = field(default_factory=list)
     syncs: dict[str, float] = field(default_factory=dict)
     gc: dict[str, float] = field(default_factory=dict)
+    gc_rounds: list[float] = field(default_factory=list)
+    """The collector's time in each round (loop and flush), ns per call."""
+    gc_full: int = 0
+    """Full collections (the oldest generation) within the rounds."""
     calls: int | None = None  # calls made: forwards, for the gpt2 rows
     spans: int | None = None
     dumps: int | None = None
@@ -163,7 +167,23 @@ class Result:
     def total_us(self) -> float | None:
         return statistics.median(self.total) / 1e3 if self.ok else None
 
+    @property
+    def gc_us(self) -> float | None:
+        """The collector's time per call, averaged over every round: a full collection comes
+        once in many rounds, so a median would leave it out."""
+        if not self.ok or len(self.gc_rounds) != len(self.total):
+            return None
+        return statistics.fmean(self.gc_rounds) / 1e3
+
+    def _total_gc(self) -> list[float]:
+        """Each round's total with its own collections replaced by the mean per call (µs)."""
+        mean = self.gc_us
+        if mean is None:
+            return []
+        return [(t - g) / 1e3 + mean for t, g in zip(self.total, self.gc_rounds)]
+
     def as_dict(self) -> dict[str, Any]:
+        total_gc = self._total_gc()
         return {
             "label": self.spec.label,
             "status": self.status,
@@ -175,6 +195,13 @@ class Result:
             "total_samples_us": [x / 1e3 for x in self.total],
             "host_syncs_per_call": self.syncs or None,
             "gc": self.gc or None,
+            # the garbage collector counted in the row: each round's total without its own
+            # collections, plus their mean over all rounds (a median of rounds would drop the
+            # rare full collection); the median of those, and the samples for per-round ratios
+            "gc_us": self.gc_us,
+            "gc_full_collections": self.gc_full if self.ok else None,
+            "total_gc_us": statistics.median(total_gc) if total_gc else None,
+            "total_gc_samples_us": total_gc,
             "calls": self.calls,
             "spans_written": self.spans,
             "spans_per_call": self.info.get("spans_per_call"),
@@ -362,6 +389,8 @@ def run(
                 if sample is not None:
                     res.caller.append(sample["caller_ns"] / sample["n"])
                     res.total.append(sample["total_ns"] / sample["n"])
+                    res.gc_rounds.append(sample.get("gc_ns", 0) / sample["n"])
+                    res.gc_full += sample.get("gc_full", 0)
             # this round's own time: one round of every configuration, not the time since start
             took = time.monotonic() - round_started
             say(f"round {r + 1}/{rounds} done in {took:.{2 if took < 10 else 0}f} s")

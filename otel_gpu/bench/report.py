@@ -4,7 +4,10 @@ The budgets are those of the performance issues: per call against FlashInfer's l
 (issue #6, revised), and per forward pass of the tiny GPT2 against the same forward at
 level 0. The issue states the GPT2 budgets as forward time; the stricter reading, the
 total time until every span is in the file, is the budget here, and the caller-visible
-ratio is reported beside it.
+ratio is reported beside it. The model budgets count the garbage collector in the row (issue
+"Performance III"): each round's total without its own collections, plus the collections' mean
+time per forward over all rounds (``gc.callbacks`` in the worker), so the rare full collection a
+median of rounds would drop is paid by every forward.
 """
 
 from __future__ import annotations
@@ -77,7 +80,7 @@ class Budget:
     name: str
     ours: str
     other: str
-    cost: str  # "caller" | "total"
+    cost: str  # "caller" | "total" | "total_gc" (the total with the collector's mean time)
     limit: float
     kind: str = "ratio"  # ratio | identity | syncs | throughput | difference
 
@@ -132,18 +135,18 @@ BUDGETS: tuple[Budget, ...] = (
         "throughput",
     ),
     Budget(
-        "tiny GPT2 forward, level 1 ≤ 1.3× level 0 (total: every span on disk)",
+        "tiny GPT2 forward, level 1 ≤ 1.2× level 0 (total with GC: every span on disk)",
         "gpt2_1",
         "gpt2_0",
-        "total",
-        1.3,
+        "total_gc",
+        1.2,
     ),
     Budget(
-        "tiny GPT2 forward, level 3 ≤ 2× level 0 (total: every span on disk)",
+        "tiny GPT2 forward, level 3 ≤ 1.6× level 0 (total with GC: every span on disk)",
         "gpt2_3",
         "gpt2_0",
-        "total",
-        2.0,
+        "total_gc",
+        1.6,
     ),
     Budget(
         "tiny GPT2 forward, every module armed at level 0 ≤ 1.02× the plain forward "
@@ -154,18 +157,18 @@ BUDGETS: tuple[Budget, ...] = (
         1.02,
     ),
     Budget(
-        "tiny Mixtral forward, level 1 ≤ 1.3× level 0 (total: every span on disk)",
+        "tiny Mixtral forward, level 1 ≤ 1.2× level 0 (total with GC: every span on disk)",
         "mixtral_1",
         "mixtral_0",
-        "total",
-        1.3,
+        "total_gc",
+        1.2,
     ),
     Budget(
-        "tiny Mixtral forward, level 3 ≤ 2× level 0 (total: every span on disk)",
+        "tiny Mixtral forward, level 3 ≤ 1.6× level 0 (total with GC: every span on disk)",
         "mixtral_3",
         "mixtral_0",
-        "total",
-        2.0,
+        "total_gc",
+        1.6,
     ),
 )
 
@@ -176,6 +179,12 @@ def _cost(configs: dict[str, Any], name: str | None, cost: str) -> float | None:
         return None
     value = row.get(f"{cost}_us")
     return None if value is None else float(value)
+
+
+def _full(configs: dict[str, Any], name: str) -> str:
+    """How many full collections the row's rounds saw, in words."""
+    n = (configs.get(name) or {}).get("gc_full_collections")
+    return "full collections not counted" if n is None else f"{n} full collection(s) in its rounds"
 
 
 def _missing(configs: dict[str, Any], *names: str) -> str:
@@ -286,6 +295,18 @@ def evaluate(configs: dict[str, Any], device: str) -> list[dict[str, Any]]:
             elif b.ours.startswith(
                 ("gpt2", "mixtral")
             ):  # the issue's reading (forward time), beside the budget
+                if b.cost == "total_gc":
+                    t_ours, t_other = (
+                        _cost(configs, b.ours, "total"),
+                        _cost(configs, b.other, "total"),
+                    )
+                    g_ours, g_other = _cost(configs, b.ours, "gc"), _cost(configs, b.other, "gc")
+                    if t_ours and t_other and g_ours is not None and g_other is not None:
+                        entry["detail"] += (
+                            f"; of which the collector {g_ours:.3g} µs vs {g_other:.3g} µs a "
+                            f"forward ({_full(configs, b.ours)}); median total without it "
+                            f"{t_ours / t_other:.2f}×"
+                        )
                 c_ours, c_other = (
                     _cost(configs, b.ours, "caller"),
                     _cost(configs, b.other, "caller"),
@@ -475,7 +496,7 @@ def render(report: dict[str, Any]) -> str:
     ]
     head = (
         f"{'configuration':30} {'calls/rd':>8} {'caller µs':>10} {'total µs':>10} "
-        f"{'vs':>6} {'caller×':>8} {'total×':>8} {'÷floor':>7} {'kept/call':>9} {'GC µs':>6}"
+        f"{'vs':>6} {'caller×':>8} {'total×':>8} {'÷floor':>7} {'kept/call':>9} {'GC µs':>6} {'GC run':>7}"
     )
     cuda = report["device"] == "cuda"
     if cuda:
@@ -496,6 +517,7 @@ def render(report: dict[str, Any]) -> str:
         line += (
             f" {_fmt(kept.get('retained_per_call'), '.1f'):>9}"
             f" {_fmt(kept.get('gc_amortised_us'), '.2g'):>6}"
+            f" {_fmt(row.get('gc_us'), '.3g'):>7}"
         )
         if cuda:
             syncs = row.get("host_syncs_per_call") or {}

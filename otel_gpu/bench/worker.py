@@ -438,6 +438,29 @@ def _retained(cfg: Config, n: int) -> dict[str, float]:
     }
 
 
+class _GcClock:
+    """Time the garbage collector spends, from ``gc.callbacks``: every collection of every
+    generation, on whichever thread, while this worker measures. A round's time includes its
+    collections; the model rows count them per forward (report.py), not beside the medians."""
+
+    def __init__(self) -> None:
+        self.ns = 0
+        self.full = 0  # collections of the oldest generation
+        self._started = 0
+
+    def __call__(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter_ns()
+        elif self._started:
+            self.ns += time.perf_counter_ns() - self._started
+            self._started = 0
+            if info.get("generation") == 2:
+                self.full += 1
+
+
+_GC = _GcClock()
+
+
 def _timed_round(cfg: Config, n: int, device: str) -> dict[str, int]:
     sync: Callable[[], None] = lambda: None  # noqa: E731
     if device == "cuda":
@@ -446,6 +469,7 @@ def _timed_round(cfg: Config, n: int, device: str) -> dict[str, int]:
         sync = torch.cuda.synchronize
     perf = time.perf_counter_ns
     sync()
+    gc_ns, gc_full = _GC.ns, _GC.full
     t0 = perf()
     cfg.loop(n)
     sync()
@@ -453,9 +477,16 @@ def _timed_round(cfg: Config, n: int, device: str) -> dict[str, int]:
     cfg.flush()
     sync()
     t2 = perf()
+    gc_ns, gc_full = _GC.ns - gc_ns, _GC.full - gc_full
     cfg.calls += n
     cfg.after_round()
-    return {"n": n, "caller_ns": t1 - t0, "total_ns": t2 - t0}
+    return {
+        "n": n,
+        "caller_ns": t1 - t0,
+        "total_ns": t2 - t0,
+        "gc_ns": gc_ns,
+        "gc_full": gc_full,
+    }
 
 
 def _calibrate(cfg: Config, target_s: float, device: str, max_n: int) -> int:
@@ -549,6 +580,9 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         reply({"error": f"{type(exc).__name__}: {exc}"})
         return 1
+    import gc
+
+    gc.callbacks.append(_GC)  # after the warm-up: only the measured rounds' collections count
     reply({"ready": True, "info": _info(cfg)})
     for line in sys.stdin:
         cmd = json.loads(line)
