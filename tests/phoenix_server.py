@@ -15,6 +15,14 @@ What Phoenix does with OTLP, checked against Phoenix 20.x (its source and by exp
 - it keeps each span's name, ids, parent, times, kind, status, attributes and events,
   but no other resource attribute: ``/v1/projects/<project>/spans`` returns spans
   without their resource;
+- it keeps no span links: its OTLP decoder (``phoenix/trace/otel.py``, ``decode_otlp_span``)
+  ignores them and its span table has no place for them, so ``/spans`` returns no ``links``
+  and ``/spans/otlpv1`` returns ``links`` null;
+- it stores a dotted attribute key as nested objects (``a.b`` as ``{"a": {"b": ...}}``) and
+  returns it flattened again, arrays of strings or numbers as JSON arrays; its span filter
+  (the UI's search box, GraphQL ``filterCondition``) names such a key bare (``a.b``), and
+  ``"x" in a.b`` on an array matches text within its JSON rendering (checked on its default
+  SQLite storage); the REST ``attribute=key:value`` parameter matches no array;
 - ``GET /v1/projects/<project>/spans`` pages with ``limit`` (at most 1000) and
   ``next_cursor``, and answers 404 until the project's first span is stored.
 """
@@ -100,11 +108,16 @@ class PhoenixServer:
         with urllib.request.urlopen(url, timeout=30) as response:
             return json.load(response)
 
-    def spans(self, project: str) -> list[dict[str, Any]]:
-        """Every span stored under ``project`` (all pages); ``[]`` while the project does not exist."""
+    def spans(self, project: str, *, otlp: bool = False) -> list[dict[str, Any]]:
+        """Every span stored under ``project`` (all pages); ``[]`` while the project does not exist.
+
+        ``otlp``: as the ``/spans/otlpv1`` view returns them (OTLP's field names, attributes as
+        key-value lists, a ``links`` field) instead of Phoenix's own span model."""
         out: list[dict[str, Any]] = []
         cursor = None
         path = f"/v1/projects/{urllib.parse.quote(project, safe='')}/spans"
+        if otlp:
+            path += "/otlpv1"
         while True:
             params: dict[str, Any] = {"limit": 1000, "sort": "start_time", "order": "asc"}
             if cursor:
@@ -119,6 +132,38 @@ class PhoenixServer:
             cursor = page.get("next_cursor")
             if not cursor:
                 return out
+
+    def search(self, project: str, condition: str) -> list[dict[str, Any]]:
+        """The spans of ``project`` that Phoenix's own span filter selects (the condition typed in
+        its UI's search box, sent as GraphQL ``filterCondition``): name, span id and trace id each.
+
+        Raises ``AssertionError`` with Phoenix's message when it refuses the condition."""
+        query = (
+            "query($project: String!, $condition: String!) { getProjectByName(name: $project) {"
+            " spans(first: 1000, filterCondition: $condition) { pageInfo { hasNextPage }"
+            " edges { node { name spanId trace { traceId } } } } } }"
+        )
+        body = json.dumps(
+            {"query": query, "variables": {"project": project, "condition": condition}}
+        )
+        request = urllib.request.Request(
+            f"{self.base_url}/graphql",
+            data=body.encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=30) as response:
+            answer = json.load(response)
+        assert not answer.get("errors"), f"Phoenix refused {condition!r}: {answer['errors']}"
+        spans = answer["data"]["getProjectByName"]["spans"]
+        assert not spans["pageInfo"]["hasNextPage"], "more than 1000 spans match"
+        return [
+            {
+                "name": e["node"]["name"],
+                "span_id": e["node"]["spanId"],
+                "trace_id": e["node"]["trace"]["traceId"],
+            }
+            for e in spans["edges"]
+        ]
 
     def wait_for_spans(self, project: str, n: int, timeout: float = 60.0) -> list[dict[str, Any]]:
         """Poll until ``project`` holds at least ``n`` spans (Phoenix inserts in the background)."""

@@ -1,0 +1,71 @@
+"""transformers' continuous batching on a tiny Llama from a config, each request with its own
+``traceparent``, traced by the ``transformers.continuous_batching`` target: a serving workload
+for tests that read its spans in another process (a backend, a trace file).
+
+``python tiny_serving.py``: otel-gpu is configured by the environment (``OTEL_GPU_LOGLEVEL``,
+``OTEL_GPU_LOGDEST``, the OTLP exporter's variables); the target and every module of the model
+are instrumented here. The :data:`N` requests are queued before the manager's loop starts; a
+step holds at most 3 requests and 8 tokens, so a request shares its steps with different
+requests from step to step, and some steps serve one request alone.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+N = 8
+TRACEPARENTS = [f"00-{0xC000 + i:032x}-{0xD000 + i:016x}-01" for i in range(N)]
+"""One W3C ``traceparent`` per request, in submission order (request ``req_i`` has the i-th)."""
+
+
+def main() -> None:
+    import torch
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+    from transformers.utils import logging
+
+    import otel_gpu
+
+    logging.set_verbosity_error()
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=128,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+    )
+    model = LlamaForCausalLM(config).eval()
+    generation = GenerationConfig(
+        max_new_tokens=4, do_sample=False, eos_token_id=-1, pad_token_id=0
+    )
+    batching = ContinuousBatchingConfig(
+        num_blocks=64, page_size=16, max_batch_tokens=8, max_requests_per_batch=3
+    )
+    inputs = [[1 + (i * 7 + j) % 100 for j in range(3 + i % 4)] for i in range(N)]
+
+    assert otel_gpu.instrument("transformers.continuous_batching")
+    otel_gpu.instrument_module(model)
+    manager = model.init_continuous_batching(
+        generation_config=generation, continuous_batching_config=batching
+    )
+    ids = manager.add_requests(inputs, traceparents=TRACEPARENTS)
+    manager.start()
+    done: dict[str, Any] = {}
+    try:
+        while len(done) < len(ids):
+            result = manager.get_result(timeout=60)
+            assert result is not None, f"no result within 60 s; have {sorted(done)}"
+            if result.is_finished():
+                assert result.error is None, result.error
+                done[result.request_id] = result
+    finally:
+        manager.stop(block=True, timeout=60)
+        manager.destroy()
+    assert otel_gpu.flush(30.0)
+
+
+if __name__ == "__main__":
+    main()
