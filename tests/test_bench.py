@@ -447,7 +447,7 @@ def test_gpt2_budgets_take_total_and_report_caller_visible_beside():
     l1 = budgets[L1]
     assert l1["status"] == "missed" and math.isclose(l1["value"], 1530.0 / 1010.0)
     assert "caller-visible 1.10×" in l1["detail"]
-    assert "the collector 50 µs vs 10 µs a forward (2 full collection(s)" in l1["detail"]
+    assert "the collector 50 µs vs 10 µs a forward (full collections amortised; 2 full" in l1["detail"]
     assert "median total without it 1.49×" in l1["detail"]
     l3 = budgets[L3]
     assert l3["status"] == "met" and math.isclose(l3["value"], 1600.0 / 1010.0)
@@ -726,8 +726,9 @@ def test_count_spans_leaves_out_device_time_children(tmp_path):
 
 def test_a_round_counts_the_collectors_time_and_the_row_pays_its_mean(tensors, tmp_path):
     """The worker's clock (``gc.callbacks``) counts every collection inside a round, full ones
-    apart; a row's total with GC is each round without its own collections plus their mean over
-    all rounds, so a full collection seen in one round of three costs every forward a third."""
+    apart; a row's total with GC is each round without its own collections plus their cost per
+    call: the young generations' mean and the full collections' amortised estimate (measured
+    when there is none), so a full collection in one round of three costs every forward a third."""
     import gc
 
     from otel_gpu.bench import ConfigSpec, Result
@@ -751,13 +752,23 @@ def test_a_round_counts_the_collectors_time_and_the_row_pays_its_mean(tensors, t
     finally:
         gc.callbacks.remove(worker._GC)
     assert sample["gc_full"] == 3
-    assert 0 < sample["gc_ns"] <= sample["total_ns"]
+    assert 0 < sample["gc_full_ns"] <= sample["gc_ns"] <= sample["total_ns"]
     res = Result(ConfigSpec("gpt2_1", "gpt2", 1, "x"), status="ready", n=1)
     res.caller = [1000.0, 1000.0, 1000.0]
     res.total = [1000.0, 1000.0, 4000.0]  # ns per call; the third round held a 3000 ns collection
     res.gc_rounds = [0.0, 0.0, 3000.0]
+    res.gc_full_rounds = [0.0, 0.0, 3000.0]
     row = res.as_dict()
-    assert math.isclose(row["gc_us"], 1.0)
+    assert math.isclose(row["gc_us"], 1.0)  # no estimate: the full collection measured
     assert row["total_us"] == 1.0  # the median drops the collection
     assert row["total_gc_samples_us"] == [2.0, 2.0, 2.0]
     assert row["total_gc_us"] == 2.0  # counted: every forward pays its share
+    # young collections every round, and a full collection too rare for the rounds to meet:
+    # their mean, plus the amortised estimate of full collections
+    res.total = [1300.0, 1300.0, 1300.0]
+    res.gc_rounds = [300.0, 300.0, 300.0]
+    res.gc_full_rounds = [0.0, 0.0, 0.0]
+    res.gc = {"gc_amortised_us": 5.0}
+    row = res.as_dict()
+    assert math.isclose(row["gc_us"], 5.3)
+    assert math.isclose(row["total_gc_us"], 6.3)

@@ -444,18 +444,21 @@ class _GcClock:
     collections; the model rows count them per forward (report.py), not beside the medians."""
 
     def __init__(self) -> None:
-        self.ns = 0
-        self.full = 0  # collections of the oldest generation
+        self.ns = 0  # every collection
+        self.full_ns = 0  # collections of the oldest generation
+        self.full = 0
         self._started = 0
 
     def __call__(self, phase: str, info: dict[str, Any]) -> None:
         if phase == "start":
             self._started = time.perf_counter_ns()
         elif self._started:
-            self.ns += time.perf_counter_ns() - self._started
+            took = time.perf_counter_ns() - self._started
+            self.ns += took
             self._started = 0
             if info.get("generation") == 2:
                 self.full += 1
+                self.full_ns += took
 
 
 _GC = _GcClock()
@@ -469,7 +472,7 @@ def _timed_round(cfg: Config, n: int, device: str) -> dict[str, int]:
         sync = torch.cuda.synchronize
     perf = time.perf_counter_ns
     sync()
-    gc_ns, gc_full = _GC.ns, _GC.full
+    gc_ns, gc_full, gc_full_ns = _GC.ns, _GC.full, _GC.full_ns
     t0 = perf()
     cfg.loop(n)
     sync()
@@ -477,7 +480,7 @@ def _timed_round(cfg: Config, n: int, device: str) -> dict[str, int]:
     cfg.flush()
     sync()
     t2 = perf()
-    gc_ns, gc_full = _GC.ns - gc_ns, _GC.full - gc_full
+    gc_ns, gc_full, gc_full_ns = _GC.ns - gc_ns, _GC.full - gc_full, _GC.full_ns - gc_full_ns
     cfg.calls += n
     cfg.after_round()
     return {
@@ -486,6 +489,7 @@ def _timed_round(cfg: Config, n: int, device: str) -> dict[str, int]:
         "total_ns": t2 - t0,
         "gc_ns": gc_ns,
         "gc_full": gc_full,
+        "gc_full_ns": gc_full_ns,
     }
 
 
