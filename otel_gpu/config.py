@@ -41,6 +41,7 @@ __all__ = [
     "child_environment",
     "current",
     "environ",
+    "exemplar_filter",
     "expand_path",
     "in_environment",
     "load",
@@ -1366,6 +1367,13 @@ def otlp_protocol(env: Mapping[str, str] | None = None, signal: str = "TRACES") 
                 )
             return value
     return "grpc"
+
+
+def exemplar_filter(env: Mapping[str, str] | None = None) -> str:
+    """``OTEL_METRICS_EXEMPLAR_FILTER`` as the OTel SDK reads it (``trace_based`` when unset):
+    otel-gpu's own aggregation of the call metrics keeps the exemplars that filter would."""
+    env = otel_standard_variables() if env is None else env
+    return env.get("OTEL_METRICS_EXEMPLAR_FILTER", "trace_based")
 
 
 def check_otlp_environment(env: Mapping[str, str] | None = None) -> None:
