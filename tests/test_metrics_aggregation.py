@@ -63,7 +63,8 @@ def _call(
 
 def _chunks() -> list[tuple[list[Call], list[tuple[Any, int, Any]]]]:
     """Two collection intervals of calls: every bucket edge, failures of two types, device time,
-    NaN checks at level 5, an unsampled span, and calls the head sampler dropped."""
+    NaN checks at level 5, and calls the head sampler dropped (a call record is always a
+    sampled span: an unsampled call gets none)."""
     edges = [int(b * 1e9) for b in names.DURATION_BUCKETS]
     first = [_call(F, ns, i + 1) for i, ns in enumerate(edges)]  # exactly on each boundary
     first += [_call(F, ns + 1, 100 + i) for i, ns in enumerate(edges)]  # just above it
@@ -73,7 +74,6 @@ def _chunks() -> list[tuple[list[Call], list[tuple[Any, int, Any]]]]:
         _call(G, 7_000, 202, exc=ValueError("v")),
         _call(G, 8_000, 203, exc=KeyError("k"), device=0.002),
         _call(F, 4_000, 204, device=0.0005),
-        _call(F, 4_500, 205, sampled=False),
         _call(H, 12_000, 206, nonfinite=False),
         _call(H, 13_000, 207, nonfinite=True),
         _call(H, 14_000, 208, exc=RuntimeError("r"), nonfinite=True),
@@ -148,8 +148,8 @@ def test_same_points_as_the_sdk_instruments(temporality):
     first, second = collections
     duration = names.CALL_DURATION.name
     f_point = ((CODE_FUNCTION_NAME, "lib.f"),)
-    assert first[duration][5][f_point][0] == 2 * len(names.DURATION_BUCKETS) + 4
-    assert second[duration][5][f_point][0] == (2 if temporality is DELTA else 50)
+    assert first[duration][5][f_point][0] == 2 * len(names.DURATION_BUCKETS) + 3
+    assert second[duration][5][f_point][0] == (2 if temporality is DELTA else 49)
     # a series without calls in the second interval: in a cumulative collection only
     g_key = ((CODE_FUNCTION_NAME, "lib.g"), ("error.type", "KeyError"))
     assert (g_key in second[duration][5]) is (temporality is CUMULATIVE)
@@ -175,6 +175,16 @@ def test_exemplars_are_those_since_the_last_collection():
     off.record([_call(F, 4_000, 1)])
     [point] = off.collect(view)[0].data.data_points
     assert point.count == 1 and point.exemplars == []
+
+
+def test_an_unsampled_span_never_names_the_bucket():
+    """A call record is a sampled span by construction; should one not be, its bucket shows no
+    exemplar rather than one the trace-based filter would not have kept."""
+    ours = CallAggregation(exemplars=True)
+    view = ours.collection(CUMULATIVE)
+    ours.record([_call(F, 4_000, 1), _call(F, 4_500, 2, sampled=False), _call(F, 40_000, 3)])
+    [point] = ours.collect(view)[0].data.data_points
+    assert point.count == 3 and [e.span_id for e in point.exemplars] == [3]
 
 
 def test_two_readers_each_see_every_call_once():

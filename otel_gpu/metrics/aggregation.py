@@ -66,7 +66,6 @@ _OVERFLOW = {"otel.metric.overflow": True}  # the SDK's attributes of the overfl
 _BOUNDS = DURATION_BUCKETS
 _BUCKETS = len(_BOUNDS) + 1
 _INF = math.inf
-_SAMPLED = 1  # TraceFlags.SAMPLED: the trace-based exemplar filter keeps sampled spans only
 
 
 class _Series:
@@ -85,7 +84,7 @@ class _Series:
         self.min = _INF
         self.max = -_INF
         self.exemplars: list[Any] = [None] * _BUCKETS
-        """Per bucket, the last kept measurement: (value, time, span context), or None."""
+        """Per bucket, the last kept call (a device duration: ``(value, call)``), or None."""
 
 
 class _Function:
@@ -203,11 +202,15 @@ class CallAggregation:
         return series
 
     def record(self, calls: Sequence[Call]) -> None:
-        """Aggregate a chunk of calls whose spans were just built (export thread)."""
+        """Aggregate a chunk of calls whose spans were just built (export thread).
+
+        A call record is a sampled span by construction (an unsampled call gets none,
+        calls/lifecycle.py), so the trace-based filter would keep each: the bucket keeps the
+        call itself, and its span's ids are read at collection (:func:`_exemplar`), not per call.
+        """
         plans = self._plans
         bounds = _BOUNDS
         keep = self.exemplars
-        now = time.time_ns()  # the exemplars' time: when the export thread recorded the chunk
         with self._lock:  # one acquisition per chunk, not per call
             for call in calls:
                 function = plans.get(call.plan) or self._plan(call.plan)
@@ -221,37 +224,35 @@ class CallAggregation:
                     series.min = value
                 if value > series.max:
                     series.max = value
-                span = call.span
-                ctx = span.get_span_context() if keep else None  # built with the span: cached
-                if ctx is not None and ctx.trace_flags & _SAMPLED:
-                    series.exemplars[i] = (value, now, ctx)
+                if keep:
+                    series.exemplars[i] = call
                 if function.checks:
                     function.checked += 1
                     if call.stats and any(r.nonfinite for r in call.stats):
                         function.nonfinite += 1
-                extra = span.attributes  # None for most calls: one read per call
+                extra = call.span.attributes  # None for most calls: one read per call
                 if extra:
                     seconds = device_seconds(extra)
                     if seconds is not None:
-                        self._device_one(function, exc, seconds, ctx, now)
+                        self._device_one(function, call, seconds)
 
-    def _device_one(self, function: _Function, exc: Any, value: float, ctx: Any, now: int) -> None:
+    def _device_one(self, function: _Function, call: Call, value: float) -> None:
+        exc = call.exc
         series = function.device if exc is None else self._error(function, type(exc), True)
         i = bisect_left(_BOUNDS, value)
         series.counts[i] += 1
         series.sum += value
         series.min = min(series.min, value)
         series.max = max(series.max, value)
-        if ctx is not None and ctx.trace_flags & _SAMPLED:
-            series.exemplars[i] = (value, now, ctx)
+        if self.exemplars:
+            series.exemplars[i] = (value, call)
 
     def record_device(self, call: Call, seconds: float) -> None:
         """The device time of a call whose span is already counted (export thread), for a
         resolver that learns it after the span was built; exemplar as in :meth:`record`."""
         with self._lock:
             function = self._plans.get(call.plan) or self._plan(call.plan)
-            ctx = call.span.get_span_context() if self.exemplars else None
-            self._device_one(function, call.exc, seconds, ctx, time.time_ns())
+            self._device_one(function, call, seconds)
 
     def record_unsampled(self, queue: deque[tuple[Any, int, Any]]) -> None:
         """The calls the head sampler dropped, taken off ``queue`` (export thread): histogram
@@ -373,11 +374,26 @@ def _histogram_point(s: _Series, sums: _Sums, now: int) -> HistogramDataPoint:
         explicit_bounds=_BOUNDS,
         min=sums.min,
         max=sums.max,
-        exemplars=[
-            Exemplar({}, value, at, ctx.span_id, ctx.trace_id)
-            for value, at, ctx in (e for e in sums.exemplars if e is not None)
-        ],
+        exemplars=[e for e in map(_exemplar, sums.exemplars) if e is not None],
     )
+
+
+def _exemplar(kept: Any) -> Exemplar | None:
+    """The exemplar of a bucket's last call (a device duration: ``(value, call)``), with its
+    span's ids; none for a span that is not sampled, which the trace-based filter would not have
+    kept (a call record never is one: the bucket then shows none rather than a wrong call)."""
+    if kept is None:
+        return None
+    if type(kept) is tuple:
+        value, call = kept
+    else:
+        call = kept
+        value = (call.end_ns - call.start_ns) / 1e9  # the value recorded, computed as then
+    ctx = call.span.get_span_context()
+    if not ctx.trace_flags.sampled:
+        return None
+    # the call's end: when its duration was measured (the SDK stamps when record() ran)
+    return Exemplar({}, value, call.end_ns, ctx.span_id, ctx.trace_id)
 
 
 def _number(attrs: dict[str, Any], start_ns: int, now: int, value: int) -> NumberDataPoint:
