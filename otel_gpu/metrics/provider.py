@@ -37,7 +37,7 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from otel_gpu import _guard
-from otel_gpu.config import Settings, exemplar_filter, expand_path
+from otel_gpu.config import Settings, exemplar_filter, expand_path, metrics_destination
 from otel_gpu.core.scope import SCOPE
 from otel_gpu.core.threads import bounded_call
 from otel_gpu.metrics import names
@@ -162,8 +162,9 @@ def _application_provider(settings: Settings, pipeline: ExportState) -> Any:
 
 
 def build(settings: Settings, pipeline: ExportState) -> Metrics:
-    """The metrics of ``pipeline`` (``OTEL_GPU_METRICS=true``): provider, call instruments, GPU
-    gauges and otel-gpu's own counters."""
+    """The metrics of ``pipeline`` (``OTEL_GPU_METRICS`` true, or auto where the wiring found
+    an OTLP or file destination): provider, call metrics, GPU gauges and otel-gpu's own
+    counters."""
     from otel_gpu.metrics import calls, own
 
     app = _application_provider(settings, pipeline)
@@ -188,12 +189,12 @@ def _own(settings: Settings, pipeline: ExportState) -> Metrics:
     exporters: list[Any] = []
     consoles: list[str] = []
     for item in settings.dest:
-        key = item.lower()
-        if key == "otlp":
+        kind = metrics_destination(item)
+        if kind == "otlp":
             exporters.append(_otlp_exporter())
-        elif key not in ("stdout", "stderr") and expand_path(item).endswith(".jsonl"):
+        elif kind == "file":
             exporters.append(_file_exporter(metrics_path(expand_path(item))))
-        else:
+        elif settings.metrics is True:  # a table at exit only when asked for: auto prints none
             consoles.append(item)
     # Aggregated by otel-gpu where that gives what the SDK instruments would: the trace-based
     # (or no) exemplar filter, and exporters that ask for explicit buckets and one temporality
