@@ -38,6 +38,7 @@ class _Plan:
 
 
 F, G, H = _Plan("lib.f"), _Plan("lib.g"), _Plan("lib.h", level=5)
+H1 = _Plan("lib.h", level=1)  # the same name at level 1 (another module, or switched live)
 
 
 def _call(
@@ -63,8 +64,8 @@ def _call(
 
 def _chunks() -> list[tuple[list[Call], list[tuple[Any, int, Any]]]]:
     """Two collection intervals of calls: every bucket edge, failures of two types, device time,
-    NaN checks at level 5, and calls the head sampler dropped (a call record is always a
-    sampled span: an unsampled call gets none)."""
+    NaN checks at level 5 (and a plan of the same name below it), and calls the head sampler
+    dropped (a call record is always a sampled span: an unsampled call gets none)."""
     edges = [int(b * 1e9) for b in names.DURATION_BUCKETS]
     first = [_call(F, ns, i + 1) for i, ns in enumerate(edges)]  # exactly on each boundary
     first += [_call(F, ns + 1, 100 + i) for i, ns in enumerate(edges)]  # just above it
@@ -77,6 +78,7 @@ def _chunks() -> list[tuple[list[Call], list[tuple[Any, int, Any]]]]:
         _call(H, 12_000, 206, nonfinite=False),
         _call(H, 13_000, 207, nonfinite=True),
         _call(H, 14_000, 208, exc=RuntimeError("r"), nonfinite=True),
+        _call(H1, 16_000, 209, nonfinite=True),  # not checked at its level: not counted
     ]
     unsampled_first = [(F, 2_500, None), (G, 9_000, KeyError), (H, 30_000, None)]
     second = [
@@ -346,3 +348,36 @@ def test_forked_child_can_take_the_aggregation_lock():
             os._exit(0 if ours._lock.acquire(timeout=5) else 1)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_a_failure_adding_the_call_metrics_still_exports_the_rest(monkeypatch):
+    """An internal error while adding the call metrics is reported once and the collection the
+    SDK made (GPU gauges, otel-gpu's own counters) is exported all the same."""
+    from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, MetricsData
+    from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+    from otel_gpu import _guard
+
+    class Recording(MetricExporter):
+        def __init__(self) -> None:
+            super().__init__()
+            self.got: list[Any] = []
+
+        def export(self, metrics_data, timeout_millis=10_000, **kwargs):
+            self.got.append(metrics_data)
+            return MetricExportResult.SUCCESS
+
+        def force_flush(self, timeout_millis=10_000):
+            return True
+
+        def shutdown(self, timeout_millis=30_000, **kwargs):
+            pass
+
+    inner = Recording()
+    ours = CallAggregation(exemplars=True)
+    wrapper = exporter.CallMetricsExporter(inner, ours, InstrumentationScope(names.METER))
+    monkeypatch.setattr(ours, "collect", lambda view: 1 / 0)
+    monkeypatch.setattr(_guard, "_strict", False)
+    data = MetricsData(resource_metrics=[])
+    assert wrapper.export(data) is MetricExportResult.SUCCESS
+    assert inner.got == [data]

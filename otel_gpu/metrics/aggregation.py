@@ -87,18 +87,31 @@ class _Series:
         """Per bucket, the last kept call (a device duration: ``(value, call)``), or None."""
 
 
-class _Function:
-    """What a plan maps to: its series, and whether its calls are checked for NaN/Inf."""
+class _Name:
+    """A function name's series and NaN/Inf counts, shared by every plan that has the name."""
 
-    __slots__ = ("attrs", "checked", "checks", "device", "nonfinite", "ok")
+    __slots__ = ("attrs", "checked", "device", "nonfinite", "ok")
 
-    def __init__(self, attrs: dict[str, Any], ok: _Series, device: _Series, checks: bool) -> None:
+    def __init__(self, attrs: dict[str, Any], ok: _Series, device: _Series) -> None:
         self.attrs = attrs  # {code.function.name: ...}: the counters' attributes
         self.ok = ok  # the host durations of its calls that returned
         self.device = device  # their device durations
-        self.checks = checks  # decorated at level >= 5
         self.checked = 0  # calls checked for NaN/Inf since the last collection
         self.nonfinite = 0  # of which held one
+
+
+class _Function:
+    """What a plan maps to: its name's series, and whether its calls are checked for NaN/Inf
+    (a plan's own level: two plans of one name may differ, as an SDK instrument sees them)."""
+
+    __slots__ = ("attrs", "checks", "device", "name", "ok")
+
+    def __init__(self, name: _Name, checks: bool) -> None:
+        self.name = name
+        self.attrs = name.attrs
+        self.ok = name.ok  # copied from the name: one attribute read a call, not two
+        self.device = name.device
+        self.checks = checks  # decorated at level >= 5
 
 
 class _Sums:
@@ -130,7 +143,7 @@ class Collection:
         self.last_ns = 0  # the previous collection's time: a new series starts there
         self.series: dict[_Series, _Sums] = {}  # host durations
         self.device: dict[_Series, _Sums] = {}
-        self.nonfinite: dict[_Function, list[int]] = {}  # [start_ns, calls that held NaN/Inf]
+        self.nonfinite: dict[_Name, list[int]] = {}  # [start_ns, calls that held NaN/Inf]
 
 
 _AGGREGATIONS: weakref.WeakSet[CallAggregation] = weakref.WeakSet()
@@ -144,7 +157,7 @@ class CallAggregation:
         self.exemplars = exemplars  # the trace-based filter (else always_off: none)
         self._lock = threading.Lock()
         self._plans: dict[Any, _Function] = {}
-        self._functions: dict[str, _Function] = {}  # by name: a plan cache reset keeps series
+        self._names: dict[str, _Name] = {}  # a plan cache reset keeps the series of a name
         self._failed: dict[tuple[str, type], _Series] = {}
         self._failed_device: dict[tuple[str, type], _Series] = {}
         self._series: list[_Series] = []  # every host series, in creation order
@@ -179,16 +192,13 @@ class CallAggregation:
             self._plans.clear()
         name = plan.attributes.get(FUNCTION)
         name = name if isinstance(name, str) else str(plan.name)
-        checks = getattr(plan, "level", 0) >= 5
-        entry = self._functions.get(name)
-        if entry is None:
+        shared = self._names.get(name)
+        if shared is None:
             attrs = {FUNCTION: name}
-            entry = _Function(
-                attrs, self._new(attrs, False, False), self._new(attrs, False, True), checks
+            shared = self._names[name] = _Name(
+                attrs, self._new(attrs, False, False), self._new(attrs, False, True)
             )
-            self._functions[name] = entry
-        entry.checks = entry.checks or checks
-        self._plans[plan] = entry
+        entry = self._plans[plan] = _Function(shared, getattr(plan, "level", 0) >= 5)
         return entry
 
     def _error(self, function: _Function, cls: type, device: bool = False) -> _Series:
@@ -227,9 +237,10 @@ class CallAggregation:
                 if keep:
                     series.exemplars[i] = call
                 if function.checks:
-                    function.checked += 1
+                    counts = function.name
+                    counts.checked += 1
                     if call.stats and any(r.nonfinite for r in call.stats):
-                        function.nonfinite += 1
+                        counts.nonfinite += 1
                 extra = call.span.attributes  # None for most calls: one read per call
                 if extra:
                     seconds = device_seconds(extra)
@@ -283,14 +294,14 @@ class CallAggregation:
                 for s in every:
                     if s.max != -_INF:  # measured since the last collection
                         self._take(s, which)
-            for function in self._functions.values():
-                if function.checked:
+            for counts in self._names.values():
+                if counts.checked:
                     for other in self._collections:
-                        row = other.nonfinite.get(function)
+                        row = other.nonfinite.get(counts)
                         if row is None:
-                            row = other.nonfinite[function] = [other.last_ns or now, 0]
-                        row[1] += function.nonfinite
-                    function.checked = function.nonfinite = 0
+                            row = other.nonfinite[counts] = [other.last_ns or now, 0]
+                        row[1] += counts.nonfinite
+                    counts.checked = counts.nonfinite = 0
             metrics = _points(view, now)
             view.last_ns = now
             if view.temporality is AggregationTemporality.DELTA:

@@ -28,6 +28,7 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.metrics.view import DefaultAggregation, ExplicitBucketHistogramAggregation
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
+from otel_gpu import _guard
 from otel_gpu.metrics.aggregation import CallAggregation, Collection
 
 __all__ = ["CallMetricsExporter", "aggregates", "inject", "temporality"]
@@ -94,8 +95,11 @@ class CallMetricsExporter(MetricExporter):
         self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any
     ) -> MetricExportResult:
         data = metrics_data
-        resource = data.resource_metrics[0].resource if data.resource_metrics else None
-        data = inject(data, self._calls.collect(self.view), self.scope, resource) or data
+        try:
+            resource = data.resource_metrics[0].resource if data.resource_metrics else None
+            data = inject(data, self._calls.collect(self.view), self.scope, resource) or data
+        except Exception as exc:  # the SDK's own metrics are exported all the same
+            _guard.internal_error("metrics", exc)
         return self.exporter.export(data, timeout_millis=timeout_millis, **kwargs)
 
     def force_flush(self, timeout_millis: float = 10_000) -> bool:
