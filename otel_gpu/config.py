@@ -41,9 +41,12 @@ __all__ = [
     "child_environment",
     "current",
     "environ",
+    "exemplar_filter",
     "expand_path",
     "in_environment",
     "load",
+    "metrics_destination",
+    "metrics_exporter_none",
     "no_color",
     "otel_standard_variables",
     "otlp_protocol",
@@ -341,6 +344,15 @@ def _bool(raw: str) -> bool:
     if value in ("0", "false", "no", "off", ""):
         return False
     raise ValueError("not a boolean")
+
+
+def _metrics(raw: str) -> bool | str:
+    if str(raw).strip().lower() == "auto":
+        return "auto"
+    try:
+        return _bool(raw)
+    except ValueError:
+        raise ValueError("not auto, true or false") from None
 
 
 def _dest(raw: str) -> tuple[str, ...]:
@@ -714,11 +726,15 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "metrics",
         "OTEL_GPU_METRICS",
-        "true, false",
-        _bool,
+        "auto, true, false",
+        _metrics,
         "At level >= 1, also emit OpenTelemetry metrics where the spans go: call durations (with "
         "exemplars naming the call's span), calls, errors and non-finite results per function, "
-        "GPU gauges read through NVML, and otel-gpu's own counters (docs/metrics.md).",
+        "GPU gauges read through NVML, and otel-gpu's own counters (docs/metrics.md). auto: "
+        "where otel-gpu's own provider sends spans to otlp or a .jsonl file (aggregated by "
+        "otel-gpu, about 1 µs a call), not to a console or the application's provider; true: "
+        "also a table at exit on a console destination, and the application's MeterProvider "
+        "through SDK instruments (10-13 µs a call); false: never.",
     ),
     Setting(
         "metrics_interval",
@@ -1141,7 +1157,7 @@ class Settings:
     journal: bool = True
     journal_dir: str | None = None
     recover_on_start: bool = False
-    metrics: bool = False
+    metrics: bool | str = "auto"  # "auto": where it is cheap and read (metrics/provider.py)
     metrics_interval: float = 10.0
     nvtx: bool = False
     device_time: str = "auto"
@@ -1193,7 +1209,7 @@ def _parse(setting: Setting, raw: object, source: str) -> Any:
         raw = ",".join(str(r) for r in raw)
     if setting.field == "redact" and isinstance(raw, (list, tuple)):
         raw = ",".join(str(r) for r in raw)
-    if isinstance(raw, bool) and setting.parse is _bool:
+    if isinstance(raw, bool) and setting.parse in (_bool, _metrics):
         return raw
     if isinstance(raw, (int, float)) and not isinstance(raw, bool):
         raw = str(raw)
@@ -1366,6 +1382,32 @@ def otlp_protocol(env: Mapping[str, str] | None = None, signal: str = "TRACES") 
                 )
             return value
     return "grpc"
+
+
+def metrics_destination(item: str) -> str:
+    """Where the metrics of one ``OTEL_GPU_LOGDEST`` entry go: ``otlp`` (the OTLP metric
+    exporter), ``file`` (a ``.jsonl`` path: its ``.metrics.jsonl`` sibling) or ``console``
+    (stdout, stderr, a text file: a table at exit, with ``OTEL_GPU_METRICS=true`` only)."""
+    key = item.lower()
+    if key == "otlp":
+        return "otlp"
+    if key not in ("stdout", "stderr") and expand_path(item).endswith(".jsonl"):
+        return "file"
+    return "console"
+
+
+def metrics_exporter_none(env: Mapping[str, str] | None = None) -> bool:
+    """``OTEL_METRICS_EXPORTER=none``: the standard way to say "no metrics" (a traces-only
+    backend); ``OTEL_GPU_METRICS=auto`` honours it."""
+    env = otel_standard_variables() if env is None else env
+    return env.get("OTEL_METRICS_EXPORTER", "").strip().lower() == "none"
+
+
+def exemplar_filter(env: Mapping[str, str] | None = None) -> str:
+    """``OTEL_METRICS_EXEMPLAR_FILTER`` as the OTel SDK reads it (``trace_based`` when unset):
+    otel-gpu's own aggregation of the call metrics keeps the exemplars that filter would."""
+    env = otel_standard_variables() if env is None else env
+    return env.get("OTEL_METRICS_EXEMPLAR_FILTER", "trace_based")
 
 
 def check_otlp_environment(env: Mapping[str, str] | None = None) -> None:

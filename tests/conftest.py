@@ -19,6 +19,7 @@ _OUR_ENV = (
     "OTEL_EXPORTER_OTLP",
     "OTEL_TRACES_",
     "OTEL_BSP_",
+    "OTEL_METRICS_",
 )
 
 

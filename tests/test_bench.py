@@ -650,6 +650,25 @@ def test_metrics_budget_is_the_caller_visible_difference_with_the_total_beside()
     assert budgets["metrics cost ≤ 1 µs caller-visible per call over level 1"]["status"] == "n/a"
 
 
+def test_metrics_on_by_default_budget_is_the_total_difference():
+    """What lets metrics be on by default: level 1 with them costs at most 2 µs more a call in
+    total than without, judged in µs with the per-round difference and the caller-visible one
+    beside it."""
+    configs = _configs()
+    configs["ours1"] = _row(5.0, 9.0)
+    configs["ours1m"] = _row(5.1, 10.5)
+    configs["ours1m"]["total_samples_us"] = [10.4, 10.6, 10.5]
+    configs["ours1"]["total_samples_us"] = [9.0, 9.0, 9.0]
+    name = "metrics cost ≤ 2 µs per call over level 1 in total (every span on disk)"
+    entry = {b["name"]: b for b in _report.evaluate(configs, "cpu")}[name]
+    assert entry["status"] == "met" and entry["unit"] == "µs"
+    assert "(per-round difference 1.50 µs)" in entry["detail"]
+    assert "caller-visible +0.10 µs per call" in entry["detail"]
+    configs["ours1m"] = _row(5.1, 19.0)
+    entry = {b["name"]: b for b in _report.evaluate(configs, "cpu")}[name]
+    assert entry["status"] == "missed"
+
+
 def test_metrics_budget_renders_in_microseconds():
     """In the text report the metrics budget reads "<value> µs (limit 1.0 µs)"."""
     from otel_gpu.bench import Result

@@ -252,7 +252,8 @@ def test_jsonl_file_is_valid_otlp_json_with_metadata_stats_errors_and_resource(t
 
 @pytest.mark.parametrize("suffix", [".jsonl", ".log"])
 def test_path_expands_pid_and_rank(tmp_path, monkeypatch, suffix):
-    """``%i`` in a destination path becomes the process id and ``%r`` the ``RANK`` variable."""
+    """``%i`` in a destination path becomes the process id and ``%r`` the ``RANK`` variable (in
+    the metrics file beside a ``.jsonl`` one too, on by default there)."""
     monkeypatch.setenv("RANK", "3")
     otel_gpu.configure(level=1, dest=str(tmp_path / f"trace-%i-rank%r{suffix}"), provider="own")
 
@@ -263,7 +264,8 @@ def test_path_expands_pid_and_rank(tmp_path, monkeypatch, suffix):
     assert otel_gpu.flush() is True
 
     expected = tmp_path / f"trace-{os.getpid()}-rank3{suffix}"
-    assert [p.name for p in tmp_path.iterdir()] == [expected.name]
+    metrics = [f"trace-{os.getpid()}-rank3.metrics.jsonl"] if suffix == ".jsonl" else []
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([expected.name, *metrics])
     assert f"{__name__}.{work.__qualname__}" in expected.read_text(encoding="utf-8")
 
 
@@ -344,7 +346,8 @@ def test_configure_service_name_sets_resource_service_name(tmp_path, fresh_resou
 def _otlp_round_trip(monkeypatch, receiver, env: dict[str, str]) -> tuple[list, list]:
     for name, value in env.items():
         monkeypatch.setenv(name, value.replace("{endpoint}", receiver.endpoint))
-    otel_gpu.configure(level=3, dest="otlp", provider="own")
+    # spans only: the metrics (on by default) would take their own protocol, gRPC by default
+    otel_gpu.configure(level=3, dest="otlp", provider="own", metrics=False)
     lib = _make_lib()
     lib["outer"](torch.ones(2, 3), torch.zeros(2, 3))
     with pytest.raises(ValueError):

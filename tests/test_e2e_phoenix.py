@@ -64,6 +64,8 @@ def _otlp_env(server: phoenix_server.PhoenixServer, protocol: str) -> dict[str, 
     return {
         "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": protocol,
         "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
+        # Phoenix takes traces only: the standard "no metrics", which the default honours
+        "OTEL_METRICS_EXPORTER": "none",
     }
 
 

@@ -132,9 +132,9 @@ def test_worker_processes_write_their_own_whole_files(tmp_path, monkeypatch, met
     by multiprocessing ``fork`` and ``spawn``, 4 threads x 500 calls each, with
     OTEL_GPU_LOGDEST=spans-%r-%i.jsonl.
 
-    Figure: one file per worker, named by its own rank and pid; every line of every file parses
-    as JSON (0 torn or interleaved lines); every span of a worker is in its file and carries its
-    rank in the resource.
+    Figure: one file per worker (and its metrics file), named by its own rank and pid; every line
+    of every span file parses as JSON (0 torn or interleaved lines); every span of a worker is in
+    its file and carries its rank in the resource.
     """
     calls, threads = 2000, 4
     monkeypatch.setenv("OTEL_GPU_LOGLEVEL", "3")
@@ -153,7 +153,11 @@ def test_worker_processes_write_their_own_whole_files(tmp_path, monkeypatch, met
         p.join(120)
         assert p.exitcode == 0
     files = sorted(tmp_path.glob("spans-*.jsonl"))
-    assert sorted(f.name for f in files) == sorted(f"spans-{r}-{p.pid}.jsonl" for r, p in procs)
+    spans = [f.name for f in files if not f.name.endswith(".metrics.jsonl")]
+    assert sorted(spans) == sorted(f"spans-{r}-{p.pid}.jsonl" for r, p in procs)
+    # the metrics beside them (on by default for a .jsonl destination), named alike
+    metrics = [f.name for f in files if f.name.endswith(".metrics.jsonl")]
+    assert sorted(metrics) == sorted(f"spans-{r}-{p.pid}.metrics.jsonl" for r, p in procs)
     lines = 0
     for rank, p in procs:
         batches = _read_lines(tmp_path / f"spans-{rank}-{p.pid}.jsonl")

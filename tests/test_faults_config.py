@@ -33,6 +33,7 @@ REPO = Path(__file__).resolve().parent.parent
 # Bad values per parser; every setting whose parser can reject something is covered.
 BAD_BY_PARSER = {
     "_bool": ["maybe", "2", "yes please"],
+    "_metrics": ["maybe", "automatic", "2"],
     "_positive_int": ["0", "-3", "x", "1.5"],
     "_non_negative_float": ["-1", "nan", "soon"],
     "_positive_float": ["0", "0.05", "-1", "nan", "soon"],

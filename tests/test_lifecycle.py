@@ -97,8 +97,10 @@ def test_forked_child_writes_its_own_file(tmp_path):
     assert result.returncode == 0, result.stderr
     child_pid, status = (int(x) for x in result.stdout.split())
     assert status == 0
-    files = sorted(tmp_path.glob("t_*.jsonl"))
+    # each process's spans, and its metrics beside them (on by default for a .jsonl file)
+    files = sorted(f for f in tmp_path.glob("t_*.jsonl") if not f.name.endswith(".metrics.jsonl"))
     assert len(files) == 2
+    assert len(list(tmp_path.glob("t_*.metrics.jsonl"))) == 2
     child = tmp_path / f"t_{child_pid}.jsonl"
     assert len(_span_names(child)) == 20
     parent = next(f for f in files if f != child)

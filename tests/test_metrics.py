@@ -330,8 +330,8 @@ def test_console_prints_a_table_at_exit(tmp_path):
 
 
 def test_metrics_off_creates_nothing(tmp_path):
-    """Without ``OTEL_GPU_METRICS``, no metrics module is imported, no instrument exists and no
-    metrics file is written."""
+    """With ``OTEL_GPU_METRICS=false``, no metrics module is imported, no instrument exists and
+    no metrics file is written, even beside a ``.jsonl`` destination."""
     done = _script(
         tmp_path,
         """
@@ -348,7 +348,11 @@ def test_metrics_off_creates_nothing(tmp_path):
         assert pipeline.get().metrics is None
         print(sorted(m for m in sys.modules if m.startswith("otel_gpu.metrics")))
         """,
-        {"OTEL_GPU_LOGLEVEL": "1", "OTEL_GPU_LOGDEST": str(tmp_path / "s.jsonl")},
+        {
+            "OTEL_GPU_LOGLEVEL": "1",
+            "OTEL_GPU_METRICS": "false",
+            "OTEL_GPU_LOGDEST": str(tmp_path / "s.jsonl"),
+        },
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
@@ -506,3 +510,90 @@ def test_calls_the_head_sampler_drops_are_still_counted(module_factory, tmp_path
     assert {k: p.count for k, p in points.items()} == {scale: 200, fail: 40}
     ids = {s["spanId"] for s in spans}
     assert all(e.span_id.hex() in ids for p in points.values() for e in p.exemplars)
+
+
+def test_metrics_are_on_by_default_beside_a_jsonl_destination(module_factory, tmp_path):
+    """Without ``OTEL_GPU_METRICS`` (``auto``), otel-gpu's own provider writes the metrics
+    beside a ``.jsonl`` destination, aggregated by otel-gpu, not by SDK instruments."""
+    from otel_gpu.metrics.aggregation import CallAggregation
+
+    assert otel_gpu.config.load(env={}).metrics == "auto"
+    otel_gpu.configure(level=1, dest=str(tmp_path / "s.jsonl"))
+    lib = module_factory(LIB)
+    for _ in range(3):
+        lib.scale(1.0)
+    assert otel_gpu.flush(timeout=10)
+    pipe = pipeline.get()
+    assert pipe is not None and isinstance(pipe.metrics.calls, CallAggregation)
+    [point] = _points(
+        _latest(_read(tmp_path / "s.metrics.jsonl"))["otel_gpu.call.duration"]
+    ).values()
+    assert point.count == 3
+
+
+def test_default_builds_no_metrics_for_a_console_destination(module_factory, tmp_path):
+    """``auto`` on a console or text destination builds no metrics (no table at exit, no
+    reader thread); ``OTEL_GPU_METRICS=true`` asks for the table."""
+    otel_gpu.configure(level=1, dest=str(tmp_path / "spans.txt"))
+    lib = module_factory(LIB)
+    lib.scale(1.0)
+    assert otel_gpu.flush(timeout=10)
+    pipe = pipeline.get()
+    assert pipe is not None and pipe.metrics is None
+
+    otel_gpu.configure(level=1, dest=str(tmp_path / "spans.txt"), metrics=True)
+    lib = module_factory(LIB)
+    lib.scale(1.0)
+    assert otel_gpu.flush(timeout=10)
+    pipe = pipeline.get()
+    assert pipe is not None and pipe.metrics is not None and pipe.metrics.summary is not None
+
+
+def test_default_leaves_the_applications_meter_provider_alone(tmp_path):
+    """``auto`` with the spans on the application's providers records nothing there: SDK
+    instruments would cost 10-13 µs a call; ``OTEL_GPU_METRICS=true`` asks for them."""
+    done = _script(
+        tmp_path,
+        """
+        import otel_gpu
+        from opentelemetry import metrics, trace
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+        from opentelemetry.sdk.trace import TracerProvider
+
+        reader = InMemoryMetricReader()
+        metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
+        trace.set_tracer_provider(TracerProvider())
+
+        @otel_gpu.api
+        def f(x):
+            return x
+
+        f(1)
+        otel_gpu.flush()
+        from otel_gpu.export import pipeline
+        print(pipeline.get().metrics, reader.get_metrics_data())
+        """,
+        {"OTEL_GPU_LOGLEVEL": "1", "OTEL_GPU_LOGDEST": str(tmp_path / "s.jsonl")},
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "None None"
+    assert not (tmp_path / "s.metrics.jsonl").exists()
+
+
+def test_default_honours_otel_metrics_exporter_none(module_factory, tmp_path, monkeypatch):
+    """``OTEL_METRICS_EXPORTER=none``, the standard "no metrics" (a traces-only backend), turns
+    the default off; ``OTEL_GPU_METRICS=true`` still asks for them."""
+    monkeypatch.setenv("OTEL_METRICS_EXPORTER", "none")
+    otel_gpu.configure(level=1, dest=str(tmp_path / "s.jsonl"))
+    lib = module_factory(LIB)
+    lib.scale(1.0)
+    assert otel_gpu.flush(timeout=10)
+    assert pipeline.get().metrics is None  # type: ignore[union-attr]
+    assert not (tmp_path / "s.metrics.jsonl").exists()
+
+    otel_gpu.configure(level=1, dest=str(tmp_path / "t.jsonl"), metrics=True)
+    lib = module_factory(LIB)
+    lib.scale(1.0)
+    assert otel_gpu.flush(timeout=10)
+    assert (tmp_path / "t.metrics.jsonl").exists()

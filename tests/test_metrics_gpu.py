@@ -350,6 +350,26 @@ def test_no_usable_nvml_creates_nothing(
     assert _collect(reader) == ({}, {})
 
 
+@pytest.mark.parametrize(("metrics", "warned"), [("auto", False), (True, True)])
+def test_no_driver_is_a_warning_only_where_metrics_were_asked_for(
+    fake: FakeNvml,
+    monkeypatch: pytest.MonkeyPatch,
+    meter: Any,
+    reader: Any,
+    caplog: pytest.LogCaptureFixture,
+    metrics: Any,
+    warned: bool,
+) -> None:
+    """Without a driver, ``OTEL_GPU_METRICS=true`` logs why there are no GPU gauges; the
+    default (``auto``) creates none either, but says nothing: a machine without NVIDIA GPUs is
+    the normal case for a program that never asked for them."""
+    monkeypatch.setattr(fake, "nvmlInit", raising(FakeLibraryNotFound("gone")))
+    with caplog.at_level(logging.WARNING, logger="otel_gpu"):
+        assert gpu.register(meter, Settings(metrics=metrics, metrics_interval=10.0)) is None
+    assert bool([r for r in caplog.records if "GPU gauges" in r.getMessage()]) is warned
+    assert _collect(reader) == ({}, {})
+
+
 def test_nvml_error_in_one_collection_then_recovery(
     fake: FakeNvml,
     monkeypatch: pytest.MonkeyPatch,

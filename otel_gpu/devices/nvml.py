@@ -22,7 +22,15 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, TypeVar
 
-__all__ = ["GpuInfo", "GpuReading", "GpuSample", "NvmlReport", "query_gpus", "sample_gpus"]
+__all__ = [
+    "GpuInfo",
+    "GpuReading",
+    "GpuSample",
+    "NvmlReport",
+    "query_gpus",
+    "sample_gpus",
+    "unavailable",
+]
 
 _log = logging.getLogger("otel_gpu")
 
@@ -277,7 +285,7 @@ def _log_reason(reason: str) -> None:
     _log.warning("otel-gpu GPU gauges: %s", reason)
 
 
-def _open_session() -> _Session:
+def _open_session(log: bool = True) -> _Session:
     nvml: Any = None
     try:
         nvml = _load_pynvml()
@@ -285,12 +293,20 @@ def _open_session() -> _Session:
     except Exception as exc:
         reason = _describe(nvml, exc)
         _log.debug("NVML init for sampling failed: %r", exc)
-        _log_reason(reason)
+        if log:
+            _log_reason(reason)
         return _Session(os.getpid(), None, reason)
     return _Session(os.getpid(), nvml, None)
 
 
-def _current_session() -> _Session:
+def unavailable() -> str | None:
+    """Why NVML cannot be used in this process (no ``pynvml``, no driver), or None. Opens the
+    session as :func:`sample_gpus` would, without logging the reason: on a machine without
+    NVIDIA GPUs that is news only to whoever asked for the GPU gauges."""
+    return _current_session(log=False).error
+
+
+def _current_session(log: bool = True) -> _Session:
     global _session
     with _session_lock:
         # A forked child holds its parent's NVML state, which is not its own: open again.
@@ -298,7 +314,7 @@ def _current_session() -> _Session:
             _session = None
         session = _session
     if session is None:
-        session = _open_session()
+        session = _open_session(log)
         with _session_lock:
             if _session is None:
                 _session = session

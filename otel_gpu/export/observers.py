@@ -25,7 +25,13 @@ from operator import attrgetter
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from otel_gpu import _guard
-from otel_gpu.config import LEVELS, ConfigError, Settings
+from otel_gpu.config import (
+    LEVELS,
+    ConfigError,
+    Settings,
+    metrics_destination,
+    metrics_exporter_none,
+)
 from otel_gpu.core.protocols import ExportState, Host, Observer
 from otel_gpu.exporters.destinations import PRECALL_LEVEL
 
@@ -177,7 +183,17 @@ def by_level(observers: tuple[Observer, ...]) -> dict[int, tuple[Observer, ...]]
 
 def build_metrics(settings: Settings, pipeline: Wired) -> MetricsSink | None:
     """``OTEL_GPU_METRICS``: the metrics beside the spans, or None (a bad metrics setting is one
-    warning, and the spans go on without them)."""
+    warning, and the spans go on without them). ``auto`` (the default) builds them only where
+    otel-gpu's own provider exports spans to OTLP or a ``.jsonl`` file: there the call metrics
+    are aggregated by otel-gpu (about a microsecond a call) and something reads them; a console
+    gets no table, and the application's provider no SDK instruments (10-13 µs a call), unless
+    ``OTEL_GPU_METRICS=true`` asks."""
+    if settings.metrics == "auto" and not (
+        pipeline.owns_provider
+        and any(metrics_destination(item) != "console" for item in settings.dest)
+        and not metrics_exporter_none()  # the standard "no metrics", for a traces-only backend
+    ):
+        return None
     try:
         return _load("otel_gpu.metrics.provider:build")(settings, pipeline)  # type: ignore[no-any-return]
     except ConfigError as exc:  # e.g. the metrics' OTLP protocol: spans go on without them

@@ -170,6 +170,8 @@ def register(meter: Meter, settings: Settings) -> GpuGauges | None:
     if not settings.metrics:
         return None
     try:
+        if settings.metrics == "auto" and nvml.unavailable() is not None:
+            return None  # no NVIDIA GPU here, and nobody asked for its gauges: no warning
         probe = nvml.sample_gpus()  # opens this process's NVML session, kept for collections
         if not probe.readings:
             return None

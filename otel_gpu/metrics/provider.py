@@ -13,6 +13,12 @@ The metrics follow the spans (docs/metrics.md, "Where metrics go"):
 Each reader of otel-gpu's own provider is a ``PeriodicExportingMetricReader`` on its own thread
 every ``OTEL_GPU_METRICS_INTERVAL`` seconds, so a slow collector never holds the span export
 thread; the last collection is exported at exit within ``OTEL_GPU_FLUSH_TIMEOUT``.
+
+On otel-gpu's own provider the call metrics are aggregated by otel-gpu
+(:mod:`otel_gpu.metrics.aggregation`, well under a microsecond a call on the export thread) and
+added to each export by :class:`otel_gpu.metrics.exporter.CallMetricsExporter`. On the
+application's provider, or where an exporter asks for what that aggregation does not reproduce,
+they are recorded through SDK instruments (:mod:`otel_gpu.metrics.calls`, 10–13 µs a call).
 """
 
 from __future__ import annotations
@@ -23,10 +29,15 @@ from typing import IO, TYPE_CHECKING, Any, cast
 
 from opentelemetry import metrics as metrics_api
 from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
+from opentelemetry.sdk.metrics.export import (
+    AggregationTemporality,
+    MetricReader,
+    PeriodicExportingMetricReader,
+)
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from otel_gpu import _guard
-from otel_gpu.config import Settings, expand_path
+from otel_gpu.config import Settings, exemplar_filter, expand_path, metrics_destination
 from otel_gpu.core.scope import SCOPE
 from otel_gpu.core.threads import bounded_call
 from otel_gpu.metrics import names
@@ -35,6 +46,7 @@ if TYPE_CHECKING:
     from opentelemetry.metrics import Meter
 
     from otel_gpu.core.protocols import ExportState
+    from otel_gpu.metrics.aggregation import CallAggregation
     from otel_gpu.metrics.summary import Summary
 
 __all__ = ["Metrics", "build", "metrics_path", "metrics_protocol"]
@@ -93,6 +105,7 @@ class Metrics:
         readers: list[MetricReader],
         summary: Summary | None,
         timeout: float,
+        aggregation: CallAggregation | None = None,
     ) -> None:
         self.provider = provider
         self.own = own  # otel-gpu's own provider (shut down at exit), not the application's
@@ -100,7 +113,8 @@ class Metrics:
         self.summary = summary
         self.timeout = timeout
         self.meter: Meter = provider.get_meter(names.METER, _version())
-        self.calls: Any = None  # metrics.calls.CallMetrics, set by build()
+        # metrics.calls.CallMetrics (SDK instruments) or the own aggregation, set by build()
+        self.calls: Any = aggregation
         self.gpu: Any = None  # metrics.gpu.GpuGauges, or None without GPUs
         self._closed = False
 
@@ -148,8 +162,9 @@ def _application_provider(settings: Settings, pipeline: ExportState) -> Any:
 
 
 def build(settings: Settings, pipeline: ExportState) -> Metrics:
-    """The metrics of ``pipeline`` (``OTEL_GPU_METRICS=true``): provider, call instruments, GPU
-    gauges and otel-gpu's own counters."""
+    """The metrics of ``pipeline`` (``OTEL_GPU_METRICS`` true, or auto where the wiring found
+    an OTLP or file destination): provider, call metrics, GPU gauges and otel-gpu's own
+    counters."""
     from otel_gpu.metrics import calls, own
 
     app = _application_provider(settings, pipeline)
@@ -157,7 +172,8 @@ def build(settings: Settings, pipeline: ExportState) -> Metrics:
         result = Metrics(app, False, [], None, settings.flush_timeout)
     else:
         result = _own(settings, pipeline)
-    result.calls = calls.CallMetrics(result.meter, settings)
+    if result.calls is None:
+        result.calls = calls.CallMetrics(result.meter, settings)
     own.register(result.meter, pipeline)
     from otel_gpu.metrics import gpu
 
@@ -166,31 +182,48 @@ def build(settings: Settings, pipeline: ExportState) -> Metrics:
 
 
 def _own(settings: Settings, pipeline: ExportState) -> Metrics:
+    from otel_gpu.metrics import exporter as call_exporter
+    from otel_gpu.metrics.aggregation import CallAggregation
+
     interval = int(settings.metrics_interval * 1000)
-    readers: list[MetricReader] = []
+    exporters: list[Any] = []
     consoles: list[str] = []
     for item in settings.dest:
-        key = item.lower()
-        if key == "otlp":
-            exporter = _otlp_exporter()
-        elif key not in ("stdout", "stderr") and expand_path(item).endswith(".jsonl"):
-            exporter = _file_exporter(metrics_path(expand_path(item)))
-        else:
+        kind = metrics_destination(item)
+        if kind == "otlp":
+            exporters.append(_otlp_exporter())
+        elif kind == "file":
+            exporters.append(_file_exporter(metrics_path(expand_path(item))))
+        elif settings.metrics is True:  # a table at exit only when asked for: auto prints none
             consoles.append(item)
-            continue
+    # Aggregated by otel-gpu where that gives what the SDK instruments would: the trace-based
+    # (or no) exemplar filter, and exporters that ask for explicit buckets and one temporality
+    filter_ = exemplar_filter()
+    aggregation = None
+    if filter_ in ("trace_based", "always_off") and all(map(call_exporter.aggregates, exporters)):
+        aggregation = CallAggregation(exemplars=filter_ == "trace_based")
+    scope = InstrumentationScope(names.METER, _version())
+    readers: list[MetricReader] = []
+    for exporter in exporters:
+        if aggregation is not None:
+            exporter = call_exporter.CallMetricsExporter(exporter, aggregation, scope)
         reader = PeriodicExportingMetricReader(exporter, export_interval_millis=interval)
         _OWN_READERS.add(reader)
         readers.append(reader)
     summary = None
+    resource = pipeline.provider.resource
     if consoles:
         from otel_gpu.metrics.summary import Summary
 
         summary = Summary(pipeline, consoles)
+        if aggregation is not None:
+            view = aggregation.collection(AggregationTemporality.CUMULATIVE)
+            summary.add = lambda data: call_exporter.inject(
+                data, aggregation.collect(view), scope, resource
+            )
         readers.append(summary.reader)
-    provider = MeterProvider(
-        metric_readers=readers, resource=pipeline.provider.resource, shutdown_on_exit=False
-    )
-    return Metrics(provider, True, readers, summary, settings.flush_timeout)
+    provider = MeterProvider(metric_readers=readers, resource=resource, shutdown_on_exit=False)
+    return Metrics(provider, True, readers, summary, settings.flush_timeout, aggregation)
 
 
 def _after_fork_in_child() -> None:

@@ -9,6 +9,7 @@ the maximum is exact.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
@@ -156,9 +157,15 @@ class Summary:
         self.reader = InMemoryMetricReader()
         self._pipeline = pipeline
         self._items = items  # the console and text entries of OTEL_GPU_LOGDEST
+        # Adds the call metrics otel-gpu aggregated itself to the reader's collection (set by
+        # the provider where it aggregates them: the SDK's reader has no call instruments then)
+        self.add: Callable[[Any], Any] | None = None
 
     def print(self, metrics: Metrics) -> None:
-        text = render(self.reader.get_metrics_data())
+        data = self.reader.get_metrics_data()
+        if self.add is not None:
+            data = self.add(data)
+        text = render(data)
         if text:
             for item in self._items:
                 _write(self._pipeline, item, text)
