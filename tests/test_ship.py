@@ -541,6 +541,44 @@ def test_skip_invalid_ships_the_valid_lines(tmp_path: Path, demo_file: Path) -> 
     assert "1 invalid line skipped" in out.getvalue()
 
 
+def test_metrics_files_beside_the_spans_are_left_out_with_a_note(
+    tmp_path: Path, demo_file: Path
+) -> None:
+    """``ship spool/*.jsonl`` also matches the ``NAME.metrics.jsonl`` files otel-gpu writes
+    beside its spans (``OTEL_GPU_METRICS``): they are left out with one note, not counted as
+    invalid, and the spans are sent (exit 0). A file so named that holds spans is shipped."""
+    import shutil
+
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    shutil.copy(demo_file, spool / "demo.jsonl")
+    env = without_otel(
+        OTEL_GPU_LOGDEST=str(spool / "run.jsonl"), OTEL_GPU_LOGLEVEL="1", OTEL_GPU_METRICS="true"
+    )
+    subprocess.run(
+        [sys.executable, "-c", "from otel_gpu.cli import demo; demo.run()"],
+        env=env,
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    assert (spool / "run.metrics.jsonl").is_file()
+    paths = sorted(str(p) for p in spool.glob("*.jsonl"))
+    assert len(paths) == 3
+    spans = len(_file_spans(spool / "demo.jsonl")) + len(_file_spans(spool / "run.jsonl"))
+    sent: list[Any] = []
+    out = io.StringIO()
+    result = ship.ship(paths, exporter_factory=lambda: RecordingExporter(into=sent), out=out)
+    assert (result.sent, result.failed, result.exit_code, result.invalid) == (spans, 0, 0, [])
+    assert result.files == 2
+    assert "1 metrics file left out" in out.getvalue()
+    odd = spool / "odd.metrics.jsonl"
+    shutil.copy(demo_file, odd)
+    out = io.StringIO()
+    result = ship.ship([str(odd)], exporter_factory=lambda: RecordingExporter(into=sent), out=out)
+    assert result.sent == len(_file_spans(demo_file)) and "left out" not in out.getvalue()
+
+
 def test_missing_file_and_directory_are_problems_before_sending(tmp_path: Path) -> None:
     """A missing file or a directory is named; with it nothing else is sent (exit code 2)."""
     sent: list[Any] = []

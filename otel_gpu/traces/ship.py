@@ -27,6 +27,7 @@ unreadable or has invalid lines) or the OTLP configuration is, as for command-li
 from __future__ import annotations
 
 import contextlib
+import os
 import pickle
 import sys
 import tempfile
@@ -176,6 +177,20 @@ def _scan(paths: Sequence[str], spool: IO[bytes] | None) -> _Scan:
     return scan
 
 
+def _metrics_file(path: str) -> bool:
+    """Whether ``path`` is otel-gpu's metrics file beside a span file (``NAME.metrics.jsonl``,
+    ``OTEL_GPU_METRICS``), which a glob such as ``spool/*.jsonl`` also matches: by its name, and
+    by its first line holding metrics (a file so named that holds spans is shipped)."""
+    if not os.path.basename(path).endswith(".metrics.jsonl"):
+        return False
+    try:
+        with open(path, "rb") as f:
+            head = f.read(64).lstrip()
+    except OSError:
+        return False  # reported as unreadable by the scan, as any other file
+    return head.startswith(b"{") and b'"resourceMetrics"' in head
+
+
 def _spooled(spool: IO[bytes], start: int, end: int) -> Iterator[list[Group]]:
     spool.seek(start)
     while spool.tell() < end:
@@ -232,6 +247,15 @@ def _ship(
     err: IO[str],
     target: str,
 ) -> ShipResult:
+    metrics = [path for path in paths if _metrics_file(path)]
+    if metrics:
+        paths = [path for path in paths if path not in metrics]
+        _say(
+            f"otel-gpu ship: {_n(len(metrics), 'metrics file')} left out "
+            f"({', '.join(metrics[:3])}{', ...' if len(metrics) > 3 else ''}): otel-gpu writes "
+            "its metrics beside the spans as NAME.metrics.jsonl, and ship sends spans",
+            file=out,
+        )
     result = ShipResult(files=len(paths))
     scan = _scan(paths, spool)
     result.invalid, result.unreadable = scan.problems, scan.unreadable
