@@ -381,3 +381,41 @@ def test_a_failure_adding_the_call_metrics_still_exports_the_rest(monkeypatch):
     data = MetricsData(resource_metrics=[])
     assert wrapper.export(data) is MetricExportResult.SUCCESS
     assert inner.got == [data]
+
+
+@pytest.mark.parametrize("taken_first", [False, True])
+def test_an_otlp_endpoint_that_refuses_the_metrics_is_told_how_to_turn_them_off(
+    taken_first, caplog
+):
+    """Metrics are on by default, so a traces-only backend refuses them: the first failed export
+    to an OTLP endpoint that never took one logs one warning naming OTEL_METRICS_EXPORTER=none
+    (and no more however many fail); an endpoint that took a collection before is only failing
+    for now, and gets no such advice."""
+    import logging
+
+    from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, MetricsData
+    from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+    from otel_gpu import _guard
+
+    class Refusing(MetricExporter):
+        results = [MetricExportResult.SUCCESS] if taken_first else []
+
+        def export(self, metrics_data, timeout_millis=10_000, **kwargs):
+            return self.results.pop(0) if self.results else MetricExportResult.FAILURE
+
+        def force_flush(self, timeout_millis=10_000):
+            return True
+
+        def shutdown(self, timeout_millis=30_000, **kwargs):
+            pass
+
+    _guard._seen.discard("metrics.refused")
+    wrapper = exporter.CallMetricsExporter(
+        Refusing(), CallAggregation(exemplars=True), InstrumentationScope(names.METER), True
+    )
+    with caplog.at_level(logging.WARNING, logger="otel_gpu"):
+        for _ in range(3):
+            wrapper.export(MetricsData(resource_metrics=[]))
+    advice = [r for r in caplog.records if "OTEL_METRICS_EXPORTER=none" in r.getMessage()]
+    assert len(advice) == (0 if taken_first else 1)

@@ -81,7 +81,11 @@ class CallMetricsExporter(MetricExporter):
     """An official metric exporter, fed otel-gpu's call metrics with each export."""
 
     def __init__(
-        self, exporter: MetricExporter, calls: CallAggregation, scope: InstrumentationScope
+        self,
+        exporter: MetricExporter,
+        calls: CallAggregation,
+        scope: InstrumentationScope,
+        refused_hint: bool = False,
     ) -> None:
         # the reader reads these two to choose its temporality and aggregation: the official
         # exporter's, so the SDK's own metrics are collected as they would be without us
@@ -90,6 +94,10 @@ class CallMetricsExporter(MetricExporter):
         self.scope = scope
         self.view: Collection = calls.collection(temporality(exporter) or _CUMULATIVE)
         self._calls = calls
+        # an OTLP endpoint that never took a collection is most often a traces-only backend
+        # (metrics are on by default): say once how to turn them off, beside the SDK's error
+        self._hint = refused_hint
+        self._taken = False
 
     def export(
         self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any
@@ -100,7 +108,18 @@ class CallMetricsExporter(MetricExporter):
             data = inject(data, self._calls.collect(self.view), self.scope, resource) or data
         except Exception as exc:  # the SDK's own metrics are exported all the same
             _guard.internal_error("metrics", exc)
-        return self.exporter.export(data, timeout_millis=timeout_millis, **kwargs)
+        result = self.exporter.export(data, timeout_millis=timeout_millis, **kwargs)
+        if result is MetricExportResult.SUCCESS:
+            self._taken = True
+        elif self._hint and not self._taken:
+            _guard.warn_once(
+                "metrics.refused",
+                "otel-gpu: the OTLP endpoint did not take otel-gpu's metrics (on by default, "
+                "docs/metrics.md); a backend that takes traces only (Jaeger, Tempo or Phoenix "
+                "without a collector in front) refuses them: set OTEL_METRICS_EXPORTER=none, or "
+                "OTEL_GPU_METRICS=false, there",
+            )
+        return result
 
     def force_flush(self, timeout_millis: float = 10_000) -> bool:
         return bool(self.exporter.force_flush(timeout_millis=timeout_millis))

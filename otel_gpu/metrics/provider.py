@@ -188,10 +188,12 @@ def _own(settings: Settings, pipeline: ExportState) -> Metrics:
     interval = int(settings.metrics_interval * 1000)
     exporters: list[Any] = []
     consoles: list[str] = []
+    otlp: Any = None
     for item in settings.dest:
         kind = metrics_destination(item)
         if kind == "otlp":
-            exporters.append(_otlp_exporter())
+            otlp = _otlp_exporter()
+            exporters.append(otlp)
         elif kind == "file":
             exporters.append(_file_exporter(metrics_path(expand_path(item))))
         elif settings.metrics is True:  # a table at exit only when asked for: auto prints none
@@ -206,7 +208,9 @@ def _own(settings: Settings, pipeline: ExportState) -> Metrics:
     readers: list[MetricReader] = []
     for exporter in exporters:
         if aggregation is not None:
-            exporter = call_exporter.CallMetricsExporter(exporter, aggregation, scope)
+            exporter = call_exporter.CallMetricsExporter(
+                exporter, aggregation, scope, refused_hint=exporter is otlp
+            )
         reader = PeriodicExportingMetricReader(exporter, export_interval_millis=interval)
         _OWN_READERS.add(reader)
         readers.append(reader)
