@@ -447,7 +447,9 @@ def test_gpt2_budgets_take_total_and_report_caller_visible_beside():
     l1 = budgets[L1]
     assert l1["status"] == "missed" and math.isclose(l1["value"], 1530.0 / 1010.0)
     assert "caller-visible 1.10×" in l1["detail"]
-    assert "the collector 50 µs vs 10 µs a forward (full collections amortised; 2 full" in l1["detail"]
+    assert (
+        "the collector 50 µs vs 10 µs a forward (full collections amortised; 2 full" in l1["detail"]
+    )
     assert "median total without it 1.49×" in l1["detail"]
     l3 = budgets[L3]
     assert l3["status"] == "met" and math.isclose(l3["value"], 1600.0 / 1010.0)
