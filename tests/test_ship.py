@@ -8,7 +8,6 @@ from __future__ import annotations
 import gzip
 import io
 import json
-import os
 import re
 import subprocess
 import sys
@@ -87,16 +86,19 @@ def rich_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def demo_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The demo's spans at level 5, as ``OTEL_GPU_LOGDEST=FILE.jsonl`` writes them."""
     path = tmp_path_factory.mktemp("demo") / "demo.jsonl"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-    env.update(OTEL_GPU_LOGDEST=str(path), OTEL_GPU_LOGLEVEL="5")
+    _run_demo(path, "5")
+    return path
+
+
+def _run_demo(path: Path, level: str, **env: str) -> None:
+    """The demo in a process of its own, its spans to ``path`` at ``level``."""
     subprocess.run(
         [sys.executable, "-c", "from otel_gpu.cli import demo; demo.run()"],
-        env=env,
+        env=without_otel(OTEL_GPU_LOGDEST=str(path), OTEL_GPU_LOGLEVEL=level, **env),
         check=True,
         capture_output=True,
         timeout=120,
     )
-    return path
 
 
 def _file_spans(path: Path) -> list[tuple[dict[str, Any], Any]]:
@@ -552,16 +554,7 @@ def test_metrics_files_beside_the_spans_are_left_out_with_a_note(
     spool = tmp_path / "spool"
     spool.mkdir()
     shutil.copy(demo_file, spool / "demo.jsonl")
-    env = without_otel(
-        OTEL_GPU_LOGDEST=str(spool / "run.jsonl"), OTEL_GPU_LOGLEVEL="1", OTEL_GPU_METRICS="true"
-    )
-    subprocess.run(
-        [sys.executable, "-c", "from otel_gpu.cli import demo; demo.run()"],
-        env=env,
-        check=True,
-        capture_output=True,
-        timeout=120,
-    )
+    _run_demo(spool / "run.jsonl", "1", OTEL_GPU_METRICS="true")
     assert (spool / "run.metrics.jsonl").is_file()
     paths = sorted(str(p) for p in spool.glob("*.jsonl"))
     assert len(paths) == 3
