@@ -265,8 +265,10 @@ class _TraceServicer(trace_service_pb2_grpc.TraceServiceServicer):
 
 
 @contextmanager
-def grpc_receiver(*, behaviour: Behaviour = "ok") -> Iterator[Receiver]:
-    """Run an OTLP/gRPC trace receiver on ``127.0.0.1`` (ephemeral port) for the block."""
+def grpc_receiver(*, behaviour: Behaviour = "ok", traces_only: bool = False) -> Iterator[Receiver]:
+    """Run an OTLP/gRPC trace receiver on ``127.0.0.1`` (ephemeral port) for the block;
+    ``traces_only``: without the metrics service, which then answers ``UNIMPLEMENTED`` as a
+    traces-only backend (Jaeger, Tempo) does."""
     _check_behaviour(behaviour)
     executor = ThreadPoolExecutor(max_workers=8, thread_name_prefix="otlp-grpc-receiver")
     server = grpc.server(executor)
@@ -276,9 +278,10 @@ def grpc_receiver(*, behaviour: Behaviour = "ok") -> Iterator[Receiver]:
         raise RuntimeError("could not bind a loopback port for the gRPC receiver")
     receiver = Receiver(endpoint=f"http://127.0.0.1:{port}", port=port, behaviour=behaviour)
     trace_service_pb2_grpc.add_TraceServiceServicer_to_server(_TraceServicer(receiver), server)
-    metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(
-        _MetricsServicer(receiver), server
-    )
+    if not traces_only:
+        metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(
+            _MetricsServicer(receiver), server
+        )
     server.start()
     try:
         yield receiver

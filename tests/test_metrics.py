@@ -248,6 +248,36 @@ def test_otlp_destination_sends_metrics(module_factory, monkeypatch, receiver_fa
     assert counts == {f"{lib.__name__}.scale": 5}
 
 
+def test_a_traces_only_endpoint_gets_one_line_naming_how_to_turn_metrics_off(
+    module_factory, monkeypatch, caplog
+):
+    """Metrics on by default, spans and metrics to an OTLP/gRPC endpoint that takes traces
+    only (its metrics service answers UNIMPLEMENTED): the spans arrive, and one warning says
+    the endpoint took the spans but not the metrics, naming OTEL_METRICS_EXPORTER=none."""
+    import logging
+
+    from otel_gpu import _guard
+
+    _guard._seen.discard("metrics.refused")
+    with grpc_receiver(traces_only=True) as rx:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", rx.endpoint)
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_INSECURE", "true")
+        otel_gpu.configure(level=1, dest="otlp", provider="own", strict=False)
+        lib = module_factory(LIB)
+        with caplog.at_level(logging.WARNING, logger="otel_gpu"):
+            for _ in range(3):
+                lib.scale(1.0)
+                otel_gpu.flush(timeout=10)  # spans confirmed, then a collection refused
+        assert len(rx.received.wait_for_spans(3)) == 3
+        assert rx.received.metrics() == []
+    advice = [
+        r.getMessage() for r in caplog.records if "OTEL_METRICS_EXPORTER=none" in r.getMessage()
+    ]
+    assert len(advice) == 1
+    assert "took otel-gpu's spans but not its metrics" in advice[0]
+
+
 def test_bad_metrics_protocol_is_a_config_error(monkeypatch):
     """An unsupported ``OTEL_EXPORTER_OTLP_METRICS_PROTOCOL`` names the variable and what is
     allowed."""

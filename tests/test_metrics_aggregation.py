@@ -383,14 +383,18 @@ def test_a_failure_adding_the_call_metrics_still_exports_the_rest(monkeypatch):
     assert inner.got == [data]
 
 
-@pytest.mark.parametrize("taken_first", [False, True])
+@pytest.mark.parametrize(
+    ("taken_first", "spans_taken", "advised"),
+    [(False, True, 1), (True, True, 0), (False, False, 0)],
+)
 def test_an_otlp_endpoint_that_refuses_the_metrics_is_told_how_to_turn_them_off(
-    taken_first, caplog
+    taken_first, spans_taken, advised, caplog
 ):
-    """Metrics are on by default, so a traces-only backend refuses them: the first failed export
-    to an OTLP endpoint that never took one logs one warning naming OTEL_METRICS_EXPORTER=none
-    (and no more however many fail); an endpoint that took a collection before is only failing
-    for now, and gets no such advice."""
+    """Metrics are on by default, so a traces-only backend refuses them: a failed export to an
+    OTLP endpoint that took otel-gpu's spans but never a collection logs one warning naming
+    OTEL_METRICS_EXPORTER=none (and no more however many fail); an endpoint that took a
+    collection before is only failing for now, and one that took no span either is down or
+    unreachable (the spans report that): no such advice."""
     import logging
 
     from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, MetricsData
@@ -412,10 +416,13 @@ def test_an_otlp_endpoint_that_refuses_the_metrics_is_told_how_to_turn_them_off(
 
     _guard._seen.discard("metrics.refused")
     wrapper = exporter.CallMetricsExporter(
-        Refusing(), CallAggregation(exemplars=True), InstrumentationScope(names.METER), True
+        Refusing(),
+        CallAggregation(exemplars=True),
+        InstrumentationScope(names.METER),
+        spans_taken=lambda: spans_taken,
     )
     with caplog.at_level(logging.WARNING, logger="otel_gpu"):
         for _ in range(3):
             wrapper.export(MetricsData(resource_metrics=[]))
     advice = [r for r in caplog.records if "OTEL_METRICS_EXPORTER=none" in r.getMessage()]
-    assert len(advice) == (0 if taken_first else 1)
+    assert len(advice) == advised

@@ -14,6 +14,7 @@ histograms and counters, the trace-based or no exemplar filter).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from opentelemetry.sdk.metrics import Counter, Histogram
@@ -85,7 +86,7 @@ class CallMetricsExporter(MetricExporter):
         exporter: MetricExporter,
         calls: CallAggregation,
         scope: InstrumentationScope,
-        refused_hint: bool = False,
+        spans_taken: Callable[[], bool] | None = None,
     ) -> None:
         # the reader reads these two to choose its temporality and aggregation: the official
         # exporter's, so the SDK's own metrics are collected as they would be without us
@@ -94,9 +95,10 @@ class CallMetricsExporter(MetricExporter):
         self.scope = scope
         self.view: Collection = calls.collection(temporality(exporter) or _CUMULATIVE)
         self._calls = calls
-        # an OTLP endpoint that never took a collection is most often a traces-only backend
-        # (metrics are on by default): say once how to turn them off, beside the SDK's error
-        self._hint = refused_hint
+        # an OTLP endpoint that took otel-gpu's spans but never a collection is a traces-only
+        # backend (metrics are on by default): say once how to turn them off, beside the SDK's
+        # error; one that took no span either is down or unreachable, which the spans report
+        self._spans_taken = spans_taken
         self._taken = False
 
     def export(
@@ -111,13 +113,13 @@ class CallMetricsExporter(MetricExporter):
         result = self.exporter.export(data, timeout_millis=timeout_millis, **kwargs)
         if result is MetricExportResult.SUCCESS:
             self._taken = True
-        elif self._hint and not self._taken:
+        elif not self._taken and self._spans_taken is not None and self._spans_taken():
             _guard.warn_once(
                 "metrics.refused",
-                "otel-gpu: the OTLP endpoint did not take otel-gpu's metrics (on by default, "
-                "docs/metrics.md); a backend that takes traces only (Jaeger, Tempo or Phoenix "
-                "without a collector in front) refuses them: set OTEL_METRICS_EXPORTER=none, or "
-                "OTEL_GPU_METRICS=false, there",
+                "otel-gpu: the OTLP endpoint took otel-gpu's spans but not its metrics (on by "
+                "default, docs/metrics.md); a backend that takes traces only (Jaeger, Tempo or "
+                "Phoenix without a collector in front) refuses them: set "
+                "OTEL_METRICS_EXPORTER=none, or OTEL_GPU_METRICS=false, there",
             )
         return result
 

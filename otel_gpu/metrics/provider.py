@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import weakref
+from collections.abc import Callable
 from typing import IO, TYPE_CHECKING, Any, cast
 
 from opentelemetry import metrics as metrics_api
@@ -181,6 +182,19 @@ def build(settings: Settings, pipeline: ExportState) -> Metrics:
     return result
 
 
+def _otlp_spans_taken(pipeline: ExportState) -> Callable[[], bool]:
+    """Whether the pipeline's OTLP destination has had spans confirmed (its endpoint is up)."""
+
+    def taken() -> bool:
+        return any(
+            getattr(c, "confirmed", 0) > 0
+            for c in pipeline.counters
+            if str(getattr(c, "name", "")).lower() == "otlp"
+        )
+
+    return taken
+
+
 def _own(settings: Settings, pipeline: ExportState) -> Metrics:
     from otel_gpu.metrics import exporter as call_exporter
     from otel_gpu.metrics.aggregation import CallAggregation
@@ -209,7 +223,10 @@ def _own(settings: Settings, pipeline: ExportState) -> Metrics:
     for exporter in exporters:
         if aggregation is not None:
             exporter = call_exporter.CallMetricsExporter(
-                exporter, aggregation, scope, refused_hint=exporter is otlp
+                exporter,
+                aggregation,
+                scope,
+                spans_taken=_otlp_spans_taken(pipeline) if exporter is otlp else None,
             )
         reader = PeriodicExportingMetricReader(exporter, export_interval_millis=interval)
         _OWN_READERS.add(reader)
