@@ -133,10 +133,11 @@ def test_a_parent_read_from_its_tuple_decides_as_its_properties(otel_gpu_spans, 
     assert got[root.span_id].parent is None and root.trace_id != 0xABC
 
 
-def test_a_queued_leaf_call_keeps_two_gc_tracked_objects(otel_gpu_spans, monkeypatch):
-    """A level-1 call with no child builds no SpanContext on the caller's thread: while queued it
-    keeps its Call and its CallSpan alive, 2 GC-tracked objects (3 with a built context); a call
-    with a child has its context built when the child starts, and the ids agree."""
+def test_a_queued_call_is_one_gc_tracked_object(otel_gpu_spans, monkeypatch):
+    """A queued level-1 call keeps one GC-tracked object alive, its record, which is also its
+    span: a leaf builds no SpanContext on the caller's thread (1 object a call), a call with a
+    child has its context built when the child starts (3 objects for the pair: 2 records and
+    the parent's context), and the ids agree."""
     import gc
 
     import otel_gpu
@@ -154,21 +155,25 @@ def test_a_queued_leaf_call_keeps_two_gc_tracked_objects(otel_gpu_spans, monkeyp
     def parent(x):
         return leaf(x)
 
+    def kept_by(fn, n):
+        gc.collect()
+        before = len(gc.get_objects())
+        for i in range(n):
+            fn(i)
+        gc.collect(1)  # as the collector would: untrack what holds only atoms
+        return (len(gc.get_objects()) - before) / n
+
     leaf(0)  # the pipeline and the journal's plan entry exist before counting
+    parent(0)
     assert otel_gpu.flush(10.0)
     n = 500
-    gc.collect()
-    before = len(gc.get_objects())
-    for i in range(n):
-        leaf(i)
-    gc.collect(1)  # as the collector would: untrack what holds only atoms
-    kept = (len(gc.get_objects()) - before) / n
-    assert 1.9 <= kept <= 2.1
+    assert 0.9 <= kept_by(leaf, n) <= 1.1
+    assert 2.9 <= kept_by(parent, n) <= 3.1
     parent(1)
     assert otel_gpu.flush(10.0)
     got = spans.get()
-    assert len(got) == n + 3
-    outer = next(s for s in got if s.name.endswith(".parent"))
-    inner = got[-1] if got[-1].name.endswith(".leaf") else got[-2]
+    assert len(got) == 3 * n + 5
+    outer = [s for s in got if s.name.endswith(".parent")][-1]
+    inner = [s for s in got if s.name.endswith(".leaf")][-1]
     assert inner.parent.span_id == outer.context.span_id
     assert inner.context.trace_id == outer.context.trace_id

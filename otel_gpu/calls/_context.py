@@ -18,7 +18,7 @@ from opentelemetry.context.context import Context
 from opentelemetry.context.contextvars_context import ContextVarsRuntimeContext
 from opentelemetry.trace import INVALID_SPAN, Span
 
-from otel_gpu.core.record import CallSpan, StepLinks
+from otel_gpu.core.record import Call, CallSpan, StepLinks
 
 __all__ = ["FAST", "STEP", "attach_span", "current_span", "detach"]
 
@@ -60,9 +60,8 @@ if _VAR is not None:
     def current_span() -> Span:
         """``trace.get_current_span()``."""
         span = _get().get(_key)
-        if (
-            type(span) is CallSpan
-        ):  # a decorated call's span (a model's parent module): no ABC check
+        # a decorated call's span (a model's parent module) or a batch step's: no ABC check
+        if type(span) is Call or type(span) is CallSpan:
             return span
         return span if isinstance(span, Span) else INVALID_SPAN
 

@@ -169,7 +169,7 @@ def _make_wrapper(
                         observer.start(call)
                     except BaseException as exc:  # user hooks run here
                         internal("observer", exc)
-            token = _attach_span(call.span)
+            token = _attach_span(call)  # the record is its span
             call.start_ns = _time_ns()
         try:
             result = fn(*args, **kwargs)

@@ -120,15 +120,18 @@ def begin(
             return NonRecordingSpan(
                 SpanContext(trace_id, _getrandbits(64) or 1, False, _NOT_SAMPLED)
             )
-    # the SpanContext is built when first asked for (a child's start, the export thread): a leaf
-    # span never needs one on the caller's thread, and it is one GC-tracked object less queued
-    span = CallSpan(None, plan.name, trace_id, _getrandbits(64) or 1, state or _NO_STATE)
+    # the record is its span, one GC-tracked object queued; the SpanContext is built when first
+    # asked for (a child's start, the export thread): a leaf span never needs one on this thread
+    call = Call(plan, None, parent, time_ns(), trace_id, _getrandbits(64) or 1, state or _NO_STATE)
     # a batch step's links (calls/batch.py): a call under a call inherits its parent's, one slot
     # read; only a call under another span reads the context variable
-    step = cur.batch if type(cur) is CallSpan else _current_step()
+    if type(cur) is Call or type(cur) is CallSpan:
+        step = cur.batch
+    else:
+        step = _current_step()
     if step is not None:
-        span.batch = step
-    return Call(plan, span, parent, time_ns())
+        call.batch = step
+    return call
 
 
 def run_unsampled(
@@ -246,7 +249,7 @@ def start(call: Call, pipe: SpanSink, args: tuple, kwargs: dict, deferred: bool 
             call.memory = memory.begin(plan.memory == 2)
         except BaseException as exc:
             internal("memory", exc)
-    token = attach_span(call.span)
+    token = attach_span(call)  # the record is its span
     call.start_ns = time_ns()
     return token
 

@@ -94,7 +94,7 @@ class SpanBuilder:
 
     def materialise(self, call: Call) -> ReadableSpan:
         """Build the SDK span of one call record."""
-        span = call.span
+        span = call  # the record is its span
         attrs, events, status = self._contents(call)
         step = span.batch
         if step is not None:  # a batch step's: its counts after the call's own attributes
@@ -122,7 +122,7 @@ class SpanBuilder:
         and only spans that do (long strings, unusual types, bad keys) take the SDK's path.
         """
         plan = call.plan
-        span = call.span
+        span = call  # the record is its span
         n = self._heads.get(plan)
         if n is None:
             n = self._head_of(plan)
@@ -300,7 +300,7 @@ class SpanBuilder:
     def _contents(self, call: Call) -> tuple[dict[str, Any], list[Event], Status]:
         """A call's attributes (before limits), events (event limit applied) and status."""
         plan = call.plan
-        span = call.span
+        span = call  # the record is its span
         limit = self.settings.repr_limit
         # Order matters when the attribute count limit cuts: what a query keys on comes first.
         attrs: dict[str, Any] = dict(plan.attributes)
