@@ -212,9 +212,9 @@ class Journal:
         index = self._plans.get(plan)
         if index is None:
             index = self._add_plan(plan)
-        span = call.span
-        # the ids, not get_span_context(): that would build the context a leaf call never needs
-        trace_id, span_id = span.trace_id, span.span_id
+        # the ids, not get_span_context(): that would build the context a leaf call never needs;
+        # read from the record, which is its span (no property call)
+        trace_id, span_id = call.trace_id, call.span_id
         parent = call.parent
         flags = 0
         parent_id = 0

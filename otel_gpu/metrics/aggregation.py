@@ -241,7 +241,7 @@ class CallAggregation:
                     counts.checked += 1
                     if call.stats and any(r.nonfinite for r in call.stats):
                         counts.nonfinite += 1
-                extra = call.span.attributes  # None for most calls: one read per call
+                extra = call.attributes  # the span's (the record is its span): None for most
                 if extra:
                     seconds = device_seconds(extra)
                     if seconds is not None:
