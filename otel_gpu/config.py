@@ -593,7 +593,8 @@ SETTINGS: tuple[Setting, ...] = (
         "true, false",
         _bool,
         "At level >= 5, instrument_module() adds statistics of each module's own parameters "
-        "to its first call's span (event otel_gpu.param_stats), so a weight that turned NaN shows.",
+        "to its first call's span (event otel_gpu.param_stats), so a weight that turned NaN shows; "
+        "with OTEL_GPU_CONTROL=on, to its first call recorded at 5 after control raised it.",
     ),
     Setting(
         "fingerprint",

@@ -173,3 +173,38 @@ def test_level_10_under_instrument_module_warns_once_that_replay_will_skip(
     warnings = [r.getMessage() for r in caplog.records if "instrument_module" in r.getMessage()]
     assert len(warnings) == 1
     assert "replay" in warnings[0] and "OTEL_GPU_DUMP_MODULES=true" in warnings[0]
+
+
+def test_parameter_statistics_follow_live_control_raising_a_module_to_level_5(
+    otel_gpu_spans, tmp_path
+):
+    """Instrumented at level 0 with live control on, a module gets its parameter statistics on
+    the first call recorded after control raised it to level 5, once; a module left at level 0
+    under a raised parent adds nothing to its parent's span."""
+    from otel_gpu.control import document, state
+
+    spans = otel_gpu_spans(
+        level=0, module_param_stats=True, control="on", journal_dir=str(tmp_path / "journal")
+    )
+    try:
+        model = Model(1)
+        otel_gpu.instrument_module(model)
+        model(torch.ones(1, 4))  # level 0: nothing recorded, no statistics taken
+        doc = {"level": 5, "include": ["layers.0.self_attn.q", "layers.0"], "for": None}
+        state.apply(document.parse(doc), "test")
+        model(torch.ones(1, 4))
+        model(torch.ones(1, 4))
+    finally:
+        state.reset("test")
+    by_name: dict[str, list] = {}
+    for span in sorted(spans.get(), key=lambda s: s.start_time):
+        by_name.setdefault(span.name, []).append(span)
+    first, second = by_name["layers.0.self_attn.q"]
+    events = [e for e in first.events if e.name == "otel_gpu.param_stats"]
+    assert {e.attributes["otel_gpu.tensor"] for e in events} == {"param.weight", "param.bias"}
+    assert not [e for e in second.events if e.name == "otel_gpu.param_stats"]
+    # layers.0 (no parameters of its own) was raised; its norm, left at level 0, ran under it
+    assert len(by_name["layers.0"]) == 2 and "layers.0.norm" not in by_name
+    assert not [
+        e for s in by_name["layers.0"] for e in s.events if e.name == "otel_gpu.param_stats"
+    ]

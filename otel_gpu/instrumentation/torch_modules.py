@@ -27,6 +27,7 @@ import torch
 from otel_gpu import _guard, config
 from otel_gpu.attributes import EVENT_PARAM_STATS, MODULE_CLASS, MODULE_PATH, NONFINITE
 from otel_gpu.calls.compiled import is_compiling as _is_compiling
+from otel_gpu.core.record import Call
 
 __all__ = ["instrument_module", "uninstrument_module"]
 
@@ -122,8 +123,10 @@ def _wrap_module(module: Any, span_name: str, path: str, settings: config.Settin
             )
         except (TypeError, ValueError):
             pass
-    if settings.module_param_stats and settings.level >= 5:
-        forward = _with_param_stats(forward)
+    if settings.module_param_stats and (settings.level >= 5 or settings.controllable):
+        # with live control the level may be raised to 5 later: the wrapper is there, and asks
+        # at each call whether this call is recorded at level 5 or above
+        forward = _with_param_stats(forward, span_name)
     attributes = {
         MODULE_CLASS: f"{cls.__module__}.{cls.__qualname__}",
         MODULE_PATH: path,
@@ -138,14 +141,15 @@ def _wrap_module(module: Any, span_name: str, path: str, settings: config.Settin
     module.forward = types.MethodType(wrapped, module)
 
 
-def _with_param_stats(forward: Any) -> Any:
-    """Add the module's own parameters' statistics to its first call's span."""
+def _with_param_stats(forward: Any, span_name: str) -> Any:
+    """Add the module's own parameters' statistics to the span of its first call recorded at
+    level 5 or above (the level it was instrumented at, or one live control raised it to)."""
     done: set[int] = set()
 
     @functools.wraps(forward)
     def with_stats(self: Any, *args: Any, **kwargs: Any) -> Any:
         # under torch.compile the span is not in the OTel context: no parameter statistics
-        if not _is_compiling() and id(self) not in done:
+        if id(self) not in done and not _is_compiling() and _recorded_at_5(span_name):
             done.add(id(self))
             try:
                 _param_events(self)
@@ -154,6 +158,17 @@ def _with_param_stats(forward: Any) -> Any:
         return forward(self, *args, **kwargs)
 
     return with_stats
+
+
+def _recorded_at_5(span_name: str) -> bool:
+    """Whether the current span is this module call's own record, at level 5 or above (not the
+    parent's, current when live control left this module at level 0)."""
+    from opentelemetry import trace
+
+    current = trace.get_current_span()
+    if not isinstance(current, Call):
+        return False  # not recorded (level 0, or a head sampler's unsampled span)
+    return current.name == span_name and current.plan.level >= 5
 
 
 def _param_events(module: Any) -> None:
