@@ -96,28 +96,11 @@ def test_a_bad_requests_field_is_refused_whole(doc: dict, complaint: str) -> Non
 def test_the_command_sends_requests_and_counts_it_as_a_change(capsys: Any) -> None:
     """``otel-gpu control --requests GLOB --level N`` puts ``requests`` in the document it sends,
     which parses; with --show it is refused as a change (exit 2)."""
-    import argparse
-
     from otel_gpu import cli
     from otel_gpu.cli import control as control_cli
 
-    args = argparse.Namespace(
-        show=False,
-        reset=False,
-        list=False,
-        dry_run=False,
-        level=5,
-        include=None,
-        exclude=None,
-        requests=["tenant-a:*"],
-        request_attributes=None,
-        sample=None,
-        ring_size=None,
-        triggers=None,
-        dump_max_calls=None,
-        dump_max_bytes=None,
-        until_changed=False,
-        window="10m",
+    args = cli.build_parser().parse_args(
+        ["control", "1", "--requests", "tenant-a:*", "--level", "5", "--for", "10m"]
     )
     doc = control_cli._document(args)
     assert doc == {"level": 5, "requests": ["tenant-a:*"], "for": "10m"}

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tiny_serving import run_queued, tiny_llama
 
 pytestmark = [
     pytest.mark.transformers,
@@ -36,21 +37,10 @@ TRACEPARENTS = [f"00-{0xA000 + i:032x}-{0xB000 + i:016x}-01" for i in range(N)]
 
 
 def _setup() -> tuple[Any, Any, Any, list[list[int]]]:
-    import torch
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+    from transformers import GenerationConfig
     from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=128,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-    )
-    model = LlamaForCausalLM(config).eval()
+    model = tiny_llama()
     generation = GenerationConfig(
         max_new_tokens=5, do_sample=False, eos_token_id=-1, pad_token_id=0
     )
@@ -100,29 +90,6 @@ def _attr(span: dict[str, Any], key: str) -> Any:
     return None
 
 
-def _queued_then_run(model: Any, generation: Any, batching: Any, inputs: Any, **kw: Any) -> Any:
-    """Every request queued through ``add_requests`` before the manager's loop starts, so the
-    scheduler groups them the same way on every run (steps of 5 requests, then the sixteenth
-    alone: steps of one request);
-    the outputs by request id."""
-    manager = model.init_continuous_batching(
-        generation_config=generation, continuous_batching_config=batching
-    )
-    ids = manager.add_requests(inputs, **kw)
-    manager.start()
-    results: dict[str, Any] = {}
-    try:
-        while len(results) < len(ids):
-            result = manager.get_result(timeout=60)
-            assert result is not None, f"no result within 60 s; have {sorted(results)}"
-            if result.is_finished():
-                results[result.request_id] = result
-    finally:
-        manager.stop(block=True, timeout=60)
-        manager.destroy()
-    return {rid: results[rid] for rid in ids}
-
-
 def _run(
     tmp_path: Path, traceparents: list[str], scheduled: list[list[str]], queued: bool = True
 ) -> tuple[dict[str, Any], dict[str, Any], Path]:
@@ -139,7 +106,7 @@ def _run(
 
     def generate(**kw: Any) -> Any:
         if queued:
-            return _queued_then_run(model, generation, batching, inputs, **kw)
+            return run_queued(model, generation, batching, inputs, **kw)
         return model.generate_batch(
             inputs, generation_config=generation, continuous_batching_config=batching, **kw
         )
@@ -304,7 +271,7 @@ def test_request_attributes_select_the_steps_live_control_raises(tmp_path: Path)
             document.parse({"request_attributes": {"tenant": "acme"}, "level": 3, "for": None}),
             "test",
         )
-        traced = _queued_then_run(
+        traced = run_queued(
             model,
             generation,
             batching,

@@ -18,15 +18,12 @@ TRACEPARENTS = [f"00-{0xC000 + i:032x}-{0xD000 + i:016x}-01" for i in range(N)]
 """One W3C ``traceparent`` per request, in submission order (request ``req_i`` has the i-th)."""
 
 
-def main() -> None:
+def tiny_llama() -> Any:
+    """A tiny Llama built from a config (2 layers, hidden size 32, vocabulary 128), seeded, in
+    eval mode: no download."""
     import torch
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
-    from transformers.generation.configuration_utils import ContinuousBatchingConfig
-    from transformers.utils import logging
+    from transformers import LlamaConfig, LlamaForCausalLM
 
-    import otel_gpu
-
-    logging.set_verbosity_error()
     torch.manual_seed(0)
     config = LlamaConfig(
         vocab_size=128,
@@ -37,7 +34,40 @@ def main() -> None:
         num_key_value_heads=2,
         max_position_embeddings=128,
     )
-    model = LlamaForCausalLM(config).eval()
+    return LlamaForCausalLM(config).eval()
+
+
+def run_queued(model: Any, generation: Any, batching: Any, inputs: Any, **kw: Any) -> Any:
+    """Every request queued through the manager's ``add_requests`` (``kw`` passed on) before its
+    loop starts, so the scheduler groups them the same way on every run; the finished outputs
+    by request id, in submission order."""
+    manager = model.init_continuous_batching(
+        generation_config=generation, continuous_batching_config=batching
+    )
+    ids = manager.add_requests(inputs, **kw)
+    manager.start()
+    results: dict[str, Any] = {}
+    try:
+        while len(results) < len(ids):
+            result = manager.get_result(timeout=60)
+            assert result is not None, f"no result within 60 s; have {sorted(results)}"
+            if result.is_finished():
+                results[result.request_id] = result
+    finally:
+        manager.stop(block=True, timeout=60)
+        manager.destroy()
+    return {rid: results[rid] for rid in ids}
+
+
+def main() -> None:
+    from transformers import GenerationConfig
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+    from transformers.utils import logging
+
+    import otel_gpu
+
+    logging.set_verbosity_error()
+    model = tiny_llama()
     generation = GenerationConfig(
         max_new_tokens=4, do_sample=False, eos_token_id=-1, pad_token_id=0
     )
@@ -48,22 +78,9 @@ def main() -> None:
 
     assert otel_gpu.instrument("transformers.continuous_batching")
     otel_gpu.instrument_module(model)
-    manager = model.init_continuous_batching(
-        generation_config=generation, continuous_batching_config=batching
-    )
-    ids = manager.add_requests(inputs, traceparents=TRACEPARENTS)
-    manager.start()
-    done: dict[str, Any] = {}
-    try:
-        while len(done) < len(ids):
-            result = manager.get_result(timeout=60)
-            assert result is not None, f"no result within 60 s; have {sorted(done)}"
-            if result.is_finished():
-                assert result.error is None, result.error
-                done[result.request_id] = result
-    finally:
-        manager.stop(block=True, timeout=60)
-        manager.destroy()
+    done = run_queued(model, generation, batching, inputs, traceparents=TRACEPARENTS)
+    for result in done.values():
+        assert result.error is None, result.error
     assert otel_gpu.flush(30.0)
 
 
