@@ -141,9 +141,10 @@ Matcher = str | tuple[str, str]
 """What selects a request for live control: a glob on its id and trace id (a string), or a
 request attribute's key and a glob on its value (a pair)."""
 
-# live control by request (control/state.py): (the matchers, the rule the armed functions
-# follow during a step serving a request one of them matches); None: no such control
-_request_rule: tuple[tuple[Matcher, ...], armed.Rule] | None = None
+# live control by request (control/state.py): (the id and trace-id globs, the (key, glob) pairs
+# on attributes, the rule the armed functions follow during a step serving a request one of them
+# matches); None: no such control
+_request_rule: tuple[tuple[str, ...], tuple[tuple[str, str], ...], armed.Rule] | None = None
 
 
 def set_request_rule(matchers: tuple[Matcher, ...] | None, rule: armed.Rule | None) -> None:
@@ -152,7 +153,11 @@ def set_request_rule(matchers: tuple[Matcher, ...] | None, rule: armed.Rule | No
     follow ``rule``; None: no step is treated apart. Set by live control (a control document's
     ``requests`` and ``request_attributes``); read once per step."""
     global _request_rule
-    _request_rule = (tuple(matchers), rule) if matchers and rule is not None else None
+    if not matchers or rule is None:
+        _request_rule = None
+        return
+    globs = tuple(m for m in matchers if isinstance(m, str))
+    _request_rule = (globs, tuple(m for m in matchers if not isinstance(m, str)), rule)
 
 
 def _attributes_of(rid: Any, request: Any, given: Mapping[Any, Any] | None) -> Mapping[Any, Any]:
@@ -180,12 +185,14 @@ def _value_matches(value: Any, glob: str) -> bool:
 
 
 def _matches(
-    requests: Any, matchers: tuple[Matcher, ...], given: Mapping[Any, Any] | None = None
+    requests: Any,
+    globs: tuple[str, ...],
+    pairs_of_attributes: tuple[tuple[str, str], ...],
+    given: Mapping[Any, Any] | None = None,
 ) -> bool:
-    """Whether a request of the step has an id, a trace id or an attribute one of ``matchers``
-    matches (``given``: ``batch(attributes=...)``, attributes by request id)."""
-    globs = [m for m in matchers if isinstance(m, str)]
-    pairs_of_attributes = [m for m in matchers if not isinstance(m, str)]
+    """Whether a request of the step has an id or trace id one of ``globs`` matches, or an
+    attribute one of ``pairs_of_attributes`` does (``given``: ``batch(attributes=...)``,
+    attributes by request id)."""
     pairs = requests.items() if isinstance(requests, Mapping) else ((None, r) for r in requests)
     for rid, request in pairs:
         if globs:
@@ -291,10 +298,11 @@ class Step:
                     requests: Any = self._requests
                 else:
                     requests = self._requests = list(self._requests)  # read twice: keep it
-                if _matches(requests, control[0], self._attributes):
+                globs, attributes, rule = control
+                if _matches(requests, globs, attributes, self._attributes):
                     before = armed.rule_in_force()
-                    armed.set_rule(control[1])
-                    self._raised = (control[1], before)
+                    armed.set_rule(rule)
+                    self._raised = (rule, before)
             except Exception as exc:
                 _guard.internal_error("batch", exc)
         settings = config.current()

@@ -200,8 +200,9 @@ def effective() -> dict[str, Any]:
             "ring_size": None if ring is None else int(getattr(ring, "size", 0)),
             "triggers": [t.as_dict() for t in triggers.current()],
             # the request scope in force: id/trace-id globs and attribute globs (docs/serving.md)
-            "requests": request_fields(_scope()).get("requests", []),
-            "request_attributes": request_fields(_scope()).get("request_attributes", {}),
+            "requests": [],
+            "request_attributes": {},
+            **request_fields(_scope()),
             # the flight recorder's limits in force (control's, else the settings')
             "dump_max_calls": dump_limits.max_calls,
             "dump_max_bytes": dump_limits.max_bytes,

@@ -26,6 +26,7 @@ import torch
 
 from otel_gpu import _guard, config
 from otel_gpu.attributes import EVENT_PARAM_STATS, MODULE_CLASS, MODULE_PATH, NONFINITE
+from otel_gpu.calls._context import current_span
 from otel_gpu.calls.compiled import is_compiling as _is_compiling
 from otel_gpu.core.record import Call
 
@@ -163,9 +164,7 @@ def _with_param_stats(forward: Any, span_name: str) -> Any:
 def _recorded_at_5(span_name: str) -> bool:
     """Whether the current span is this module call's own record, at level 5 or above (not the
     parent's, current when live control left this module at level 0)."""
-    from opentelemetry import trace
-
-    current = trace.get_current_span()
+    current = current_span()
     if not isinstance(current, Call):
         return False  # not recorded (level 0, or a head sampler's unsampled span)
     return current.name == span_name and current.plan.level >= 5

@@ -237,7 +237,7 @@ def _per_input(kwargs: dict[str, Any], name: str, inputs: Any, what: str) -> lis
     return given
 
 
-def _with_traceparents(original: Callable[..., Any]) -> Callable[..., Any]:
+def _with_per_input_keywords(original: Callable[..., Any]) -> Callable[..., Any]:
     """``add_requests``/``generate_batch``: ``traceparents=[...]`` and ``request_attributes=
     [...]``, one per input, taken out and handed to ``add_request`` by the identity of each
     input list (which both pass on as is)."""
@@ -331,8 +331,8 @@ def install(wrap_call: Callable[[Any, str], Any]) -> list[str]:
     plan = [
         (api.ContinuousBatchingManager, "add_request", _wrap_add_request),
         (api, "RequestState", _state_factory),
-        (api.ContinuousBatchingManager, "add_requests", _with_traceparents),
-        (api.ContinuousMixin, "generate_batch", _with_traceparents),
+        (api.ContinuousBatchingManager, "add_requests", _with_per_input_keywords),
+        (api.ContinuousMixin, "generate_batch", _with_per_input_keywords),
         (api.ContinuousBatchProcessor, "_generation_step", _wrap_step),
         (api.OutputRouter, "deliver", _wrap_deliver),
         (api.OutputRouter, "deliver_batch", _wrap_deliver_batch),
