@@ -177,3 +177,94 @@ def test_a_queued_call_is_one_gc_tracked_object(otel_gpu_spans, monkeypatch):
     inner = [s for s in got if s.name.endswith(".leaf")][-1]
     assert inner.parent.span_id == outer.context.span_id
     assert inner.context.trace_id == outer.context.trace_id
+
+
+def test_a_queued_level_3_call_keeps_no_metadata_tuples_of_its_own(otel_gpu_spans, monkeypatch):
+    """At level 3 a call's captured inputs and outputs are nested tuples, which the collector
+    untracks a level per pass: fresh ones reach the oldest generation still tracked (5 kept a
+    call here before records were shared). A call whose records equal an earlier call's shares
+    them, so a queued call keeps its record only; one holding an object (its id differs per
+    call) keeps at most its outer tuple and the object's entry besides, the tensors' entries
+    shared."""
+    import gc
+
+    import torch
+
+    import otel_gpu
+    from otel_gpu.export import pipeline
+
+    monkeypatch.setattr(pipeline, "_WAKE_EVERY", 10**9)  # export waits for the flush
+    monkeypatch.setattr(pipeline, "_WAKE_AT", -1)
+    spans = otel_gpu_spans(level=3, journal=True)
+
+    @otel_gpu.api
+    def leaf(x, flag=True, scale=2):
+        return x
+
+    class Cache:
+        pass
+
+    @otel_gpu.api
+    def with_object(x, cache):
+        return x
+
+    x = torch.zeros(2, 3)
+
+    def kept_by(fn, n):
+        gc.collect()
+        before = len(gc.get_objects())
+        for _ in range(n):
+            fn()
+        gc.collect(1)  # as the collector would: untrack what holds only atoms
+        return (len(gc.get_objects()) - before) / n
+
+    leaf(x)
+    with_object(x, Cache())
+    assert otel_gpu.flush(10.0)
+    n = 300
+    assert 0.9 <= kept_by(lambda: leaf(x), n) <= 1.1
+    cache = Cache()  # one object: a new one each call would be kept by its record
+    # the record, its outer tuple and the object's entry
+    assert kept_by(lambda: with_object(x, cache), n) <= 3.1
+    assert otel_gpu.flush(10.0)
+    got = spans.get()
+    assert len(got) == 2 * n + 2
+    last = [s for s in got if s.name.endswith(".leaf")][-1].attributes
+    assert last["otel_gpu.input.x.shape"] == (2, 3)
+    assert last["otel_gpu.input.flag.default"] is True
+
+
+def test_shared_records_keep_what_distinguishes_equal_values(otel_gpu_spans):
+    """1, 1.0 and True are equal as tuples, and so are 0.0 and -0.0: a call's attributes are its
+    own values, never an earlier call's equal record; an object's id is its own each call."""
+    import math
+
+    import otel_gpu
+
+    spans = otel_gpu_spans(level=3)
+
+    @otel_gpu.api
+    def f(v):
+        return v
+
+    class Thing:
+        __repr__ = object.__repr__
+
+    values = [1, 1.0, True, 0.0, -0.0, 0.0, 1, True]
+    for v in values:
+        f(v)
+        f(v)
+    a, b = Thing(), Thing()
+    f(a)
+    f(b)
+    assert otel_gpu.flush(10.0)
+    got = [s.attributes for s in spans.get()]
+    expected = [v for v in values for _ in range(2)]
+    for key in ("otel_gpu.input.v.value", "otel_gpu.output.0.value"):
+        seen = [s[key] for s in got[: len(expected)]]
+        for value, attr in zip(expected, seen, strict=True):
+            assert type(attr) is type(value) and attr == value
+            if type(value) is float:
+                assert math.copysign(1, attr) == math.copysign(1, value)
+    ids = [s["otel_gpu.input.v.id"] for s in got[-2:]]
+    assert ids == [f"0x{id(a):x}", f"0x{id(b):x}"]

@@ -180,7 +180,8 @@ def capture_inputs(plan: Plan, bound: list[tuple[str, Any, bool]], tensors: Any)
             out.append((name, metadata.DEFAULT, True))
     if plan.redact:
         metadata.redact(out, plan.redact)
-    return tuple(out)  # queued until export: the GC can untrack a tuple of atoms, never a list
+    # queued until export: an earlier call's equal record, so this call keeps no tuples of its own
+    return metadata.shared(tuple(out))
 
 
 def traceback_of(exc: BaseException) -> Any:
@@ -286,7 +287,9 @@ def finish(
     if level >= 3 and call.exc is None:
         tensors: list | None = [] if level >= 5 else None
         try:
-            call.outputs = tuple(metadata.capture_output(result, plan.max_items, tensors))
+            call.outputs = metadata.shared(
+                tuple(metadata.capture_output(result, plan.max_items, tensors))
+            )
         except BaseException as exc_:  # user hooks run here
             internal("metadata", exc_)
         if tensors:

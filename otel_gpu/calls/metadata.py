@@ -41,6 +41,7 @@ __all__ = [
     "capture_output",
     "instance_dict",
     "make_binder",
+    "shared",
 ]
 
 MAX_DEPTH = 4
@@ -554,3 +555,52 @@ def capture_output(
     else:
         capture(out, "0", result, max_items, tensors, 0)
     return out
+
+
+# Records kept for sharing: a model's module repeats a few layouts, each a few hundred bytes.
+_SHARED: dict[tuple, tuple] = {}
+_SHARED_MAX = 4096
+# payload types whose equal values are interchangeable (no user __eq__/__hash__ runs); floats
+# also, but for zero (-0.0 == 0.0); an object's payload carries its id and is never shared
+_ATOMS = frozenset((type(None), bool, int, float, str, tuple, torch.dtype, torch.device, *_SCALARS))
+_all_atomic = _ATOMS.issuperset
+
+
+def shared(raw: tuple) -> tuple:
+    """``raw``, or the equal record of an earlier call, payload types included.
+
+    A queued call keeps its records until export. Fresh ones are nested tuples that the
+    collector untracks a level per pass, so most reach the oldest generation still tracked, and
+    every object promoted there brings the next full collection nearer (~150 per tiny GPT2
+    forward at level 3, a third of the level-3 row's total cost). A shared record is one
+    long-lived object instead: the call's own are freed at once. A record holding an object
+    (its id differs per call) shares its tensors' entries.
+    """
+    if not raw:
+        return raw
+    kinds = tuple(map(type, map(payload_of, raw)))
+    if not _all_atomic(kinds) or (
+        float in kinds and any(type(p) is float and p == 0.0 for p in map(payload_of, raw))
+    ):
+        return raw
+    if OBJECT in map(kind_of, raw):
+        return tuple([_shared_entry(e) if e[1] == TENSOR else e for e in raw])
+    return _share((raw, kinds), raw)
+
+
+def _shared_entry(entry: tuple) -> tuple:
+    # a tensor's entry: a key, and a payload of ints, a dtype, a device and bools (or a string)
+    return _share(entry, entry)
+
+
+def _share(key: tuple, raw: tuple) -> tuple:
+    try:
+        hit = _SHARED.get(key)
+    except Exception:  # an unhashable payload (a symbolic size)
+        return raw
+    if hit is not None:
+        return hit
+    if len(_SHARED) >= _SHARED_MAX:
+        _SHARED.clear()
+    _SHARED[key] = raw
+    return raw
