@@ -268,3 +268,39 @@ def test_shared_records_keep_what_distinguishes_equal_values(otel_gpu_spans):
                 assert math.copysign(1, attr) == math.copysign(1, value)
     ids = [s["otel_gpu.input.v.id"] for s in got[-2:]]
     assert ids == [f"0x{id(a):x}", f"0x{id(b):x}"]
+
+
+def test_what_a_shared_record_may_hold():
+    """Equal records with the same payload types are one object; a record with a float zero, a
+    long string, a payload type that is not an atom (an enum, whose ``__eq__`` may be the
+    user's), or of another payload type is its own; an object's record shares only its
+    tensors' entries."""
+    import enum
+
+    import torch
+
+    from otel_gpu.calls import metadata
+
+    def fresh(raw):  # an equal record that is another object, all the way down
+        return tuple(tuple(e) for e in raw)
+
+    tensor = []
+    metadata.capture(tensor, "x", torch.zeros(2, 3), 16, None)
+    first = (*tensor, ("n", metadata.VALUE, 1), ("flag", metadata.DEFAULT, True))
+    assert metadata.shared(first) is first
+    assert metadata.shared(fresh(first)) is first
+    as_float = (*tensor, ("n", metadata.VALUE, 1.0), ("flag", metadata.DEFAULT, True))
+    assert as_float == first and metadata.shared(as_float) is as_float
+
+    class Mode(enum.Enum):
+        A = 1
+
+    for value in (0.0, -0.0, "x" * 2000, Mode.A):
+        raw = (tensor[0], ("v", metadata.VALUE, value))
+        assert metadata.shared(raw) is raw
+        again = fresh(raw)
+        assert metadata.shared(again) is again
+    with_object = (*tensor, ("cache", metadata.OBJECT, ("Cache", None, 1234)))
+    got = metadata.shared(with_object)
+    assert got == with_object and got[0] is metadata.shared(fresh(with_object))[0]
+    assert got[1] is with_object[1]

@@ -559,11 +559,22 @@ def capture_output(
 
 # Records kept for sharing: a model's module repeats a few layouts, each a few hundred bytes.
 _SHARED: dict[tuple, tuple] = {}
-_SHARED_MAX = 4096
+_SHARED_MAX = 1024
 # payload types whose equal values are interchangeable (no user __eq__/__hash__ runs); floats
 # also, but for zero (-0.0 == 0.0); an object's payload carries its id and is never shared
 _ATOMS = frozenset((type(None), bool, int, float, str, tuple, torch.dtype, torch.device, *_SCALARS))
 _all_atomic = _ATOMS.issuperset
+_SHARED_TEXT = 1024  # a longer string argument is not kept past its call's export
+
+
+def _kept_small(raw: tuple) -> bool:
+    """No float zero and no string longer than ``_SHARED_TEXT``: a shared record is exact and
+    stays small (the journal's and the layouts' caches hold the same records)."""
+    for p in map(payload_of, raw):
+        tp = type(p)
+        if (tp is float and p == 0.0) or (tp is str and len(p) > _SHARED_TEXT):
+            return False
+    return True
 
 
 def shared(raw: tuple) -> tuple:
@@ -579,9 +590,7 @@ def shared(raw: tuple) -> tuple:
     if not raw:
         return raw
     kinds = tuple(map(type, map(payload_of, raw)))
-    if not _all_atomic(kinds) or (
-        float in kinds and any(type(p) is float and p == 0.0 for p in map(payload_of, raw))
-    ):
+    if not _all_atomic(kinds) or ((float in kinds or str in kinds) and not _kept_small(raw)):
         return raw
     if OBJECT in map(kind_of, raw):
         return tuple([_shared_entry(e) if e[1] == TENSOR else e for e in raw])

@@ -89,6 +89,10 @@ class SpanBuilder:
         self._layouts: dict[
             Any, tuple[dict[str, Any], object, int, tuple[tuple[str, int, int, int], ...]]
         ] = {}
+        # (plan, id(inputs), id(outputs)) -> (inputs, outputs, layout): records shared between
+        # calls (calls/metadata.py's ``shared``) find their layout without hashing them; the
+        # records are kept, so their ids are not reused meanwhile
+        self._same: dict[tuple[Any, int, int], tuple[Any, Any, Any]] = {}
         self.notes: list[Event] = []
         """Events to put on the next span built (the pipeline's drops since the last one)."""
 
@@ -227,6 +231,11 @@ class SpanBuilder:
         ``.id`` are the same in each span of the layout.
         """
         inputs, outputs = call.inputs or (), call.outputs or ()
+        same_key = (call.plan, id(inputs), id(outputs))
+        same = self._same.get(same_key)
+        if same is not None and same[0] is inputs and same[1] is outputs:
+            attrs, token, dropped, ids = same[2]  # no object: no ids to write
+            return attrs, (token, len(attrs)), dropped
         kinds = tuple(map(type, map(_payload, inputs))), tuple(map(type, map(_payload, outputs)))
         objects = _OBJECT in map(_kind, inputs) or _OBJECT in map(_kind, outputs)
         if objects:
@@ -241,6 +250,10 @@ class SpanBuilder:
             hit = self._new_layout(call, key, kinds, objects)
             if hit is None:
                 return None
+        if not objects:
+            if len(self._same) >= _LAYOUTS_MAX:
+                self._same.clear()
+            self._same[same_key] = (inputs, outputs, hit)
         attrs, token, dropped, ids = hit
         if not ids:
             return attrs, (token, len(attrs)), dropped
@@ -275,6 +288,7 @@ class SpanBuilder:
         layout = (attrs, object(), dropped, tuple(ids))
         if len(self._layouts) >= _LAYOUTS_MAX:
             self._layouts.clear()
+            self._same.clear()
         self._layouts[key] = layout
         return layout
 
