@@ -300,3 +300,87 @@ def test_a_collective_torch_implements_through_another_is_one_span(otel_gpu_span
         for s in _collectives(spans)
     ]
     assert got == [("send", 1), ("send", 2), ("isend", 3)]
+
+
+def test_armed_at_level_0_live_control_raises_sync_and_async_collectives(
+    otel_gpu_spans, world, tmp_path
+):
+    """Under OTEL_GPU_CONTROL=on at level 0 the target is patched (armed) and records nothing;
+    raised by control, sync and async collectives are spans numbered after the calls made at
+    level 0 (so ranks raised at different moments agree); lowered again, neither records, and
+    no collective attribute lands on the program's own span meanwhile."""
+    from opentelemetry import trace
+
+    from otel_gpu.control import document, state
+
+    spans = otel_gpu_spans(level=0, control="on", journal_dir=str(tmp_path / "journal"))
+    try:
+        assert otel_gpu.instrument("torch.distributed")
+        assert dist.all_reduce is not ORIGINALS["all_reduce"]
+        t = torch.ones(2)
+        tracer = spans.provider.get_tracer("app")
+        with tracer.start_as_current_span("app.step"):
+            dist.all_reduce(t)
+            dist.all_reduce(t, async_op=True).wait()
+        otel_gpu.flush()
+        assert _collectives(spans) == []
+        (app,) = [s for s in spans.get() if s.name == "app.step"]
+        assert not any(k.startswith("otel_gpu.") for k in app.attributes)
+
+        state.apply(document.parse({"level": 1, "for": None}), "test")
+        dist.all_reduce(t)
+        dist.all_reduce(t, async_op=True).wait()
+
+        def both() -> bool:  # the async span ends in its future's callback
+            otel_gpu.flush()
+            return len(_collectives(spans)) == 2
+
+        wait_for(both, "the raised collectives' spans")
+        got = {s.attributes["otel_gpu.collective.async_op"]: s for s in _collectives(spans)}
+        assert got[False].attributes["otel_gpu.collective.seq"] == 3
+        assert got[True].attributes["otel_gpu.collective.seq"] == 4
+        assert got[True].attributes["otel_gpu.collective.async_end"] == "work_completed"
+
+        state.apply(document.parse({"level": 0, "for": None}), "test")
+        dist.all_reduce(t)
+        dist.all_reduce(t, async_op=True).wait()
+        time.sleep(0.05)
+        otel_gpu.flush()
+        assert len(_collectives(spans)) == 2
+        state.apply(document.parse({"level": 1, "for": None}), "test")
+        dist.all_reduce(t)
+        otel_gpu.flush()
+        assert _collectives(spans)[-1].attributes["otel_gpu.collective.seq"] == 7
+        assert trace.get_current_span() is trace.INVALID_SPAN
+    finally:
+        state.reset("test teardown")
+
+
+def test_an_async_collective_follows_control_when_started_above_level_0(
+    otel_gpu_spans, world, tmp_path
+):
+    """Armed at level 1 and raised to 3, an async collective records its inputs; lowered to 0,
+    it records nothing."""
+    from otel_gpu.control import document, state
+
+    spans = otel_gpu_spans(level=1, control="on", journal_dir=str(tmp_path / "journal"))
+    try:
+        otel_gpu.instrument("torch.distributed")
+        t = torch.ones(2)
+        state.apply(document.parse({"level": 3, "for": None}), "test")
+        dist.all_reduce(t, async_op=True).wait()
+
+        def one() -> bool:
+            otel_gpu.flush()
+            return len(_collectives(spans)) == 1
+
+        wait_for(one, "the async collective's span at level 3")
+        (span,) = _collectives(spans)
+        assert span.attributes["otel_gpu.input.tensor.shape"] == (2,)
+        state.apply(document.parse({"level": 0, "for": None}), "test")
+        dist.all_reduce(t, async_op=True).wait()
+        time.sleep(0.05)
+        otel_gpu.flush()
+        assert len(_collectives(spans)) == 1
+    finally:
+        state.reset("test teardown")

@@ -58,6 +58,7 @@ class Armed:
         "level",
         "name",
         "qualified",
+        "sample",
     )
 
     def __init__(
@@ -77,6 +78,8 @@ class Armed:
         """``module.qualname``."""
         self.level = settings.level
         """The level the path now in place records at."""
+        self.sample: float | None = None
+        """The share of calls control samples on that path (None: every call)."""
         self._build = build
         self._set = set_path
         self._paths: dict[int, Any] = {settings.level: configured}
@@ -97,8 +100,19 @@ class Armed:
             self._paths[level] = path
         if sample is not None and sample < 1.0 and level > 0:
             path = _sampled(path, self.fn, sample)
+        else:
+            sample = None
         self._set(path)
         self.level = level
+        self.sample = sample
+
+    def plan_in_force(self) -> Plan | None:
+        """The plan of the level now in place (None at level 0): for a caller that runs a call's
+        lifecycle itself, as an asynchronous collective does, instead of calling the path."""
+        if self.level == 0:
+            return None
+        path = self._paths.get(self.level)
+        return getattr(path, "__otel_gpu_plan__", None)
 
     def boost(self, level: int, calls: int, done: Callable[[], None]) -> bool:
         """Take ``level``'s path for the next ``calls`` calls (a trigger fired), then call
@@ -136,6 +150,7 @@ class Armed:
 
             self._set(boosted)
         self.level = level
+        self.sample = None
         return True
 
 

@@ -28,6 +28,10 @@ once, as on the peer that called ``irecv``.
 An async call (``async_op=True``, ``isend``, ``irecv``) is a span that ends when its work
 completes, observed through ``Work.get_future()``; where the backend gives no future, the span
 ends when the call returns and ``otel_gpu.collective.async_end`` says so.
+
+Under ``OTEL_GPU_CONTROL=on`` the functions are patched at level 0 too (armed): a call records
+nothing but takes its sequence number, a sync call follows its trampoline's path, and an async
+call, which runs its span's lifecycle here, takes the plan and sampling control put in place.
 """
 
 from __future__ import annotations
@@ -35,12 +39,11 @@ from __future__ import annotations
 import functools
 import inspect
 import itertools
+import random
 import sys
 import threading
 from collections.abc import Callable
 from typing import Any
-
-from opentelemetry import trace
 
 from otel_gpu import _guard
 from otel_gpu.attributes import (
@@ -55,6 +58,8 @@ from otel_gpu.attributes import (
     COLLECTIVE_PEER,
     COLLECTIVE_SEQ,
 )
+from otel_gpu.calls._context import current_span
+from otel_gpu.core.record import Call
 
 __all__ = ["MODULE", "OPS", "P2P_OPS", "SPEC", "p2p_key", "span_name", "wrap"]
 
@@ -83,6 +88,7 @@ OPS = (
 P2P_OPS = frozenset({"send", "recv", "isend", "irecv"})
 """Point-to-point ops: their sequence number counts the calls between the same two ranks."""
 _ALWAYS_ASYNC = frozenset({"isend", "irecv"})
+_draw = random.random
 _PEER_PARAMS = ("dst", "src", "group_dst", "group_src")
 
 _seq: dict[str, Callable[[], int]] = {}  # group_name -> next() of its counter
@@ -112,41 +118,64 @@ def wrap(original: Any, op: str) -> Any:
         return args[i] if i is not None and i < len(args) else None
 
     peer_params = tuple(n for n in _PEER_PARAMS if n in position)  # decided once, per op
+    name = span_name(op)
+
+    def counted(args: tuple, kwargs: dict) -> tuple[dict[str, Any], str, int | None]:
+        """The group's attributes, the key of the call's sequence counter, and the peer."""
+        group = _group_attributes(argument(args, kwargs, "group"))
+        peer = None
+        for param in peer_params:
+            value = argument(args, kwargs, param)
+            if isinstance(value, int):
+                ranks = group[COLLECTIVE_GROUP_RANKS]
+                peer = value if not param.startswith("group_") else ranks[value]
+                break
+        key = group[COLLECTIVE_GROUP_ID]
+        if p2p:  # counted per pair of ranks: the ranks not involved never see these calls
+            me = group[COLLECTIVE_GROUP_RANKS][group[COLLECTIVE_GROUP_RANK]]
+            key = p2p_key(key, me, peer)
+        return group, key, peer
 
     def attributes(args: tuple, kwargs: dict, is_async: bool) -> dict[str, Any]:
-        attrs = dict(_group_attributes(argument(args, kwargs, "group")))
+        group, key, peer = counted(args, kwargs)
+        attrs = dict(group)
         attrs[COLLECTIVE_OP] = op
         attrs[COLLECTIVE_ASYNC_OP] = is_async
-        peer = None
-        for name in peer_params:
-            value = argument(args, kwargs, name)
-            if isinstance(value, int):
-                ranks = attrs[COLLECTIVE_GROUP_RANKS]
-                peer = value if not name.startswith("group_") else ranks[value]
-                attrs[COLLECTIVE_PEER] = peer
-                break
-        key = attrs[COLLECTIVE_GROUP_ID]
-        if p2p:  # counted per pair of ranks: the ranks not involved never see these calls
-            me = attrs[COLLECTIVE_GROUP_RANKS][attrs[COLLECTIVE_GROUP_RANK]]
-            key = p2p_key(key, me, peer)
+        if peer is not None:
+            attrs[COLLECTIVE_PEER] = peer
         attrs[COLLECTIVE_SEQ] = _next_seq(key)
         return attrs
 
-    def inner(*args: Any, **kwargs: Any) -> Any:
-        # runs inside the call's span (the decorator made it current)
+    def count(args: tuple, kwargs: dict) -> None:
+        """A call not recorded (armed at level 0, sampled out) still takes its number, so the
+        numbers agree with ranks that record, whenever each was raised."""
         try:
-            trace.get_current_span().set_attributes(attributes(args, kwargs, False))
+            _next_seq(counted(args, kwargs)[1])
         except Exception as exc:
             _guard.internal_error("collective", exc)
+
+    def inner(*args: Any, **kwargs: Any) -> Any:
+        # the path of every level: inside the call's span where it is recorded (the decorator
+        # made it current), the function itself where it is not (then the current span is
+        # someone else's, which gets nothing)
+        current = current_span()
+        if isinstance(current, Call) and current.name == name:
+            try:
+                current.set_attributes(attributes(args, kwargs, False))
+            except Exception as exc:
+                _guard.internal_error("collective", exc)
+        else:
+            count(args, kwargs)
         return original(*args, **kwargs)
 
     functools.update_wrapper(inner, original)
-    sync = decorate(inner, span_name(op), instrumented=SPEC)
+    sync = decorate(inner, name, instrumented=SPEC)
     plan = getattr(sync, "__otel_gpu_plan__", None)
-    # level 0: nothing patched, armed or not (an async collective's span follows the plan it is
-    # given here, which live control does not swap)
-    if sync is inner or plan is None or plan.level == 0:
-        return original
+    # armed (OTEL_GPU_CONTROL=on): patched at every level, since control may raise it; an async
+    # collective runs its lifecycle itself, with the plan of the level control put in place
+    entry = getattr(sync, "__otel_gpu_armed__", None)
+    if entry is None and (sync is inner or plan is None or plan.level == 0):
+        return original  # level 0, not armed: nothing patched
 
     def collective(*args: Any, **kwargs: Any) -> Any:
         if getattr(_inside, "op", None) is not None:  # torch's own use inside an observed call
@@ -154,7 +183,13 @@ def wrap(original: Any, op: str) -> Any:
         _inside.op = op
         try:
             if always_async or argument(args, kwargs, "async_op"):
-                return _run_async(plan, original, args, kwargs, attributes)
+                now = plan
+                if entry is not None:
+                    now = entry.plan_in_force()
+                    if now is None or (entry.sample is not None and _draw() >= entry.sample):
+                        count(args, kwargs)
+                        return original(*args, **kwargs)
+                return _run_async(now, original, args, kwargs, attributes)
             return sync(*args, **kwargs)
         finally:
             _inside.op = None
