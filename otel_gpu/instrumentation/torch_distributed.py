@@ -182,6 +182,9 @@ def wrap(original: Any, op: str) -> Any:
             return original(*args, **kwargs)
         _inside.op = op
         try:
+            if entry is not None and entry.level == 0:  # armed, recording nothing now
+                count(args, kwargs)
+                return original(*args, **kwargs)
             if always_async or argument(args, kwargs, "async_op"):
                 now = plan
                 if entry is not None:
