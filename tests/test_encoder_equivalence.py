@@ -376,3 +376,54 @@ def test_the_exporter_refuses_work_after_shutdown_and_keeps_a_borrowed_stream_op
     assert stream.getvalue() == ""
     assert not stream.closed
     assert exporter.force_flush()
+
+
+def test_a_span_whose_attributes_are_all_fixed_reuses_its_rest_only_with_the_same_status() -> None:
+    """Spans of one ``fixed`` key with nothing of their own (level 1) share the text after
+    their times while they share one status object; a span with another status (an error), a
+    trace state, no end time or an event of its own is encoded in full, and each span keeps
+    its own ids, parent and times."""
+    unset = Status(StatusCode.UNSET)
+    scope = InstrumentationScope("otel_gpu")
+    constant = {"code.function.name": "m.f", "otel_gpu.module.path": "layers.0"}
+    key = ("fn", next(_fixed_keys))
+
+    def span(i: int, status: Status = unset, **changes: Any) -> SpanData:
+        parent = SpanContext(7, 100 + i, i % 2 == 0, TraceFlags(1)) if i % 3 else None
+        fields: dict[str, Any] = {
+            "context": SpanContext(7, 200 + i, False, TraceFlags(1)),
+            "parent": parent,
+            "start_time": 1_000 + i,
+            "end_time": 2_000 + i,
+            "events": [],
+        }
+        fields.update(changes)
+        return SpanData(
+            "layers.0",
+            fields["context"],
+            fields["parent"],
+            fields["start_time"],
+            fields["end_time"],
+            dict(constant),
+            fields["events"],
+            [],
+            status,
+            _RESOURCE,
+            scope,
+            fixed=(key, len(constant)),
+        )
+
+    spans = [
+        span(0),
+        span(1),
+        span(2, Status(StatusCode.ERROR, "boom")),
+        span(3),
+        span(4, context=SpanContext(7, 204, False, TraceFlags(1), TraceState([("k", "v")]))),
+        span(5, end_time=None),
+        span(6, events=[Event("e", {"x": 1}, timestamp=5)]),
+        span(7),
+    ]
+    encoder = JsonEncoder()
+    for _ in range(2):  # the second round reads every cached rest
+        assert encode_json(spans, encoder) == encode_json([_without_hint(s) for s in spans])
+    _check(spans)
