@@ -194,6 +194,30 @@ def test_the_size_limit_records_the_call_without_its_module(
     assert not (root / "modules").exists()
 
 
+def test_a_state_that_cannot_be_written_leaves_no_empty_modules_folder(
+    otel_gpu_spans, module_factory, tmp_path, monkeypatch
+):
+    """A full disk while the state is written: the call is skipped saying why, and the
+    ``modules/`` folder made for it is not left behind empty."""
+    from otel_gpu import _files
+    from otel_gpu.recorder import module_state
+
+    class FullDisk:  # the module states' files only: the call's own dump is written
+        def __getattr__(self, name):
+            return getattr(_files, name)
+
+        def write_atomic(self, *args, **options):
+            raise OSError(28, "No space left on device")
+
+    m, root = _record(otel_gpu_spans, module_factory, tmp_path, dump_modules=True)
+    monkeypatch.setattr(module_state, "_files", FullDisk())
+    m.Block(64)(torch.ones(1, 64))
+    monkeypatch.undo()
+    (result,) = _replay(m, root)
+    assert result.verdict == "skipped" and "could not be written" in result.detail
+    assert not (root / "modules").exists()
+
+
 def test_a_transformers_module_with_a_config_replays(otel_gpu_spans, module_factory, tmp_path):
     """LlamaMLP(config): the config is recorded with to_dict() and rebuilt with from_dict()."""
     pytest.importorskip("transformers")

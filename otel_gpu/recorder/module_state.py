@@ -33,6 +33,7 @@ call is skipped with that reason: it is never replayed with the constructor's de
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import inspect
 import os
@@ -302,13 +303,20 @@ def _write_state(root: str, name: str, state: dict[str, torch.Tensor]) -> None:
     """
     if not _files.make_dirs(root):
         _files.warn_if_shared(root, "dump dir (OTEL_GPU_DUMP_DIR)")
+    created = not os.path.lexists(os.path.join(root, STATE_DIR))
     directory = _files.own_dir(root, STATE_DIR)
     try:
         if stat.S_ISREG(os.lstat(os.path.join(directory, name)).st_mode):
             return
     except FileNotFoundError:
         pass
-    _files.write_atomic(directory, name, lambda f: torch.save(state, f))
+    try:
+        _files.write_atomic(directory, name, lambda f: torch.save(state, f))
+    except BaseException:
+        if created:  # made for this state alone: not left behind empty (a full disk)
+            with contextlib.suppress(OSError):
+                os.rmdir(directory)  # refused where another state was written meanwhile
+        raise
 
 
 def _init_arguments(module: torch.nn.Module) -> dict[str, Any]:
