@@ -1,5 +1,5 @@
-"""``otel-gpu bench``'s tools rows: ``ship``, ``show``, ``workloads``, ``diff`` and ``recover``
-against the parse floor.
+"""``otel-gpu bench``'s tools rows: ``ship``, ``show``, ``workloads``, ``diff``, ``ranks`` and
+``recover`` against the parse floor.
 
 The floor is a plain ``json.loads`` pass over the same OTLP JSON Lines file, in its own
 ``python`` process. Each tool runs as the user runs it (``python -m otel_gpu ship|show FILE``),
@@ -295,6 +295,8 @@ def measure(
             # the level-3 file against itself: read twice, lined up, metadata compared (exit 2,
             # "not compared": the file holds no statistics)
             "diff": ([python, "-m", "otel_gpu", "diff", path, path], env),
+            # one rank's file: every call read and lined up by name (exit 0, the ranks agree)
+            "ranks": ([python, "-m", "otel_gpu", "ranks", path], env),
             "import torch": ([python, "-c", "import torch"], env),
             "--help": ([python, "-m", "otel_gpu", "--help"], env),
             "show --help": ([python, "-m", "otel_gpu", "show", "--help"], env),
@@ -376,7 +378,7 @@ def _section(
                 "detail": f"wall {wall:.2f}×" if wall is not None else "did not run",
             }
         )
-    for name, files in (("workloads", 1), ("diff", 2)):
+    for name, files in (("workloads", 1), ("diff", 2), ("ranks", 1)):
         value = _ratio(medians, name, "floor", "cpu")
         value = None if value is None else value / files
         budgets.append(
@@ -445,7 +447,7 @@ def render(section: dict[str, Any]) -> list[str]:
         "json.loads pass (CPU: user+system of the process)",
         f"{'command':28} {'CPU s':>7} {'wall s':>7} {'CPU×':>6} {'wall×':>6}",
     ]
-    for name in ("floor", "ship", "show", "workloads", "diff"):
+    for name in ("floor", "ship", "show", "workloads", "diff", "ranks"):
         cpu, wall = m[name]["cpu"], m[name]["wall"]
         if cpu is None or wall is None:
             lines.append(f"{name:28} did not run")
