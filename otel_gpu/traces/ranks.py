@@ -28,7 +28,7 @@ import gc
 import json
 import sys
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import IO, Any
@@ -167,28 +167,38 @@ def _line(payload: Any, where: str, position: int, ranks: dict[int, Rank]) -> No
 
 
 def _wanted_key(key: str) -> bool:
-    return key.startswith(
-        (COLLECTIVE_PREFIX, "otel_gpu.stuck", RECOVERED, device.DEVICE_PREFIX)
-    ) or (key.startswith(INPUT_PREFIX) and key.endswith((".shape", ".dtype")))
+    return key.startswith((COLLECTIVE_PREFIX, "otel_gpu.stuck", RECOVERED, device.DEVICE_PREFIX))
+
+
+def _wanted_collective_key(key: str) -> bool:
+    # the input shapes and dtypes: a divergence is a collective's (analyse), never another call's
+    return _wanted_key(key) or (key.startswith(INPUT_PREFIX) and key.endswith((".shape", ".dtype")))
 
 
 class _Decisions(dict[str, bool]):
     """Whether ranks reads an attribute, decided once per distinct key (a file repeats a few
     hundred): its ``__getitem__`` is the filter, a C-level lookup for every key seen before."""
 
+    def __init__(self, decide: Callable[[str], bool]) -> None:
+        super().__init__()
+        self.decide = decide
+
     def __missing__(self, key: str) -> bool:
-        wanted = _wanted_key(key)
+        wanted = self.decide(key)
         if len(self) < 1 << 16:  # a hostile file's distinct keys are decided one by one past this
             self[key] = wanted
         return wanted
 
 
-_wanted = _Decisions().__getitem__
+_wanted = _Decisions(_wanted_key).__getitem__
+_wanted_by_collective = _Decisions(_wanted_collective_key).__getitem__
+_COLLECTIVE_NAME = "torch.distributed."  # the torch.distributed target's span names
 
 
 def _span(raw: dict[str, Any], where: str, rank: Rank) -> None:
     base = reader._span(raw, where, "", attributes=False)  # its attributes read once, below
-    attrs = reader._attributes(raw, where, _wanted)
+    collective = base.name.startswith(_COLLECTIVE_NAME)
+    attrs = reader._attributes(raw, where, _wanted_by_collective if collective else _wanted)
     if attrs.get(STUCK) is True:
         called = base.name[len(STUCK_SPAN_NAME) :]
         seconds = float(attrs.get(STUCK_SECONDS) or 0.0)
