@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tiny_serving import run_queued, tiny_llama
+from tiny_serving import run_queued, workload
 
 pytestmark = [
     pytest.mark.transformers,
@@ -37,20 +37,9 @@ TRACEPARENTS = [f"00-{0xA000 + i:032x}-{0xB000 + i:016x}-01" for i in range(N)]
 
 
 def _setup() -> tuple[Any, Any, Any, list[list[int]]]:
-    from transformers import GenerationConfig
-    from transformers.generation.configuration_utils import ContinuousBatchingConfig
-
-    model = tiny_llama()
-    generation = GenerationConfig(
-        max_new_tokens=5, do_sample=False, eos_token_id=-1, pad_token_id=0
-    )
     # small batches, so the scheduler mixes requests differently from step to step, and 16 = 5+5+5+1
     # leaves steps of a single request at the end
-    batching = ContinuousBatchingConfig(
-        num_blocks=64, page_size=16, max_batch_tokens=32, max_requests_per_batch=5
-    )
-    inputs = [[1 + (i * 7 + j) % 100 for j in range(3 + i % 5)] for i in range(N)]
-    return model, generation, batching, inputs
+    return workload(N, new_tokens=5, batch_tokens=32, per_batch=5, lengths=5)
 
 
 @pytest.fixture

@@ -37,6 +37,29 @@ def tiny_llama() -> Any:
     return LlamaForCausalLM(config).eval()
 
 
+def workload(
+    n: int, *, new_tokens: int, batch_tokens: int, per_batch: int, lengths: int
+) -> tuple[Any, Any, Any, list[list[int]]]:
+    """The tiny Llama, a greedy generation of ``new_tokens`` that never stops early, batches of
+    at most ``batch_tokens`` tokens and ``per_batch`` requests, and ``n`` prompts of 3 to
+    ``2 + lengths`` tokens."""
+    from transformers import GenerationConfig
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+    model = tiny_llama()
+    generation = GenerationConfig(
+        max_new_tokens=new_tokens, do_sample=False, eos_token_id=-1, pad_token_id=0
+    )
+    batching = ContinuousBatchingConfig(
+        num_blocks=64,
+        page_size=16,
+        max_batch_tokens=batch_tokens,
+        max_requests_per_batch=per_batch,
+    )
+    inputs = [[1 + (i * 7 + j) % 100 for j in range(3 + i % lengths)] for i in range(n)]
+    return model, generation, batching, inputs
+
+
 def run_queued(model: Any, generation: Any, batching: Any, inputs: Any, **kw: Any) -> Any:
     """Every request queued through the manager's ``add_requests`` (``kw`` passed on) before its
     loop starts, so the scheduler groups them the same way on every run; the finished outputs
@@ -60,21 +83,14 @@ def run_queued(model: Any, generation: Any, batching: Any, inputs: Any, **kw: An
 
 
 def main() -> None:
-    from transformers import GenerationConfig
-    from transformers.generation.configuration_utils import ContinuousBatchingConfig
     from transformers.utils import logging
 
     import otel_gpu
 
     logging.set_verbosity_error()
-    model = tiny_llama()
-    generation = GenerationConfig(
-        max_new_tokens=4, do_sample=False, eos_token_id=-1, pad_token_id=0
+    model, generation, batching, inputs = workload(
+        N, new_tokens=4, batch_tokens=8, per_batch=3, lengths=4
     )
-    batching = ContinuousBatchingConfig(
-        num_blocks=64, page_size=16, max_batch_tokens=8, max_requests_per_batch=3
-    )
-    inputs = [[1 + (i * 7 + j) % 100 for j in range(3 + i % 4)] for i in range(N)]
 
     assert otel_gpu.instrument("transformers.continuous_batching")
     otel_gpu.instrument_module(model)
